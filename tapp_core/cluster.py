@@ -1,0 +1,192 @@
+"""Clusters: the unequal devices a plan runs on and the links between them, read from YAML.
+
+A device's ``speed`` is relative to the machine the layer library was profiled on: a layer that took
+``t`` seconds there takes ``t / speed`` on the device. ``slowdown`` is the same thing written the other way
+(``slowdown = 1 / speed``); a file gives one or the other. On one host, devices are emulated: each is an MPI
+rank pinned to ``threads`` threads that sleeps ``(slowdown - 1)`` times the compute it just did.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from tapp_core.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
+
+
+class ClusterError(ValueError):
+    """A cluster file that cannot be used; the message names the file, the field and the problem."""
+
+
+def _parsed_by(parse: Callable[[object], Any]) -> BeforeValidator:
+    def check(value: object) -> Any:
+        try:
+            return parse(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+    return BeforeValidator(check)
+
+
+Bytes = Annotated[int, _parsed_by(parse_bytes), Field(gt=0, description="bytes")]
+Bandwidth = Annotated[float, _parsed_by(parse_bandwidth), Field(gt=0, description="bytes per second")]
+Seconds = Annotated[float, _parsed_by(parse_seconds), Field(ge=0, description="seconds")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Device(_Strict):
+    name: str = Field(min_length=1)
+    kind: Literal["cpu", "cuda"] = "cpu"
+    threads: int = Field(default=1, ge=1)
+    speed: float = Field(default=1.0, gt=0)
+    memory: Bytes
+    host: str | None = None
+    gpu_index: int | None = Field(default=None, ge=0)
+
+    @property
+    def slowdown(self) -> float:
+        return 1.0 / self.speed
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speed_or_slowdown(cls, data: object) -> object:
+        if isinstance(data, dict) and "slowdown" in data:
+            if "speed" in data:
+                raise ValueError("give 'speed' or 'slowdown', not both")
+            data = dict(data)
+            slowdown = data.pop("slowdown")
+            if not isinstance(slowdown, int | float) or isinstance(slowdown, bool) or slowdown <= 0:
+                raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
+            data["speed"] = 1.0 / float(slowdown)
+        return data
+
+
+class Link(_Strict):
+    bandwidth: Bandwidth
+    latency: Seconds
+
+    def transfer_time(self, nbytes: float) -> float:
+        """Time for one message of ``nbytes`` over this link: latency + bytes / bandwidth."""
+        return self.latency + nbytes / self.bandwidth
+
+
+class LinkOverride(Link):
+    between: tuple[str, ...] = Field(min_length=2, description="every pair among these devices")
+
+
+class Links(_Strict):
+    bandwidth: Bandwidth
+    latency: Seconds
+    overrides: tuple[LinkOverride, ...] = ()
+
+
+class Cluster(_Strict):
+    name: str
+    emulated: bool = Field(default=True, description="heterogeneity emulated on one host")
+    devices: tuple[Device, ...] = Field(min_length=1)
+    links: Links
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Cluster:
+        names = [d.name for d in self.devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"device names must be unique; repeated: {', '.join(dupes)}")
+        known = set(names)
+        for i, override in enumerate(self.links.overrides):
+            unknown = [n for n in override.between if n not in known]
+            if unknown:
+                raise ValueError(f"links.overrides.{i}.between names unknown device(s): {', '.join(unknown)}")
+        return self
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(f"cluster {self.name!r} has no device {name!r}")
+
+    def link(self, a: str, b: str) -> Link:
+        """The link between two devices; the last override naming both wins."""
+        chosen = Link(bandwidth=self.links.bandwidth, latency=self.links.latency)
+        for override in self.links.overrides:
+            if a in override.between and b in override.between:
+                chosen = Link(bandwidth=override.bandwidth, latency=override.latency)
+        return chosen
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(itertools.combinations(self.device_names, 2))
+
+    def fastest_device(self) -> Device:
+        return max(self.devices, key=lambda d: (d.kind == "cuda", d.speed, d.threads))
+
+
+def _format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"invalid cluster file {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_cluster(data: object, source: str = "<cluster>") -> Cluster:
+    """Validate an already-loaded mapping; errors name ``source``, the field and the problem."""
+    if not isinstance(data, dict):
+        raise ClusterError(
+            f"invalid cluster file {source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        return Cluster.model_validate(data)
+    except ValidationError as exc:
+        raise ClusterError(_format_validation_error(source, exc)) from None
+
+
+def cluster_search_dirs() -> list[Path]:
+    """Where cluster names are looked up: $TAPP_CLUSTER_DIR, then the project's deployments/clusters."""
+    dirs = []
+    if env := os.environ.get("TAPP_CLUSTER_DIR"):
+        dirs.append(Path(env))
+    dirs.append(Path(__file__).resolve().parent.parent / "deployments" / "clusters")
+    return dirs
+
+
+def resolve_cluster_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A path to a YAML file, or the bare name of one in the cluster search dirs (``local``, ``hetero4``)."""
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.is_file():
+            raise ClusterError(f"cluster file {path} does not exist")
+        return path
+    for directory in cluster_search_dirs():
+        candidate = directory / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = sorted({p.stem for d in cluster_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    raise ClusterError(
+        f"unknown cluster {str(name_or_path)!r}: not a file, and not one of {', '.join(known) or 'none'}"
+    )
+
+
+def load_cluster(name_or_path: str | os.PathLike[str]) -> Cluster:
+    """Read and validate a cluster file, by path or by name."""
+    path = resolve_cluster_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ClusterError(f"invalid cluster file {path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "name" not in data:
+        data = {"name": path.stem, **data}
+    return parse_cluster(data, str(path))

@@ -1,0 +1,52 @@
+"""The one definition of a model's *layers*: the compute nodes of its torch.fx graph, in topological order.
+
+The profiler numbers layers with ``layer_nodes`` and the runtime cuts stages with the same numbering, so a
+plan's ``stage_of_layer[i]`` always means the same node. Tracing is at leaf-module granularity (torch.nn
+modules are leaves; user containers are traced through) plus every function and method call.
+"""
+
+from __future__ import annotations
+
+import torch.fx
+from torch import nn
+
+LAYER_OPS = ("call_module", "call_function", "call_method", "get_attr")
+
+
+class ModelError(ValueError):
+    """A model that cannot be built or traced; the message says which and why."""
+
+
+def trace_model(model: nn.Module, name: str = "") -> torch.fx.GraphModule:
+    """Symbolically trace ``model``; an untraceable model raises ``ModelError`` naming the reason."""
+    label = name or type(model).__name__
+    try:
+        graph_module = torch.fx.symbolic_trace(model)
+    except Exception as exc:  # torch.fx raises TraceError, TypeError, RuntimeError... depending on the cause
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"model {label!r} cannot be traced by torch.fx, so it cannot be split into stages: {reason}. "
+            "Data-dependent control flow (if/for on tensor values) must be moved into a leaf module."
+        ) from exc
+    if not layer_nodes(graph_module):
+        raise ModelError(f"model {label!r} has no layers after tracing")
+    return graph_module
+
+
+def layer_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The model's layers: every graph node but inputs and the output, in topological (graph) order."""
+    return [node for node in graph_module.graph.nodes if node.op in LAYER_OPS]
+
+
+def layer_index(graph_module: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    return {node: i for i, node in enumerate(layer_nodes(graph_module))}
+
+
+def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
+    """A short operation name: the leaf module's class (Conv2d) or the function/method name (add, flatten)."""
+    if node.op == "call_module":
+        return type(graph_module.get_submodule(str(node.target))).__name__
+    if node.op == "get_attr":
+        return "get_attr"
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))

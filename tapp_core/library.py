@@ -1,0 +1,155 @@
+"""The layer library (TAPP section 3 step 1): one row per layer of the traced model.
+
+A *layer* is one compute node of the model's torch.fx graph (a leaf module, a function or a method call),
+numbered in topological order from 0. Times are measured at the library's batch size on one device kind and
+scale to other batch sizes and devices in the cost model. Sizes are per *sample* so that any micro-batch size
+can be costed: multiply by the number of samples.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+LAYERS_FILE = "layers.csv"
+META_FILE = "library.json"
+
+
+class LibraryError(ValueError):
+    """A layer library that cannot be read or does not fit what it is used with."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    index: int
+    name: str
+    op: str
+    """Operation type: the leaf module's class name (Conv2d, ReLU...) or the function's name (add, cat, flatten)."""
+    successors: tuple[int, ...]
+    predecessors: tuple[int, ...]
+    flops: float
+    """Forward FLOPs per sample (multiply-add = 2 FLOPs)."""
+    param_bytes: int
+    activation_bytes: int
+    """Bytes of this layer's output per sample: what crosses a cut after this layer."""
+    output_shape: tuple[int, ...]
+    """Output shape at the library's batch size."""
+    forward_s: float
+    backward_s: float
+    """Median forward / backward time at the library's batch size on the library's device, seconds."""
+
+
+@dataclass
+class LayerLibrary:
+    model: str
+    batch_size: int
+    device: str
+    """Device kind the times were measured on: 'cpu' or 'cuda'."""
+    threads: int
+    layers: list[Layer]
+    input_bytes: int
+    """Bytes of one input sample (what the first stage reads from the data source)."""
+    whole_model_s: float
+    """Measured forward + backward (+ loss) time of the whole model at ``batch_size``, seconds."""
+    torch_version: str = ""
+    date: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_time_sum_s(self) -> float:
+        return sum(layer.forward_s + layer.backward_s for layer in self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def edges(self) -> list[tuple[int, int]]:
+        return [(layer.index, succ) for layer in self.layers for succ in layer.successors]
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = []
+        for layer in self.layers:
+            row = asdict(layer)
+            row["successors"] = " ".join(map(str, layer.successors))
+            row["predecessors"] = " ".join(map(str, layer.predecessors))
+            row["output_shape"] = "x".join(map(str, layer.output_shape))
+            rows.append(row)
+        return pd.DataFrame(rows, columns=[f for f in Layer.__dataclass_fields__])
+
+    def metadata(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "threads": self.threads,
+            "input_bytes": self.input_bytes,
+            "whole_model_s": self.whole_model_s,
+            "layer_time_sum_s": self.layer_time_sum_s,
+            "layers": len(self.layers),
+            "torch_version": self.torch_version,
+            "date": self.date,
+            "extra": self.extra,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``layers.csv`` and ``library.json`` into ``directory``; returns the directory."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.to_frame().to_csv(out / LAYERS_FILE, index=False)
+        (out / META_FILE).write_text(json.dumps(self.metadata(), indent=2) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path) -> LayerLibrary:
+        src = Path(directory)
+        for name in (LAYERS_FILE, META_FILE):
+            if not (src / name).is_file():
+                raise LibraryError(f"layer library {src} has no {name} (run `tapp profile` to make one)")
+        try:
+            meta = json.loads((src / META_FILE).read_text())
+            frame = pd.read_csv(src / LAYERS_FILE, keep_default_na=False)
+            layers = [_layer_from_row(row) for row in frame.to_dict("records")]
+        except (ValueError, KeyError, SyntaxError) as exc:
+            raise LibraryError(f"layer library {src} is corrupt: {exc}") from None
+        return cls(
+            model=meta["model"],
+            batch_size=int(meta["batch_size"]),
+            device=meta["device"],
+            threads=int(meta["threads"]),
+            layers=layers,
+            input_bytes=int(meta["input_bytes"]),
+            whole_model_s=float(meta["whole_model_s"]),
+            torch_version=meta.get("torch_version", ""),
+            date=meta.get("date", ""),
+            extra=meta.get("extra", {}),
+        )
+
+
+def _ints(text: object, sep: str) -> tuple[int, ...]:
+    text = str(text).strip()
+    return tuple(int(part) for part in text.split(sep)) if text else ()
+
+
+def _layer_from_row(row: dict[str, object]) -> Layer:
+    return Layer(
+        index=int(row["index"]),  # type: ignore[arg-type]
+        name=str(row["name"]),
+        op=str(row["op"]),
+        successors=_ints(row["successors"], " "),
+        predecessors=_ints(row["predecessors"], " "),
+        flops=float(row["flops"]),  # type: ignore[arg-type]
+        param_bytes=int(row["param_bytes"]),  # type: ignore[arg-type]
+        activation_bytes=int(row["activation_bytes"]),  # type: ignore[arg-type]
+        output_shape=_ints(row["output_shape"], "x"),
+        forward_s=float(row["forward_s"]),  # type: ignore[arg-type]
+        backward_s=float(row["backward_s"]),  # type: ignore[arg-type]
+    )
+
+
+__all__ = ["Layer", "LayerLibrary", "LibraryError"]
