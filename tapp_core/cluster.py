@@ -17,10 +17,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from tapp_core.errors import TappError
 from tapp_core.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
 
-class ClusterError(ValueError):
+class ClusterError(TappError):
     """A cluster file that cannot be used; the message names the file, the field and the problem."""
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import torch.fx
 from torch import nn
 
+from tapp_core.errors import TappError
+
 LAYER_OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
-class ModelError(ValueError):
+class ModelError(TappError):
     """A model that cannot be built or traced; the message says which and why."""
 
 

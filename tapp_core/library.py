@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from tapp_core.errors import TappError
+
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
 
 
-class LibraryError(ValueError):
+class LibraryError(TappError):
     """A layer library that cannot be read or does not fit what it is used with."""
 
 

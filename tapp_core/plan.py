@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from tapp_core.cluster import Cluster
+from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 
 Schedule = Literal["gpipe", "1f1b", "async"]
@@ -25,7 +26,7 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "async")
 STATE_PER_PARAM_BYTE = 3
 
 
-class PlanError(ValueError):
+class PlanError(TappError):
     """A plan that cannot run: the message names the layer, stage or device at fault."""
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from tapp_core.errors import TappError
+
 _SIZE = {
     "b": 1,
     "kb": 1e3,
@@ -27,7 +29,7 @@ _EXAMPLE = {"size": "4GiB", "bandwidth": "1Gbit/s", "duration": "100us"}
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 
 
-class UnitError(ValueError):
+class UnitError(TappError):
     """A quantity that could not be read; the message says what was expected."""
 
 
