@@ -1,0 +1,70 @@
+"""Hand-built layer libraries and clusters for tests (round numbers, so expected values can be worked by hand)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tapp_core.cluster import Cluster, parse_cluster
+from tapp_core.library import Layer, LayerLibrary
+
+
+def library_from_edges(
+    n_layers: int,
+    edges: Sequence[tuple[int, int]],
+    forward_s: Sequence[float] | None = None,
+    backward_s: Sequence[float] | None = None,
+    param_bytes: Sequence[int] | None = None,
+    activation_bytes: Sequence[int] | None = None,
+    batch_size: int = 8,
+    model: str = "toy",
+) -> LayerLibrary:
+    succ: dict[int, list[int]] = {i: [] for i in range(n_layers)}
+    pred: dict[int, list[int]] = {i: [] for i in range(n_layers)}
+    for u, v in edges:
+        succ[u].append(v)
+        pred[v].append(u)
+    fwd = forward_s or [1.0] * n_layers
+    bwd = backward_s or [2.0 * t for t in fwd]
+    params = param_bytes or [0] * n_layers
+    acts = activation_bytes or [100] * n_layers
+    layers = [
+        Layer(
+            index=i,
+            name=f"l{i}",
+            op="Linear",
+            successors=tuple(succ[i]),
+            predecessors=tuple(pred[i]),
+            flops=1.0,
+            param_bytes=params[i],
+            activation_bytes=acts[i],
+            output_shape=(batch_size, 10),
+            forward_s=fwd[i],
+            backward_s=bwd[i],
+        )
+        for i in range(n_layers)
+    ]
+    return LayerLibrary(
+        model=model,
+        batch_size=batch_size,
+        device="cpu",
+        threads=1,
+        layers=layers,
+        input_bytes=3072,
+        whole_model_s=sum(fwd) + sum(bwd),
+    )
+
+
+def chain_library(n_layers: int, **kwargs: object) -> LayerLibrary:
+    return library_from_edges(n_layers, [(i, i + 1) for i in range(n_layers - 1)], **kwargs)  # type: ignore[arg-type]
+
+
+def make_cluster(
+    speeds: Sequence[float], memory: str = "1GiB", bandwidth: str | float = "1Gbit/s", latency: str | float = 0
+) -> Cluster:
+    return parse_cluster(
+        {
+            "name": "test",
+            "devices": [{"name": f"d{i}", "speed": s, "memory": memory} for i, s in enumerate(speeds)],
+            "links": {"bandwidth": bandwidth, "latency": latency},
+        }
+    )

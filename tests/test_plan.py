@@ -1,0 +1,104 @@
+from pathlib import Path
+
+import pytest
+
+from tapp_core.plan import Plan, PlanError, replica_slices, single_stage_plan, stage_memory_bytes, validate
+from tests.factories import chain_library, library_from_edges, make_cluster
+
+
+def two_stage(**overrides: object) -> Plan:
+    fields = {
+        "model": "toy",
+        "batch_size": 8,
+        "micro_batches": 2,
+        "schedule": "gpipe",
+        "stage_of_layer": (0, 0, 1, 1),
+        "stage_devices": (("d0",), ("d1",)),
+    }
+    fields.update(overrides)
+    return Plan(**fields)  # type: ignore[arg-type]
+
+
+def test_json_round_trip_and_stable_id(tmp_path: Path) -> None:
+    plan = two_stage(planner="even", notes={"why": "test"})
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.id == plan.id
+    assert Plan.load(plan.save(tmp_path / "p.json")) == plan
+    # The id is the content: planner name and notes do not change it; any placement change does.
+    assert two_stage(planner="other").id == plan.id
+    assert two_stage(stage_of_layer=(0, 1, 1, 1)).id != plan.id
+    assert len(plan.id) == 12
+
+
+def test_plan_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="does not exist"):
+        Plan.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.load(bad)
+    bad.write_text('{"model": "toy"}')
+    with pytest.raises(PlanError, match="lacks field"):
+        Plan.load(bad)
+    tampered = two_stage().to_dict() | {"micro_batches": 4}
+    with pytest.raises(PlanError, match="hashes to"):
+        Plan.from_dict(tampered)
+
+
+def test_valid_plan_passes() -> None:
+    validate(two_stage(), chain_library(4), make_cluster([1, 1]))
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (two_stage(stage_of_layer=(0, 0, 1)), r"layer 3 \(l3\) is missing from the plan"),
+        (two_stage(stage_of_layer=(0, 1, 0, 1)), r"edge l1 -> l2 runs backward: stage 1 feeds stage 0"),
+        (two_stage(stage_devices=(("d0",), ("gpu9",))), r"stage 1 uses unknown device 'gpu9'"),
+        (two_stage(stage_devices=(("d0",), ("d0",))), r"device 'd0' is used by two stages \(0 and 1\)"),
+        (two_stage(micro_batches=3), r"batch size 8 is not divisible by 3 micro-batches"),
+        (two_stage(schedule="zigzag"), r"unknown schedule 'zigzag'"),
+        (two_stage(stage_of_layer=(0, 0, 1, 2)), r"layer 3 \(l3\) is on stage 2"),
+        (two_stage(model="other"), r"plan is for model 'other'"),
+        (two_stage(stage_devices=(("d0",), ("d1", "d2", "d3"))), r"3 replicas, which do not divide"),
+    ],
+)
+def test_invalid_plans_name_the_problem(plan: Plan, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        validate(plan, chain_library(4), make_cluster([1, 1, 1, 1]))
+
+
+def test_memory_exceeded_names_device() -> None:
+    library = chain_library(4, param_bytes=[2**30] * 4)
+    with pytest.raises(PlanError, match=r"device 'd0' memory exceeded: stage 0 needs 6\.00 GiB"):
+        validate(two_stage(), library, make_cluster([1, 1], memory="4GiB"))
+
+
+def test_skip_edge_may_jump_stages() -> None:
+    library = library_from_edges(4, [(0, 1), (1, 2), (2, 3), (0, 3)])
+    plan = two_stage(stage_of_layer=(0, 1, 1, 2), stage_devices=(("d0",), ("d1",), ("d2",)))
+    validate(plan, library, make_cluster([1, 1, 1]))
+
+
+def test_memory_by_schedule() -> None:
+    # 2 layers, 1 byte of params each, 10 bytes of activations per sample each; 4 micro-batches of 2 samples.
+    library = chain_library(2, param_bytes=[1, 1], activation_bytes=[10, 10])
+    gpipe = Plan("toy", 8, 4, "gpipe", (0, 1), (("d0",), ("d1",)))
+    ofob = Plan("toy", 8, 4, "1f1b", (0, 1), (("d0",), ("d1",)))
+    asyn = Plan("toy", 8, 4, "async", (0, 1), (("d0",), ("d1",)))
+    # gpipe stashes all 4 micro-batches: 3*1 + 4*(10*2) = 83
+    assert stage_memory_bytes(gpipe, library, 0) == 83
+    # 1f1b stage 0 of 2 holds 2 in flight: 3 + 2*20 = 43; the last stage holds 1: 3 + 20 = 23
+    assert stage_memory_bytes(ofob, library, 0) == 43
+    assert stage_memory_bytes(ofob, library, 1) == 23
+    # async also stashes one weight version per in-flight micro-batch: 3 + 2*1 + 2*20 = 45
+    assert stage_memory_bytes(asyn, library, 0) == 45
+
+
+def test_replica_slices_and_single_stage() -> None:
+    assert replica_slices(8, 2) == [(0, 4), (4, 8)]
+    assert replica_slices(6, 3) == [(0, 2), (2, 4), (4, 6)]
+    library = chain_library(3)
+    bsp = single_stage_plan(library, ["d0", "d1"], planner="bsp")
+    assert bsp.n_stages == 1 and bsp.stage_devices == (("d0", "d1"),) and bsp.stage_of_layer == (0, 0, 0)
+    validate(bsp, library, make_cluster([1, 1]))
