@@ -1,0 +1,22 @@
+"""CIFAR-10 models (AlexNet, VGG-16, Inception-V3, small test models) and the registry that builds them by name."""
+
+from tapp_core.graph import ModelError
+from tapp_core.models.alexnet import AlexNet
+from tapp_core.models.inception import InceptionV3
+from tapp_core.models.registry import INPUT_SHAPE, MODEL_NAMES, build_model, build_traced_model
+from tapp_core.models.small import MLP, TinyBranchy, TinyCNN
+from tapp_core.models.vgg import VGG16
+
+__all__ = [
+    "INPUT_SHAPE",
+    "MLP",
+    "MODEL_NAMES",
+    "VGG16",
+    "AlexNet",
+    "InceptionV3",
+    "ModelError",
+    "TinyBranchy",
+    "TinyCNN",
+    "build_model",
+    "build_traced_model",
+]
