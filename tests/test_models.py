@@ -1,0 +1,277 @@
+"""The CIFAR-10 models and the registry: tracing, shapes, architecture, seeding, user models and error messages."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tapp_core.graph import layer_index, layer_nodes
+from tapp_core.models import (
+    INPUT_SHAPE,
+    MODEL_NAMES,
+    InceptionV3,
+    ModelError,
+    build_model,
+    build_traced_model,
+)
+from tapp_core.models.inception import InceptionA, InceptionB, InceptionC, InceptionD, InceptionE
+
+SMALL_MODELS = ("mlp", "tiny_cnn", "tiny_branchy")
+# Listed in the README; a change here is a change of architecture.
+PARAMETER_COUNTS = {"alexnet": 23_272_266, "vgg16": 15_253_578, "inception_v3": 21_806_058}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    # Small tensors on shared cores: extra intra-op threads only spin against other processes.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _modules_of(model: nn.Module, kind: type[nn.Module]) -> list[nn.Module]:
+    return [module for module in model.modules() if isinstance(module, kind)]
+
+
+def _unique_module_name() -> str:
+    return f"tapp_test_user_model_{uuid.uuid4().hex[:10]}"
+
+
+def test_registry_lists_the_models_of_the_paper_and_the_small_ones() -> None:
+    assert set(MODEL_NAMES) == {"alexnet", "vgg16", "inception_v3", *SMALL_MODELS}
+    assert INPUT_SHAPE == (3, 32, 32)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_traces_and_the_traced_graph_computes_what_the_model_does(name: str) -> None:
+    model = build_model(name).eval()
+    traced = build_traced_model(name).eval()
+    x = torch.randn(2, *INPUT_SHAPE)
+    with torch.no_grad():
+        expected = model(x)
+        got = traced(x)
+    assert got.shape == (2, 10)
+    assert torch.equal(got, expected)  # same seed, same weights, same graph
+    assert len(layer_nodes(traced)) >= 6
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETER_COUNTS))
+def test_parameter_counts_are_those_in_the_readme(name: str) -> None:
+    model = build_model(name)
+    assert sum(p.numel() for p in model.parameters()) == PARAMETER_COUNTS[name]
+
+
+def test_alexnet_has_five_convolutions_three_linear_layers_and_dropout() -> None:
+    model = build_model("alexnet")
+    assert len(_modules_of(model, nn.Conv2d)) == 5
+    assert len(_modules_of(model, nn.Linear)) == 3
+    assert len(_modules_of(model, nn.MaxPool2d)) == 3
+    assert len(_modules_of(model, nn.Dropout)) == 2
+
+
+def test_vgg16_is_configuration_d_with_batchnorm() -> None:
+    model = build_model("vgg16")
+    convolutions = _modules_of(model, nn.Conv2d)
+    assert [conv.out_channels for conv in convolutions] == [64, 64, 128, 128, 256, 256, 256] + [512] * 6
+    assert all(conv.kernel_size == (3, 3) for conv in convolutions)
+    assert len(_modules_of(model, nn.BatchNorm2d)) == 13
+    assert len(_modules_of(model, nn.Linear)) == 3
+    assert len(_modules_of(model, nn.MaxPool2d)) == 5
+
+
+def test_inception_v3_has_the_block_sequence_and_no_auxiliary_head() -> None:
+    model = build_model("inception_v3")
+    assert isinstance(model, InceptionV3)
+    blocks = [type(module) for module in model.children() if type(module).__name__.startswith("Inception")]
+    assert blocks == [InceptionA] * 3 + [InceptionB] + [InceptionC] * 4 + [InceptionD] + [InceptionE] * 2
+    assert not any("aux" in name.lower() for name, _ in model.named_modules())
+    assert model.Conv2d_1a_3x3.conv.stride == (1, 1)
+    assert len(_modules_of(model, nn.Dropout)) == 1
+
+
+def test_inception_v3_graph_fans_out_and_joins_with_cat() -> None:
+    traced = build_traced_model("inception_v3")
+    cats = [node for node in layer_nodes(traced) if node.target is torch.cat]
+    # 11 blocks join their branches, and each InceptionE also joins two pairs inside a branch.
+    assert len(cats) == 11 + 2 * 2
+    assert max(len(node.args[0]) for node in cats) == 4
+    assert sum(1 for node in layer_nodes(traced) if len(node.users) >= 3) >= 11
+
+
+@pytest.mark.parametrize("name", SMALL_MODELS)
+def test_small_models_have_no_dropout_or_batchnorm(name: str) -> None:
+    model = build_model(name)
+    assert not _modules_of(model, nn.Dropout)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    assert sum(p.numel() for p in model.parameters()) < 500_000
+
+
+def test_tiny_branchy_has_parallel_branches_and_a_skip_over_several_layers() -> None:
+    traced = build_traced_model("tiny_branchy")
+    index = layer_index(traced)
+    cats = [node for node in index if node.target is torch.cat]
+    assert len(cats) == 1 and len(cats[0].args[0]) == 2
+    longest_edge = max(index[user] - index[node] for node in index for user in node.users if user in index)
+    assert longest_edge >= 5, "the skip tensor must cross several layers, so a cut can fall in between"
+
+
+def test_num_classes_sets_the_output_width() -> None:
+    for name in ("alexnet", "tiny_branchy"):
+        assert build_model(name, num_classes=100)(torch.randn(1, *INPUT_SHAPE)).shape == (1, 100)
+    with pytest.raises(ModelError, match="num_classes must be a positive integer"):
+        build_model("mlp", num_classes=0)
+
+
+def test_same_seed_gives_identical_weights_and_another_seed_does_not() -> None:
+    first, second = build_model("tiny_cnn", seed=7), build_model("tiny_cnn", seed=7)
+    other = build_model("tiny_cnn", seed=8)
+    for key, value in first.state_dict().items():
+        assert torch.equal(value, second.state_dict()[key])
+    assert not torch.equal(first.conv1.weight, other.conv1.weight)
+
+
+def test_seed_none_leaves_the_global_generator_alone() -> None:
+    torch.manual_seed(123)
+    first = build_model("mlp", seed=None)
+    torch.manual_seed(123)
+    second = build_model("mlp", seed=None)
+    third = build_model("mlp", seed=None)
+    assert torch.equal(first.fc1.weight, second.fc1.weight)
+    assert not torch.equal(second.fc1.weight, third.fc1.weight)
+
+
+USER_MODEL_SOURCE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    def build():
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+
+    def not_a_model():
+        return 42
+
+    def broken():
+        raise RuntimeError("weights file gone")
+
+    NOT_CALLABLE = 3
+
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3 * 32 * 32, 10)
+
+        def forward(self, x):
+            if x.sum() > 0:
+                return self.linear(x.flatten(1))
+            return -self.linear(x.flatten(1))
+    """
+)
+
+
+@pytest.fixture
+def user_model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_models.py"
+    path.write_text(USER_MODEL_SOURCE)
+    return path
+
+
+def test_user_model_from_a_file_path_is_built_seeded_and_traced(user_model_file: Path) -> None:
+    model = build_model(f"{user_model_file}:build", seed=3)
+    again = build_model(f"{user_model_file}:build", seed=3)
+    assert isinstance(model, nn.Sequential)
+    assert torch.equal(model[1].weight, again[1].weight)
+    traced = build_traced_model(f"{user_model_file}:build")
+    assert traced(torch.randn(2, *INPUT_SHAPE)).shape == (2, 10)
+
+
+def test_user_model_from_a_relative_file_path(user_model_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(user_model_file.parent.parent)
+    relative = f"{user_model_file.parent.name}/{user_model_file.name}:build"
+    assert isinstance(build_model(relative), nn.Sequential)
+
+
+def test_user_model_from_module_and_callable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module_name = _unique_module_name()
+    (tmp_path / f"{module_name}.py").write_text(USER_MODEL_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_model(f"{module_name}:build")
+    assert isinstance(model, nn.Sequential)
+    monkeypatch.delitem(sys.modules, module_name)
+
+
+def test_module_in_the_current_directory_is_found_without_leaving_it_on_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module_name = _unique_module_name()
+    (tmp_path / f"{module_name}.py").write_text(USER_MODEL_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(build_model(f"{module_name}:build"), nn.Sequential)
+    assert str(tmp_path) not in sys.path
+    monkeypatch.delitem(sys.modules, module_name)
+
+
+def test_unknown_model_name_lists_the_known_names() -> None:
+    with pytest.raises(ModelError) as caught:
+        build_model("resnet50")
+    message = str(caught.value)
+    assert "unknown model 'resnet50'" in message
+    assert all(name in message for name in MODEL_NAMES)
+    assert "module:callable" in message
+
+
+@pytest.mark.parametrize("spec", ["", "   ", ":build", "tiny_cnn:"])
+def test_empty_or_half_specs_are_rejected(spec: str) -> None:
+    with pytest.raises(ModelError, match="model spec"):
+        build_model(spec)
+
+
+def test_missing_model_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.py"
+    with pytest.raises(ModelError, match=r"model file .*nowhere\.py.* does not exist"):
+        build_model(f"{missing}:build")
+
+
+def test_missing_module_is_named() -> None:
+    with pytest.raises(ModelError, match=r"cannot import module 'no_such_pkg_tapp\.models'.*No module named"):
+        build_model("no_such_pkg_tapp.models:build")
+
+
+def test_model_file_that_fails_to_import_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text("import torch\nraise ImportError('needs timm')\n")
+    with pytest.raises(ModelError, match=r"importing model file .*bad\.py.* failed: ImportError: needs timm"):
+        build_model(f"{path}:build")
+
+
+@pytest.mark.parametrize(
+    ("attribute", "expected"),
+    [
+        ("missing", r"has no attribute 'missing'"),
+        ("NOT_CALLABLE", r"'NOT_CALLABLE' in .* is a int, not callable"),
+        ("not_a_model", r"returned int, not a torch\.nn\.Module"),
+        ("broken", r"building model .* failed: RuntimeError: weights file gone"),
+    ],
+)
+def test_bad_callable_is_named(user_model_file: Path, attribute: str, expected: str) -> None:
+    with pytest.raises(ModelError, match=expected):
+        build_model(f"{user_model_file}:{attribute}")
+
+
+def test_data_dependent_model_fails_to_trace_with_the_reason(user_model_file: Path) -> None:
+    spec = f"{user_model_file}:DataDependent"
+    assert isinstance(build_model(spec), nn.Module)  # it builds; only tracing fails
+    with pytest.raises(ModelError) as caught:
+        build_traced_model(spec)
+    message = str(caught.value)
+    assert "cannot be traced by torch.fx" in message
+    assert "control flow" in message
+    assert spec in message
