@@ -1,0 +1,279 @@
+"""MLflow bookkeeping for TAPP's flows: one parent run per experiment, nested runs per stage and per method.
+
+Runs are addressed by id through ``MlflowClient``, never through MLflow's fluent "active run": that one is per
+thread, and Prefect may run each task in its own thread, process or host. A task is handed a ``RunRef`` (tracking
+URI, experiment id, run id), which pickles, and opens its own child run under it with ``tracked_run``.
+
+The tags make a UI comparison (and the paper table) a filter: ``model``, ``method``, ``cluster``, ``batch_size``,
+``seed``, ``dataset``, ``emulated``, ``code_version`` and ``run_kind`` (experiment, stage, evaluation, train,
+report, sweep).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+
+from tapp_core.errors import TappError
+
+DEFAULT_EXPERIMENT = "tapp"
+PARENT_TAG = "mlflow.parentRunId"
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+
+# Tag keys, shared with reports/ (which reads runs back by them).
+KIND = "run_kind"
+STAGE = "stage"
+MODEL = "model"
+METHOD = "method"
+CLUSTER = "cluster"
+BATCH_SIZE = "batch_size"
+SEED = "seed"
+DATASET = "dataset"
+EMULATED = "emulated"
+CODE_VERSION = "code_version"
+ERROR = "error"
+
+MAX_TAG_LENGTH = 5000
+MAX_PARAM_LENGTH = 6000
+
+
+class TrackingError(TappError):
+    """The tracking store cannot be used: an unreachable server, a missing folder, a deleted experiment."""
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """The store to use: ``uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's default (``sqlite:///mlflow.db``)."""
+    return uri or mlflow.get_tracking_uri()
+
+
+def check_tracking(uri: str | None = None, timeout_s: float = 5.0) -> str:
+    """Fail fast, before any run exists, if the store cannot be reached; returns the resolved URI."""
+    resolved = tracking_uri(uri)
+    if resolved.startswith(("http://", "https://")):
+        health = resolved.rstrip("/") + "/health"
+        try:
+            response = httpx.get(health, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise TrackingError(
+                f"MLflow tracking server {resolved} is unreachable ({type(exc).__name__}: {exc}); start it with "
+                "`mlflow server --host 127.0.0.1 --port 5000`, or unset MLFLOW_TRACKING_URI to use ./mlflow.db"
+            ) from None
+        if response.status_code != 200:
+            raise TrackingError(
+                f"MLflow tracking server {resolved} answered {response.status_code} on {health}; is it an MLflow server?"
+            )
+    elif resolved.startswith("sqlite:///"):
+        folder = Path(resolved.removeprefix("sqlite:///")).expanduser().parent
+        if not folder.is_dir():
+            raise TrackingError(f"MLflow tracking store {resolved}: folder {folder} does not exist")
+    return resolved
+
+
+@functools.cache
+def code_version() -> str:
+    """The git commit of this checkout (``+dirty`` when tracked files differ from it), or ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10).stdout
+
+    try:
+        sha = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+@dataclass(frozen=True)
+class ExperimentTags:
+    """What identifies one experiment's runs; every run of the experiment carries these tags."""
+
+    model: str
+    cluster: str
+    batch_size: int
+    seed: int
+    dataset: str
+    emulated: bool
+
+    def as_tags(self, **more: object) -> dict[str, str]:
+        tags = {
+            MODEL: self.model,
+            CLUSTER: self.cluster,
+            BATCH_SIZE: str(self.batch_size),
+            SEED: str(self.seed),
+            DATASET: self.dataset,
+            EMULATED: str(self.emulated).lower(),
+            CODE_VERSION: code_version(),
+            GIT_COMMIT_TAG: code_version().removesuffix("+dirty"),
+        }
+        tags.update({k: str(v) for k, v in more.items() if v is not None})
+        return tags
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Where a run lives; what a task needs to open a child run under it from any thread, process or host."""
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+
+
+def experiment_id(client: MlflowClient, name: str) -> str:
+    """The id of experiment ``name``, created if missing."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        try:
+            return client.create_experiment(name)
+        except MlflowException:
+            found = client.get_experiment_by_name(name)  # created meanwhile by a concurrent flow
+            if found is None:
+                raise
+    if found.lifecycle_stage == "deleted":
+        raise TrackingError(
+            f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore --experiment-id "
+            f"{found.experiment_id}) or choose another name"
+        )
+    return found.experiment_id
+
+
+class TrackedRun:
+    """Logging into one MLflow run by id (thread-safe: no fluent state)."""
+
+    def __init__(self, ref: RunRef, client: MlflowClient | None = None) -> None:
+        self.ref = ref
+        self.client = client or MlflowClient(ref.tracking_uri)
+
+    @property
+    def run_id(self) -> str:
+        return self.ref.run_id
+
+    def set_tags(self, tags: Mapping[str, object]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, str(value)[:MAX_TAG_LENGTH])
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        if params:
+            items = [Param(k, _param_text(v)) for k, v in params.items()]
+            self.client.log_batch(self.run_id, params=items, synchronous=True)
+
+    def log_metrics(self, metrics: Mapping[str, float | int | None], step: int = 0) -> None:
+        """Finite values only: a failed measurement's NaN is recorded as its error tag, not as a number."""
+        now = int(time.time() * 1000)
+        items = [
+            Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))
+        ]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items, synchronous=True)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.client.log_text(self.run_id, json.dumps(data, indent=2, default=_json_default) + "\n", artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_table(self, frame: pd.DataFrame, artifact_file: str) -> None:
+        """A table as CSV (for pandas and people) and as MLflow's table JSON (for the UI's artifact view)."""
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=False)
+        self.client.log_text(self.run_id, buffer.getvalue(), artifact_file)
+        self.client.log_table(self.run_id, frame, str(Path(artifact_file).with_suffix(".json")))
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dir(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(path), artifact_path)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        self.client.log_figure(self.run_id, figure, artifact_file)
+
+
+@contextmanager
+def tracked_run(
+    name: str,
+    tags: Mapping[str, str],
+    parent: RunRef | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    uri: str | None = None,
+) -> Iterator[TrackedRun]:
+    """A run that ends FINISHED when the block completes and FAILED (with an ``error`` tag) when it raises.
+
+    With ``parent`` it is nested under that run, in the parent's store and experiment.
+    """
+    resolved = parent.tracking_uri if parent else tracking_uri(uri)
+    client = MlflowClient(resolved)
+    all_tags = dict(tags)
+    if parent is not None:
+        exp_id = parent.experiment_id
+        all_tags[PARENT_TAG] = parent.run_id
+    else:
+        exp_id = experiment_id(client, experiment)
+    created = client.create_run(exp_id, run_name=name, tags=all_tags)
+    run = TrackedRun(RunRef(resolved, exp_id, created.info.run_id), client)
+    try:
+        yield run
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        client.set_tag(run.run_id, ERROR, f"{type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH])
+        client.set_terminated(run.run_id, status)
+        raise
+    client.set_terminated(run.run_id, "FINISHED")
+
+
+def run_status(ref: RunRef) -> str:
+    return MlflowClient(ref.tracking_uri).get_run(ref.run_id).info.status
+
+
+def download_artifact(ref: RunRef, artifact_path: str, dest: str | Path | None = None) -> Path:
+    """A run's artifact as a local path (a fresh temporary folder unless ``dest`` is given)."""
+    target = Path(dest) if dest else Path(tempfile.mkdtemp(prefix="tapp-artifact-"))
+    client = MlflowClient(ref.tracking_uri)
+    return Path(client.download_artifacts(ref.run_id, artifact_path, str(target)))
+
+
+def _param_text(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=_json_default)
+    return text[:MAX_PARAM_LENGTH]
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)
+
+
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "ExperimentTags",
+    "RunRef",
+    "TrackedRun",
+    "TrackingError",
+    "check_tracking",
+    "code_version",
+    "experiment_id",
+    "tracked_run",
+    "tracking_uri",
+]

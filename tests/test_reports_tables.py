@@ -1,0 +1,124 @@
+"""The paper's tables from runs written to a real MLflow store: values, order, formats, run selection."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from reports import runs
+from reports.tables import build_tables
+from tasks.tracking import ExperimentTags, RunRef, tracked_run
+
+PAPER = {  # the TAPP paper's table, used here only as round numbers to log
+    "alexnet": {"single-cpu": 0.811, "pipetorch": 0.675, "bsp": 0.803, "tapp": 0.602},
+    "vgg16": {"single-cpu": 1.972, "pipetorch": 1.634, "bsp": 1.865, "tapp": 1.432},
+}
+
+
+def log_experiment(
+    experiment: str,
+    model: str,
+    step_times: dict[str, float],
+    shares: dict[str, float] | None = None,
+    source: str = "measured",
+    fail: set[str] = frozenset(),  # type: ignore[assignment]
+) -> RunRef:
+    tags = ExperimentTags(model=model, cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
+    with tracked_run(f"{model}", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+        for method, seconds in step_times.items():
+            child_tags = tags.as_tags(
+                **{
+                    runs.KIND: runs.EVALUATION,
+                    runs.METHOD: method,
+                    runs.EXPERIMENT_RUN: parent.run_id,
+                    runs.STEP_TIME_SOURCE: source,
+                }
+            )
+            try:
+                with tracked_run(method, child_tags, parent=parent.ref) as child:
+                    child.log_metrics({runs.STEP_TIME: seconds, runs.COMMUNICATION_SHARE: (shares or {}).get(method)})
+                    if method in fail:
+                        raise RuntimeError("measurement failed half way")
+            except RuntimeError:
+                pass
+    return parent.ref
+
+
+def test_step_time_table_holds_the_logged_metrics_in_paper_order(tracking_uri: str, experiment_name: str) -> None:
+    log_experiment(experiment_name, "vgg16", PAPER["vgg16"], shares={"tapp": 0.125, "bsp": 0.5})
+    log_experiment(experiment_name, "alexnet", {**PAPER["alexnet"], "pipedream": 0.61})
+
+    tables = build_tables(experiment_name)
+    step = tables.step_time.frame
+
+    assert list(step["model"]) == ["AlexNet", "VGG-16"]
+    assert list(step.columns) == [
+        "model", "cluster", "batch", "SingleCPU", "Pipe-Torch", "BSP", "TAPP", "speedup BSP/TAPP", "PipeDream/APapo",
+    ]  # fmt: skip
+    assert step.loc[0, "TAPP"] == 0.602
+    assert step.loc[1, "speedup BSP/TAPP"] == pytest.approx(1.865 / 1.432)
+    assert pd.isna(step.loc[1, "PipeDream/APapo"])
+
+    csv = pd.read_csv(io.StringIO(tables.step_time.to_csv()))
+    assert csv.loc[1, "SingleCPU"] == 1.972  # exact: CSV keeps the metric unrounded
+
+    markdown = tables.step_time.to_markdown()
+    assert "| AlexNet | local | 64 | 0.811 | 0.675 | 0.803 | 0.602 | 1.33x | 0.610 |" in markdown
+    assert "| VGG-16 | local | 64 | 1.972 | 1.634 | 1.865 | 1.432 | 1.30x | – |" in markdown
+    assert "measured on the MPI runtime" in markdown
+
+    latex = tables.step_time.to_latex()
+    assert "AlexNet & local & 64 & 0.811 & 0.675 & 0.803 & 0.602 & 1.33x & 0.610 \\\\" in latex
+    assert "\\begin{tabular}{lllrrrrrr}" in latex
+
+    share = tables.communication_share.to_markdown()
+    assert "| VGG-16 | local | 64 | – | – | 50.0% | 12.5% |" in share
+    assert "12.5\\%" in tables.communication_share.to_latex()
+
+
+def test_latest_finished_run_wins_and_failed_runs_are_ignored(tracking_uri: str, experiment_name: str) -> None:
+    log_experiment(experiment_name, "alexnet", {"tapp": 0.9, "bsp": 0.8})
+    log_experiment(experiment_name, "alexnet", {"tapp": 0.6, "bsp": 0.7}, fail={"bsp"})
+
+    step = build_tables(experiment_name).step_time.frame
+
+    assert step.loc[0, "TAPP"] == 0.6
+    assert step.loc[0, "BSP"] == 0.8  # the FAILED newer run does not replace the finished older one
+    failed = MlflowClient().search_runs(
+        [MlflowClient().get_experiment_by_name(experiment_name).experiment_id],
+        "attributes.status = 'FAILED'",
+    )
+    assert [r.data.tags["error"] for r in failed] == ["RuntimeError: measurement failed half way"]
+
+
+def test_one_experiment_run_can_be_reported_alone(tracking_uri: str, experiment_name: str) -> None:
+    log_experiment(experiment_name, "alexnet", {"tapp": 0.5})
+    second = log_experiment(experiment_name, "vgg16", {"tapp": 1.5}, source="estimated")
+
+    tables = build_tables(experiment_name, within=second.run_id)
+
+    assert list(tables.step_time.frame["model"]) == ["VGG-16"]
+    assert "estimated by the cost model (not measured) for: VGG-16/TAPP" in tables.step_time.to_markdown()
+
+
+def test_written_files_in_three_formats(tracking_uri: str, experiment_name: str, tmp_path) -> None:
+    log_experiment(experiment_name, "alexnet", PAPER["alexnet"])
+
+    written = build_tables(experiment_name).write(tmp_path)
+
+    names = sorted(p.name for p in written)
+    assert names == sorted(
+        f"{t}.{s}" for t in ("step_time", "communication_share", "accuracy") for s in ("md", "csv", "tex")
+    )
+    assert "No training runs" in (tmp_path / "accuracy.md").read_text()
+
+
+def test_unknown_experiment_or_no_evaluations_is_a_clear_error(tracking_uri: str, experiment_name: str) -> None:
+    with pytest.raises(runs.ReportError, match="no MLflow experiment named 'nope'"):
+        build_tables("nope")
+    MlflowClient().create_experiment(experiment_name)
+    with pytest.raises(runs.ReportError, match="has no finished evaluation runs"):
+        build_tables(experiment_name)
