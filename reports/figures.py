@@ -1,0 +1,123 @@
+"""Figures for the paper and the MLflow artifacts, drawn with matplotlib's Agg renderer (no display needed).
+
+Figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot, so no global state is touched
+and drawing works in worker threads and headless processes alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from tapp_core.costmodel import NO_MICRO_BATCH, OP_KINDS, TimelineOp
+
+KIND_COLOURS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "send": "#55A868",
+    "recv": "#C44E52",
+    "allreduce": "#8172B3",
+    "update": "#937860",
+}
+"""One colour per ``TimelineOp.kind``."""
+KIND_LABELS = {"recv": "waiting on receive"}
+SEND_LANE = ("send",)
+"""Kinds drawn in a thin lane under the device's row: they overlap the device's compute."""
+ROW_HEIGHT = 0.6
+SEND_HEIGHT = 0.18
+MIN_LABEL_FRACTION = 0.012
+"""Bars narrower than this fraction of the time axis get no micro-batch number."""
+
+
+@runtime_checkable
+class HasTimeline(Protocol):
+    """An Estimate, or a Measurement that recorded its operations."""
+
+    timeline: Sequence[TimelineOp]
+
+
+def gantt(
+    estimate_or_timeline: HasTimeline | Sequence[TimelineOp], path: str | Path, title: str = "Pipeline timeline"
+) -> Path:
+    """Draw one row per device with every operation of the timeline as a bar; write a PNG to ``path``."""
+    timeline = _timeline_of(estimate_or_timeline)
+    if not timeline:
+        raise ValueError("the timeline is empty: nothing to draw")
+    step_time = _step_time_of(estimate_or_timeline, timeline)
+    devices = _device_order(timeline)
+    figure = Figure(figsize=(12, 1.0 + 0.7 * len(devices)))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    span = max(op.end for op in timeline) - min(op.start for op in timeline)
+    several_iterations = any(op.iteration for op in timeline)
+    for op in timeline:
+        row = devices.index(op.device)
+        _draw_bar(axes, op, row, span, several_iterations)
+    axes.set_yticks(range(len(devices)), devices)
+    axes.set_ylim(len(devices) - 0.5, -0.6)
+    axes.set_xlabel("time (s)")
+    axes.set_title(f"{title} — step time {step_time:.4g} s")
+    kinds = [k for k in OP_KINDS if any(op.kind == k for op in timeline)]
+    handles = [Patch(color=KIND_COLOURS[k], label=KIND_LABELS.get(k, k)) for k in kinds]
+    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.2 / len(devices)), ncol=len(kinds))
+    axes.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, format="png", dpi=120)
+    return out
+
+
+def _timeline_of(source: HasTimeline | Sequence[TimelineOp]) -> list[TimelineOp]:
+    if isinstance(source, HasTimeline):
+        return list(source.timeline)
+    return list(source)
+
+
+def _step_time_of(source: object, timeline: Sequence[TimelineOp]) -> float:
+    """The source's own step time (Estimate.step_time, Measurement.step_time_s), else the timeline's span."""
+    for name in ("step_time", "step_time_s"):
+        value = getattr(source, name, None)
+        if isinstance(value, int | float) and value == value:
+            return float(value)
+    return max(op.end for op in timeline) - min(op.start for op in timeline)
+
+
+def _device_order(timeline: Sequence[TimelineOp]) -> list[str]:
+    """Devices by stage, then in the order they first appear."""
+    first: dict[str, tuple[int, int]] = {}
+    for position, op in enumerate(timeline):
+        first.setdefault(op.device, (op.stage, position))
+    return sorted(first, key=first.__getitem__)
+
+
+def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_iterations: bool) -> None:
+    colour = KIND_COLOURS.get(op.kind, "#999999")
+    if op.kind in SEND_LANE:
+        axes.broken_barh(
+            [(op.start, op.duration)],
+            (row + ROW_HEIGHT / 2, SEND_HEIGHT),
+            facecolor=colour,
+            edgecolor="white",
+            linewidth=0.3,
+        )  # type: ignore[attr-defined]
+        return
+    axes.broken_barh(  # type: ignore[attr-defined]
+        [(op.start, op.duration)],
+        (row - ROW_HEIGHT / 2, ROW_HEIGHT),
+        facecolor=colour,
+        edgecolor="white",
+        linewidth=0.5,
+    )
+    if (
+        op.kind in ("forward", "backward")
+        and op.micro_batch != NO_MICRO_BATCH
+        and op.duration >= MIN_LABEL_FRACTION * span
+    ):
+        label = f"{op.iteration}.{op.micro_batch}" if several_iterations else str(op.micro_batch)
+        axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")  # type: ignore[attr-defined]
