@@ -22,10 +22,10 @@ import operator
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx
@@ -47,6 +47,12 @@ class ProfileError(TappError):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Clocks: host time on CPU, CUDA events on the GPU timeline (kernels are asynchronous).
+
+
+class _Clock(Protocol):
+    def mark(self) -> Any: ...
+    def seconds(self, start: Any, end: Any) -> float: ...
+    def sync(self) -> None: ...
 
 
 class _CpuClock:
@@ -320,7 +326,6 @@ class _StepTimes:
     forward_s: list[float]
     backward_s: list[float]
     loss_s: float = 0.0
-    extra_s: dict[str, float] = field(default_factory=dict)
 
 
 def _loss(output: object, labels: torch.Tensor) -> torch.Tensor:
@@ -339,7 +344,7 @@ def _check_output(output: object, batch_size: int, name: str) -> int:
 
 
 def _whole_step(
-    graph_module: torch.fx.GraphModule, inputs: torch.Tensor, labels: torch.Tensor, clock: Any
+    graph_module: torch.fx.GraphModule, inputs: torch.Tensor, labels: torch.Tensor, clock: _Clock
 ) -> tuple[float, float]:
     """One plain training step (forward, loss, backward): (forward + loss seconds, backward seconds)."""
     graph_module.zero_grad(set_to_none=True)
@@ -356,7 +361,7 @@ def _whole_step(
 class _TimedInterpreter(torch.fx.Interpreter):
     """Runs the forward node by node, reading the clock around each layer and claiming its autograd nodes."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, index: dict[torch.fx.Node, int], clock: Any) -> None:
+    def __init__(self, graph_module: torch.fx.GraphModule, index: dict[torch.fx.Node, int], clock: _Clock) -> None:
         super().__init__(graph_module)
         self.index = index
         self.clock = clock
@@ -392,7 +397,7 @@ def _instrumented_step(
     index: dict[torch.fx.Node, int],
     inputs: torch.Tensor,
     labels: torch.Tensor,
-    clock: Any,
+    clock: _Clock,
 ) -> _StepTimes:
     graph_module.zero_grad(set_to_none=True)
     interpreter = _TimedInterpreter(graph_module, index, clock)
@@ -460,7 +465,7 @@ def profile_graph(
     if threads is not None and threads < 1:
         raise ProfileError(f"threads must be at least 1, got {threads}")
     torch_device = _resolve_device(device)
-    clock: Any = _CudaClock(torch_device) if torch_device.type == "cuda" else _CpuClock()
+    clock: _Clock = _CudaClock(torch_device) if torch_device.type == "cuda" else _CpuClock()
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -475,7 +480,7 @@ def _profile(
     name: str,
     batch_size: int,
     device: torch.device,
-    clock: Any,
+    clock: _Clock,
     repeats: int,
     warmup: int,
     seed: int,
