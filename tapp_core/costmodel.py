@@ -53,6 +53,11 @@ Per-device breakdown (over the measured window, per step; ``breakdown`` computes
     appear in the timeline as ``recv`` operations. idle: the rest of the step (pipeline bubbles, imbalance).
     A runtime measures the same by stamping each message with the time its sender posted it.
 
+Timeline
+    Every operation of every simulated iteration (``TimelineOp.iteration``): forward, backward, allreduce and
+    update; ``send`` on the sending device (``peer`` = receiver) for as long as the link carries it; ``recv`` for
+    each communication wait (``peer`` = the device whose transfer arrived last). Built on first use.
+
 Peak memory is ``plan.stage_memory_bytes`` of the device's stage. BSP (one stage on every device) and single
 device (one stage on one device) are plans like any other. ``estimate`` does not check memory; ``validate`` does.
 """
@@ -61,7 +66,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import overload
@@ -317,27 +322,36 @@ def breakdown(
     a measured timeline as well as on a predicted one.
     """
     spans = ((op.device, op.kind, op.start, op.end) for op in timeline)
-    return _breakdown_spans(spans, devices, window, steps)
+    busy, waiting = _window_totals(spans, devices, window)
+    return _per_step(busy, waiting, window, steps)  # type: ignore[arg-type] - keys are the device names
 
 
-def _breakdown_spans(
-    spans: Iterable[tuple[str, str, float, float]], devices: Sequence[str], window: tuple[float, float], steps: int
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+def _window_totals(
+    spans: Iterable[tuple[Hashable, str, float, float]], keys: Iterable[Hashable], window: tuple[float, float]
+) -> tuple[dict[Hashable, float], dict[Hashable, float]]:
+    """Compute and communication time inside ``window`` per key, from (key, kind, start, end) spans."""
     low, high = window
-    compute = dict.fromkeys(devices, 0.0)
-    communication = dict.fromkeys(devices, 0.0)
-    for device, kind, start, end in spans:
-        inside = min(end, high) - max(start, low)
-        if inside <= 0.0:
+    busy = dict.fromkeys(keys, 0.0)
+    waiting = dict.fromkeys(busy, 0.0)
+    for key, kind, start, end in spans:
+        if end <= low or start >= high:
             continue
+        inside = min(end, high) - max(start, low)
         if kind in COMPUTE_KINDS:
-            compute[device] += inside
+            busy[key] += inside
         elif kind in COMMUNICATION_KINDS:
-            communication[device] += inside
-    step = (high - low) / steps
-    compute = {d: t / steps for d, t in compute.items()}
-    communication = {d: t / steps for d, t in communication.items()}
-    idle = {d: max(0.0, step - compute[d] - communication[d]) for d in devices}
+            waiting[key] += inside
+    return busy, waiting
+
+
+def _per_step(
+    busy: Mapping[str, float], waiting: Mapping[str, float], window: tuple[float, float], steps: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Window totals divided by the steps in the window; idle is what is left of each step."""
+    step = (window[1] - window[0]) / steps
+    compute = {d: t / steps for d, t in busy.items()}
+    communication = {d: t / steps for d, t in waiting.items()}
+    idle = {d: max(0.0, step - compute[d] - communication[d]) for d in compute}
     return compute, communication, idle
 
 
@@ -386,7 +400,7 @@ def _layer_arrays(library: LayerLibrary) -> _LayerArrays:
     edges = np.array([(x.index, succ) for x in snapshot for succ in x.successors], dtype=np.int64).reshape(-1, 2)
     arrays = _LayerArrays(snapshot, table[:, 0], table[:, 1], table[:, 2], table[:, 3], edges[:, 0], edges[:, 1])
     if len(_LAYER_ARRAYS_CACHE) >= _LAYER_ARRAYS_CACHE_SIZE:
-        del _LAYER_ARRAYS_CACHE[next(iter(_LAYER_ARRAYS_CACHE))]
+        _LAYER_ARRAYS_CACHE.pop(next(iter(_LAYER_ARRAYS_CACHE), None), None)
     _LAYER_ARRAYS_CACHE[id(library.layers)] = arrays
     return arrays
 
@@ -565,8 +579,8 @@ def _allreduce_s(cluster: Cluster, devices: Sequence[str], param_bytes: float, c
 # ---------------------------------------------------------------------------------------------------------------
 # The simulation
 
-Record = tuple[int, str, int, float, float, int]
-"""(worker, kind, global micro-batch or iteration, start, end, peer worker or NO_PEER): a TimelineOp in the
+Record = tuple[int, str, float, float, int, int]
+"""(worker, kind, start, end, global micro-batch or iteration, peer worker or NO_PEER): a TimelineOp in the
 making, kept as a plain tuple because building thousands of frozen dataclasses would dominate the run time."""
 
 
@@ -625,9 +639,9 @@ class _Simulation:
                 start = arrival
                 waited_from = max(free, ready)
                 if start > waited_from:
-                    self.records.append((w, "recv", g, waited_from, start, sender))
+                    self.records.append((w, "recv", waited_from, start, g, sender))
         end = start + worker.duration[kind]
-        self.records.append((w, kind, g, start, end, NO_PEER))
+        self.records.append((w, kind, start, end, g, NO_PEER))
         self.free[w] = end
         self._send(w, worker.routes[kind], kind, g, end)
         return True
@@ -637,7 +651,7 @@ class _Simulation:
             start = max(ready, self.link_free.get(link, 0.0))
             arrival = start + duration
             self.link_free[link] = arrival
-            self.records.append((w, "send", g, start, arrival, receiver))
+            self.records.append((w, "send", start, arrival, g, receiver))
             key = (receiver, kind, g)
             box = self.inbox.get(key)
             if box is None:
@@ -663,9 +677,9 @@ class _Simulation:
         end = start + self.allreduce_s[stage]
         for r in waiting:
             if end > start:
-                self.records.append((r, "allreduce", iteration, start, end, NO_PEER))
+                self.records.append((r, "allreduce", start, end, iteration, NO_PEER))
             finish = end + self.workers[r].update_s
-            self.records.append((r, "update", iteration, end, finish, NO_PEER))
+            self.records.append((r, "update", end, finish, iteration, NO_PEER))
             self.free[r] = finish
             self.iteration_end[iteration] = max(self.iteration_end[iteration], finish)
             if r != w:
@@ -676,7 +690,7 @@ class _Simulation:
 
 def _timeline_ops(records: list[Record], workers: list[_Worker], micro_batches: int) -> list[TimelineOp]:
     ops = []
-    for w, kind, number, start, end, peer in records:
+    for w, kind, start, end, number, peer in records:
         worker = workers[w]
         peer_device = workers[peer].device if peer != NO_PEER else ""
         if kind in ("allreduce", "update"):
@@ -726,8 +740,12 @@ def estimate(
     _, warmup, steps = _simulated_iterations(plan)
     window = (simulation.iteration_end[warmup - 1] if warmup else 0.0, simulation.iteration_end[warmup + steps - 1])
     records = simulation.records
-    spans = ((workers[w].device, kind, start, end) for w, kind, _, start, end, _ in records)
-    compute, communication, idle = _breakdown_spans(spans, plan.devices, window, steps)
+    spans = (record[:4] for record in records if record[1] != "send")
+    busy, waiting = _window_totals(spans, range(len(workers)), window)
+    device_of = [worker.device for worker in workers]
+    compute, communication, idle = _per_step(
+        {device_of[w]: t for w, t in busy.items()}, {device_of[w]: t for w, t in waiting.items()}, window, steps
+    )
     memory = {
         name: stage_memory_bytes(plan, library, s) for s, names in enumerate(plan.stage_devices) for name in names
     }
