@@ -283,8 +283,8 @@ class Estimate:
     def communication_share(self) -> float:
         return communication_share(self.communication, self.step_time)
 
-    def to_dict(self) -> dict[str, object]:
-        return {
+    def to_dict(self, include_timeline: bool = True) -> dict[str, object]:
+        data: dict[str, object] = {
             "plan_id": self.plan_id,
             "step_time": self.step_time,
             "communication_share": self.communication_share,
@@ -293,11 +293,13 @@ class Estimate:
             "idle": dict(self.idle),
             "peak_memory": dict(self.peak_memory),
             "calibration": self.calibration.to_dict(),
-            "timeline": [op.to_dict() for op in self.timeline],
         }
+        if include_timeline:
+            data["timeline"] = [op.to_dict() for op in self.timeline]
+        return data
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+    def to_json(self, include_timeline: bool = True) -> str:
+        return json.dumps(self.to_dict(include_timeline), indent=2)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Estimate:

@@ -422,6 +422,9 @@ def test_estimate_round_trips_through_json() -> None:
     assert list(again.timeline) == list(result.timeline)
     assert again.timeline[0] == TimelineOp("d0", 0, 0, "forward", 0.0, 8.0, 0, "")
     assert [op.micro_batch for op in result.timeline if op.kind == "update"] == [NO_MICRO_BATCH]
+    summary = result.to_dict(include_timeline=False)
+    assert "timeline" not in summary and summary["peak_memory"] == {"d0": 1440}
+    assert Estimate.from_dict(summary).timeline == []
 
 
 def test_calibration_save_load_and_errors(tmp_path: Path) -> None:
