@@ -554,6 +554,9 @@ def _profile(
             "whole_model_forward_s": statistics.median(whole_forward),
             "whole_model_backward_s": statistics.median(whole_backward),
             "whole_model_steps_s": [f + b for f, b in zip(whole_forward, whole_backward, strict=True)],
+            # Per instrumented step, the layers' total: against whole_model_steps_s it separates the cost of the
+            # instrumentation from the gap that medians taken per layer open on a noisy machine.
+            "layer_steps_s": [sum(step.forward_s) + sum(step.backward_s) for step in steps],
             "loss_s": statistics.median(step.loss_s for step in steps),
             "flops_per_sample": sum(layer.flops for layer in layers),
             "ops_without_flop_rule": sorted(facts_pass.unknown_ops),
