@@ -1,0 +1,226 @@
+"""The ``tapp`` command line.
+
+Every command turns a ``TappError`` (bad model, cluster, plan, data or library) into one red line on stderr and
+exit status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tapp_core.errors import TappError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+console = Console()
+error_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="alexnet | vgg16 | inception_v3 | mlp | tiny_cnn | tiny_branchy | module:callable | file.py:callable",
+    ),
+]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="mini-batch size")]
+LibraryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--library", help="a profiled layer library folder (tapp profile --out); profiled and cached if not given"
+    ),
+]
+
+
+def reports_user_errors(command: F) -> F:
+    """Print a TappError's message and exit 2 instead of a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TappError as exc:
+            error_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TAPP_CACHE_DIR", ".tapp"))
+
+
+def library_for(model: str, batch_size: int, library: Path | None, device: str = "cpu") -> Any:
+    """The layer library to plan with: the given folder, else a cached profile of (model, batch, device)."""
+    from tapp_core.library import LayerLibrary
+
+    if library is not None:
+        loaded = LayerLibrary.load(library)
+        if loaded.model != model:
+            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
+        return loaded
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}_b{batch_size}_{device}")
+    cached = cache_dir() / "libraries" / key
+    if (cached / "library.json").is_file():
+        return LayerLibrary.load(cached)
+    from tapp_core.profiler import profile_model
+
+    with console.status(f"profiling {model} at batch {batch_size} on {device} (cached in {cached})"):
+        profiled = profile_model(model, batch_size, device=device)
+    profiled.save(cached)
+    return profiled
+
+
+@app.command()
+@reports_user_errors
+def profile(
+    model: ModelOpt = "vgg16",
+    batch_size: BatchOpt = 64,
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json")] = Path("library"),
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="timed runs per layer; the median is kept")] = 5,
+) -> None:
+    """Trace a model and build its layer library: per-layer times, FLOPs, parameter and activation bytes."""
+    from tapp_core.profiler import profile_model
+
+    with console.status(f"profiling {model} at batch {batch_size} on {device}"):
+        library = profile_model(model, batch_size, device=device, threads=threads, repeats=repeats)
+    library.save(out)
+    ratio = library.layer_time_sum_s / library.whole_model_s
+    console.print(
+        f"{model}: {len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms "
+        f"(forward+backward, batch {batch_size}), sum of layers {library.layer_time_sum_s * 1e3:.1f} ms"
+    )
+    console.print(f"sum-of-layers / whole-model ratio: {ratio:.3f}")
+    console.print(f"wrote {out / 'layers.csv'} and {out / 'library.json'}")
+
+
+@app.command()
+@reports_user_errors
+def plan(
+    model: ModelOpt = "alexnet",
+    cluster: ClusterOpt = "local",
+    planner: Annotated[
+        str, typer.Option(help="tapp | single | bsp | even | pipetorch | pipedream | autoddl | oracle")
+    ] = "even",
+    batch_size: BatchOpt = 64,
+    out: Annotated[Path, typer.Option("--out", "-o")] = Path("plan.json"),
+    library: LibraryOpt = None,
+    budget: Annotated[int, typer.Option(help="search budget (rounds for tapp; planner-specific)")] = 0,
+    reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Find a plan for a model on a cluster and write it as JSON."""
+    from tapp_core.cluster import load_cluster
+    from tapp_core.costmodel import estimate
+    from tapp_core.plan import validate
+
+    target = load_cluster(cluster)
+    layers = library_for(model, batch_size, library)
+    found = _run_planner(planner, layers, target, budget=budget, reward=reward, seed=seed, batch_size=batch_size)
+    validate(found, layers, target)
+    found.save(out)
+    predicted = estimate(found, layers, target)
+    console.print(
+        f"{planner} plan {found.id}: {found.n_stages} stage(s) on {', '.join('+'.join(d) for d in found.stage_devices)}, "
+        f"{found.micro_batches} micro-batches, {found.schedule}; estimated step time {predicted.step_time:.4f} s"
+    )
+    console.print(f"wrote {out}")
+
+
+def _run_planner(name: str, library: Any, cluster: Any, budget: int, **options: Any) -> Any:
+    """Build planner ``name`` with the options it accepts and run it under a progress bar over search rounds."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tapp_core.planners import get_planner, planner_options
+
+    accepted = planner_options(name)
+    planner = get_planner(name, **{k: v for k, v in options.items() if k in accepted})
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bars: list[Any] = []  # added on the first report, so constructive planners show no empty bar
+
+        def report(update: Any) -> None:
+            if not bars:
+                bars.append(progress.add_task(f"{name} search rounds", total=update.total_rounds, status=""))
+            status = f"best {update.best_step_time_s:.4f} s, {update.evaluations} evaluations"
+            if update.reward is not None:
+                status += f", reward {update.reward:.3f}, entropy {update.entropy:.2f} ({update.phase})"
+            progress.update(bars[0], completed=update.round, total=update.total_rounds, status=status)
+
+        return planner.plan(library, cluster, budget=budget or None, progress=report)
+
+
+@app.command()
+@reports_user_errors
+def simulate(
+    model: ModelOpt = "alexnet",
+    cluster: ClusterOpt = "local",
+    plan_file: Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")] = Path("plan.json"),
+    library: LibraryOpt = None,
+    gantt: Annotated[Path | None, typer.Option(help="draw the timeline of one step to this PNG")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
+) -> None:
+    """Predict a plan's step time, per-device compute / communication / idle and peak memory."""
+    from tapp_core.cluster import load_cluster
+    from tapp_core.costmodel import estimate
+    from tapp_core.plan import Plan, validate
+
+    chosen = Plan.load(plan_file)
+    if chosen.model != model:
+        raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
+    target = load_cluster(cluster)
+    layers = library_for(model, chosen.batch_size, library)
+    validate(chosen, layers, target)
+    predicted = estimate(chosen, layers, target)
+    if as_json:
+        console.print_json(json.dumps(predicted.to_dict(include_timeline=False), default=float))
+    else:
+        _print_estimate(chosen, predicted)
+    if gantt is not None:
+        from reports.figures import gantt as draw_gantt
+
+        draw_gantt(predicted, gantt, title=f"{model} on {target.name}: plan {chosen.id} ({chosen.schedule})")
+        console.print(f"wrote {gantt}")
+
+
+def _print_estimate(chosen: Any, predicted: Any) -> None:
+    console.print(
+        f"plan {chosen.id}: {chosen.n_stages} stage(s), {chosen.micro_batches} micro-batches, {chosen.schedule}; "
+        f"estimated step time [bold]{predicted.step_time:.4f} s[/], communication share {predicted.communication_share:.1%}"
+    )
+    table = Table("device", "stage", "compute s", "communication s", "idle s", "peak memory MiB")
+    stage_of = {d: s for s, devices in enumerate(chosen.stage_devices) for d in devices}
+    for device in predicted.compute:
+        table.add_row(
+            device,
+            str(stage_of.get(device, "")),
+            f"{predicted.compute[device]:.4f}",
+            f"{predicted.communication[device]:.4f}",
+            f"{predicted.idle[device]:.4f}",
+            f"{predicted.peak_memory.get(device, 0) / 2**20:.1f}",
+        )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()
