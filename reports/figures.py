@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from tapp_core.costmodel import NO_MICRO_BATCH, OP_KINDS, TimelineOp
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KIND_COLOURS = {
     "forward": "#4C72B0",
@@ -121,3 +124,58 @@ def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_itera
     ):
         label = f"{op.iteration}.{op.micro_batch}" if several_iterations else str(op.micro_batch)
         axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")  # type: ignore[attr-defined]
+
+
+# --- Search and comparison figures (read back from MLflow by reports.paper) ----------------------------------
+
+
+def reward_curve(history: pd.DataFrame, path: str | Path, title: str = "TAPP search") -> Path:
+    """Per search round: mean and best reward (left), and the best step time found so far (right).
+
+    ``history`` has a ``round`` column and any of ``reward_mean``, ``reward_best``, ``best_step_time_s``.
+    """
+    figure = Figure(figsize=(10, 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    rewards, best = figure.subplots(1, 2)
+    for column, label in (("reward_mean", "mean reward"), ("reward_best", "best reward")):
+        if column in history and history[column].notna().any():
+            rewards.plot(history["round"], history[column], marker="o", markersize=3, label=label)
+    rewards.set_xlabel("search round")
+    rewards.set_ylabel("reward")
+    if rewards.lines:
+        rewards.legend(loc="best")
+    if "best_step_time_s" in history and history["best_step_time_s"].notna().any():
+        best.step(history["round"], history["best_step_time_s"], where="post", color="tab:green")
+    best.set_xlabel("search round")
+    best.set_ylabel("best step time so far (s)")
+    figure.suptitle(title)
+    return _save_png(figure, path)
+
+
+def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step time by method") -> Path:
+    """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order)."""
+    groups = list(dict.fromkeys(frame["group"]))
+    methods = list(dict.fromkeys(frame["method"]))
+    width = 0.8 / max(len(methods), 1)
+    figure = Figure(figsize=(max(6.0, 0.5 * len(groups) * len(methods) + 2.5), 4.2), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for i, method in enumerate(methods):
+        values = frame[frame["method"] == method].set_index("group")["step_time_s"]
+        heights = [float(values.get(g, float("nan"))) for g in groups]
+        positions = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
+        bars = axes.bar(positions, heights, width=width, label=method)
+        axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
+    axes.set_xticks(range(len(groups)), groups)
+    axes.set_ylabel("step time (s)")
+    axes.set_title(title)
+    axes.margins(y=0.15)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return _save_png(figure, path)
+
+
+def _save_png(figure: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, format="png", dpi=120)
+    return out

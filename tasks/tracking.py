@@ -4,9 +4,9 @@ Runs are addressed by id through ``MlflowClient``, never through MLflow's fluent
 thread, and Prefect may run each task in its own thread, process or host. A task is handed a ``RunRef`` (tracking
 URI, experiment id, run id), which pickles, and opens its own child run under it with ``tracked_run``.
 
-The tags make a UI comparison (and the paper table) a filter: ``model``, ``method``, ``cluster``, ``batch_size``,
-``seed``, ``dataset``, ``emulated``, ``code_version`` and ``run_kind`` (experiment, stage, evaluation, train,
-report, sweep).
+The tags (named in ``reports.runs``, which reads them back) make a UI comparison and the paper table a filter:
+``model``, ``method``, ``cluster``, ``batch_size``, ``seed``, ``dataset``, ``emulated``, ``code_version``,
+``run_kind`` and ``experiment_run`` (the experiment's parent run, on every run of one experiment).
 """
 
 from __future__ import annotations
@@ -31,24 +31,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
+from reports import runs
 from tapp_core.errors import TappError
 
 DEFAULT_EXPERIMENT = "tapp"
 PARENT_TAG = "mlflow.parentRunId"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
-
-# Tag keys, shared with reports/ (which reads runs back by them).
-KIND = "run_kind"
-STAGE = "stage"
-MODEL = "model"
-METHOD = "method"
-CLUSTER = "cluster"
-BATCH_SIZE = "batch_size"
-SEED = "seed"
-DATASET = "dataset"
-EMULATED = "emulated"
-CODE_VERSION = "code_version"
-ERROR = "error"
 
 MAX_TAG_LENGTH = 5000
 MAX_PARAM_LENGTH = 6000
@@ -112,20 +100,28 @@ class ExperimentTags:
     seed: int
     dataset: str
     emulated: bool
+    sweep_run: str | None = None
+    """The benchmark sweep's parent run, when the experiment is part of one."""
 
     def as_tags(self, **more: object) -> dict[str, str]:
         tags = {
-            MODEL: self.model,
-            CLUSTER: self.cluster,
-            BATCH_SIZE: str(self.batch_size),
-            SEED: str(self.seed),
-            DATASET: self.dataset,
-            EMULATED: str(self.emulated).lower(),
-            CODE_VERSION: code_version(),
+            runs.MODEL: self.model,
+            runs.CLUSTER: self.cluster,
+            runs.BATCH_SIZE: str(self.batch_size),
+            runs.SEED: str(self.seed),
+            runs.DATASET: self.dataset,
+            runs.EMULATED: str(self.emulated).lower(),
+            runs.CODE_VERSION: code_version(),
             GIT_COMMIT_TAG: code_version().removesuffix("+dirty"),
         }
+        if self.sweep_run:
+            tags[runs.SWEEP_RUN] = self.sweep_run
         tags.update({k: str(v) for k, v in more.items() if v is not None})
         return tags
+
+    def child(self, parent: RunRef, kind: str, **more: object) -> dict[str, str]:
+        """Tags of a run nested in the experiment run ``parent``."""
+        return self.as_tags(**{runs.KIND: kind, runs.EXPERIMENT_RUN: parent.run_id, **more})
 
 
 @dataclass(frozen=True)
@@ -233,7 +229,7 @@ def tracked_run(
         yield run
     except BaseException as exc:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        client.set_tag(run.run_id, ERROR, f"{type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH])
+        client.set_tag(run.run_id, runs.ERROR, f"{type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH])
         client.set_terminated(run.run_id, status)
         raise
     client.set_terminated(run.run_id, "FINISHED")

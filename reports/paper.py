@@ -1,0 +1,102 @@
+"""A report folder from MLflow alone: the paper's tables (Markdown, CSV, LaTeX) and figures (PNG).
+
+``tapp report`` and the paper_table flow both call ``write_report``, so the same runs give the same files.
+Figures: step-time bars over all methods, and per (model, cluster, batch size) the search's reward curve and the
+Gantt chart of TAPP's chosen plan (redrawn from the estimate logged with its evaluation run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from mlflow import MlflowClient
+
+from reports import runs
+from reports.tables import Tables, build_tables, method_label, model_label
+from tapp_core.costmodel import Estimate
+
+
+@dataclass
+class Report:
+    folder: Path
+    tables: Tables
+    table_files: list[Path]
+    figure_files: list[Path] = field(default_factory=list)
+
+
+def write_report(
+    experiment: str,
+    out: str | Path,
+    tracking_uri: str | None = None,
+    within: str | None = None,
+    tag: str = runs.EXPERIMENT_RUN,
+) -> Report:
+    """Write the tables and figures of an MLflow experiment (or of the runs whose ``tag`` is ``within``) to ``out``."""
+    folder = Path(out)
+    tables = build_tables(experiment, tracking_uri, within, tag)
+    report = Report(folder, tables, tables.write(folder))
+    client = MlflowClient(tracking_uri)
+    report.figure_files.append(step_time_figure(tables.evaluations, folder / "step_time.png"))
+    for stage in runs.search_stages(client, experiment, within, tag):
+        history = runs.round_history(client, stage.run_id)
+        if not history.empty:
+            report.figure_files.append(reward_figure(stage, history, folder))
+    for row in tables.evaluations[tables.evaluations[runs.METHOD] == "tapp"].itertuples(index=False):
+        report.figure_files.append(gantt_figure(client, row, folder))
+    return report
+
+
+def _slug(*parts: object) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(str(p) for p in parts))
+
+
+def _group(model: str, cluster: str, batch_size: object) -> str:
+    return f"{model_label(model)}\n{cluster}, batch {batch_size}"
+
+
+def step_time_figure(evaluations: pd.DataFrame, path: Path) -> Path:
+    from reports.figures import step_time_bars
+
+    frame = pd.DataFrame(
+        {
+            "group": [_group(r.model, r.cluster, r.batch_size) for r in evaluations.itertuples(index=False)],
+            "method": [method_label(m) for m in evaluations[runs.METHOD]],
+            "step_time_s": evaluations[runs.STEP_TIME],
+        }
+    )
+    order = {label: i for i, label in enumerate(method_label(m) for m in _method_order(evaluations[runs.METHOD]))}
+    frame = frame.sort_values("method", key=lambda s: s.map(order), kind="stable")
+    return step_time_bars(frame, path, title="Single-step training time by method")
+
+
+def _method_order(methods: pd.Series) -> list[str]:
+    from reports.tables import OTHER_METHODS, PAPER_METHODS
+
+    present = set(methods)
+    known = [m for m in (*PAPER_METHODS, *OTHER_METHODS) if m in present]
+    return known + sorted(present - set(known))
+
+
+def reward_figure(stage: runs.RunRow, history: pd.DataFrame, folder: Path) -> Path:
+    from reports.figures import reward_curve
+
+    model, cluster, batch = (stage.tags.get(t, "") for t in runs.KEY_COLUMNS)
+    title = f"TAPP search: {model_label(model)} on {cluster}, batch {batch}"
+    return reward_curve(history, folder / f"reward_curve_{_slug(model, cluster, 'b' + batch)}.png", title=title)
+
+
+def gantt_figure(client: MlflowClient, row: object, folder: Path) -> Path:
+    from reports.figures import gantt
+
+    with tempfile.TemporaryDirectory(prefix="tapp-estimate-") as tmp:
+        local = client.download_artifacts(row.run_id, runs.ESTIMATE_ARTIFACT, tmp)  # type: ignore[attr-defined]
+        predicted = Estimate.from_dict(json.loads(Path(local).read_text()))
+    model, cluster, batch = row.model, row.cluster, row.batch_size  # type: ignore[attr-defined]
+    path = folder / f"gantt_tapp_{_slug(model, cluster, f'b{batch}')}.png"
+    gantt(predicted, path, title=f"TAPP's plan for {model_label(model)} on {cluster}, batch {batch} (estimated)")
+    return path

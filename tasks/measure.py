@@ -1,0 +1,110 @@
+"""Runtime sampling: plans measured on the cluster's MPI workers, one worker pool kept up per cluster.
+
+Starting mpiexec and importing torch on every rank costs seconds, so a flow keeps one ``WorkerPool`` per
+cluster for all its measurements (sampling, then the final evaluation) and closes it at the end
+(``close_pools``). A plan that fails on the workers comes back as a failed Measurement and is not retried; a
+pool that cannot start raises ``PoolError``, which is worth a retry.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tapp_core.cluster import Cluster
+from tapp_core.costmodel import Estimate
+from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
+from tapp_core.plan import Plan
+from tapp_core.runtime import PoolError, WorkerPool
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How plans are measured: ``steps`` training steps, the first ``warmup`` of them not counted."""
+
+    enabled: bool = True
+    steps: int = DEFAULT_WARMUP + MIN_STEPS
+    warmup: int = DEFAULT_WARMUP
+    timeout_s: float = 120.0
+    """Per plan; a plan past it comes back as a failed Measurement."""
+    seed: int = 0
+
+
+_pools: dict[str, WorkerPool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool_for(cluster: Cluster) -> WorkerPool:
+    """The running worker pool of ``cluster`` (started on first use, restarted by the pool itself if it dies)."""
+    key = cluster.model_dump_json()
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = WorkerPool(cluster)
+        pool.start()
+        return pool
+
+
+def close_pools() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+def _pool_failed(task: object, task_run: object, state: object) -> bool:
+    """Retry only when the pool itself failed; a failing plan is an answer, not an accident."""
+    try:
+        state.result()  # type: ignore[attr-defined]
+    except PoolError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="measure-plans", retries=2, retry_delay_seconds=5, retry_condition_fn=_pool_failed, cache_policy=NO_CACHE)
+def measure_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> list[Measurement]:
+    """Measure each plan on the workers, in order; failed plans come back with ``error`` set."""
+    pool = pool_for(cluster)
+    return [
+        pool.measure(
+            plan,
+            model,
+            steps=settings.steps,
+            warmup=settings.warmup,
+            seed=settings.seed,
+            timeout_s=settings.timeout_s,
+        )
+        for plan in plans
+    ]
+
+
+def sampled_plans_table(
+    plans: list[Plan], estimates: list[Estimate], measurements: list[Measurement | None], origin: list[str]
+) -> pd.DataFrame:
+    """One row per plan: where it came from, its shape, its estimate and (if taken) its measurement."""
+    rows = []
+    for plan, predicted, measured, source in zip(plans, estimates, measurements, origin, strict=True):
+        rows.append(
+            {
+                "plan_id": plan.id,
+                "origin": source,
+                "stages": plan.n_stages,
+                "stage_devices": " | ".join("+".join(d) for d in plan.stage_devices),
+                "micro_batches": plan.micro_batches,
+                "schedule": plan.schedule,
+                "estimated_step_time_s": predicted.step_time,
+                "estimated_communication_share": predicted.communication_share,
+                "measured_step_time_s": measured.step_time_s if measured else float("nan"),
+                "measured_step_time_spread_s": measured.step_time_spread_s if measured else float("nan"),
+                "measured_communication_share": measured.communication_share if measured else float("nan"),
+                "error": (measured.error or "") if measured else "not measured",
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,23 @@
+"""The report stage: the experiment's tables and figures, written to a folder and logged to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from reports import runs
+from reports.paper import Report, write_report
+from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, tracked_run
+
+
+@task(name="report")
+def report_experiment(
+    parent: RunRef, tags: ExperimentTags, out: str | Path, experiment: str = DEFAULT_EXPERIMENT
+) -> Report:
+    """Tables and figures of this experiment's runs only (read back from MLflow), in ``out`` and under ``report/``."""
+    with tracked_run("report", tags.child(parent, runs.STAGE_RUN, stage="report"), parent=parent) as run:
+        report = write_report(experiment, out, parent.tracking_uri, within=parent.run_id)
+        run.log_dir(report.folder, "report")
+        run.log_metrics({"files": len(report.table_files) + len(report.figure_files)})
+    return report
