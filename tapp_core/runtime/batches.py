@@ -1,0 +1,70 @@
+"""Mini-batches for the engine, by step number. Every rank that reads data builds the same source, so the
+ranks of a plan see the same batches without sending them (only stages that read the input or the labels do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+import torch
+
+from tapp_core.models import INPUT_SHAPE
+
+IGNORED_LABEL = -1
+"""Label of padding samples: ignored by the loss and by accuracy."""
+
+
+class BatchSource(Protocol):
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mini-batch of ``step``: inputs (B, ...) float32 and labels (B,) int64, on the CPU."""
+        ...
+
+
+class SyntheticBatches:
+    """Random inputs and labels, a pure function of (seed, step): for timing and for correctness tests."""
+
+    def __init__(
+        self, batch_size: int, seed: int = 0, input_shape: Sequence[int] = INPUT_SHAPE, num_classes: int = 10
+    ) -> None:
+        self.batch_size = batch_size
+        self.seed = seed
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        x = torch.randn(self.batch_size, *self.input_shape, generator=generator)
+        y = torch.randint(0, self.num_classes, (self.batch_size,), generator=generator)
+        return x, y
+
+
+class IteratorBatches:
+    """The batches of an iterable in order (a data loader), padded to ``batch_size`` with ignored samples.
+
+    Steps must be asked for in increasing order, give or take the few a pipeline keeps in flight.
+    """
+
+    def __init__(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], batch_size: int, keep: int = 64) -> None:
+        self._iterator: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(batches)
+        self.batch_size = batch_size
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._next = 0
+        self._keep = keep
+
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        while self._next <= step:
+            x, y = next(self._iterator)
+            self._cache[self._next] = pad_batch(x, y, self.batch_size)
+            self._cache.pop(self._next - self._keep, None)
+            self._next += 1
+        return self._cache[step]
+
+
+def pad_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    missing = batch_size - x.shape[0]
+    if missing <= 0:
+        return x, y
+    x = torch.cat([x, x.new_zeros(missing, *x.shape[1:])])
+    y = torch.cat([y, y.new_full((missing,), IGNORED_LABEL)])
+    return x, y

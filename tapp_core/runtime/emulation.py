@@ -1,0 +1,79 @@
+"""Emulated heterogeneity on one host: device threads, compute slowdown and link delay.
+
+A device with ``slowdown`` k sleeps (k - 1) times the compute it just did, so the compute it reports is k times
+the real one. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
+behind each other, as on a real wire. The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
+which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from tapp_core.cluster import Cluster, Device, Link
+
+
+def now() -> float:
+    """The runtime's clock: CLOCK_MONOTONIC, the same in every process of the host."""
+    return time.monotonic()
+
+
+def sleep_until(deadline: float) -> None:
+    remaining = deadline - now()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def configure_threads(device: Device) -> None:
+    """Pin torch's intra-op pool to the device's thread count (the interop pool only if still settable)."""
+    torch.set_num_threads(device.threads)
+    with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran in this process
+        torch.set_num_interop_threads(device.threads)
+
+
+@dataclass
+class Emulation:
+    """Slowdown and links of one rank's device; ``enabled`` false makes every method a no-op."""
+
+    enabled: bool
+    slowdown: float = 1.0
+    links: Mapping[int, Link] = field(default_factory=dict)
+    """The link to each peer rank."""
+    _link_free_at: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def for_rank(cls, cluster: Cluster, rank_devices: list[str], rank: int, enabled: bool) -> Emulation:
+        me = rank_devices[rank]
+        links = {peer: cluster.link(me, name) for peer, name in enumerate(rank_devices) if peer != rank}
+        return cls(enabled=enabled, slowdown=cluster.device(me).slowdown, links=links)
+
+    def slow_down(self, compute_s: float) -> float:
+        """Sleep as a slower device would have kept computing; returns the emulated compute time."""
+        if not self.enabled or self.slowdown <= 1.0 or compute_s <= 0:
+            return compute_s
+        extra = (self.slowdown - 1.0) * compute_s
+        sleep_until(now() + extra)
+        return compute_s + extra
+
+    def send_ready_at(self, peer: int, nbytes: int) -> float:
+        """When a message posted now to ``peer`` would have arrived over the emulated link (0 when disabled)."""
+        if not self.enabled:
+            return 0.0
+        link = self.links[peer]
+        start = max(now(), self._link_free_at.get(peer, 0.0))
+        self._link_free_at[peer] = start + nbytes / link.bandwidth
+        return start + link.transfer_time(nbytes)
+
+    def allreduce_time(self, peers: list[int], nbytes: int) -> float:
+        """Ring allreduce over the slowest link among ``peers``: 2(n-1) messages of nbytes/n each."""
+        if not self.enabled or not peers:
+            return 0.0
+        n = len(peers) + 1
+        slowest = min((self.links[p] for p in peers), key=lambda link: link.bandwidth)
+        latency = max(self.links[p].latency for p in peers)
+        return 2 * (n - 1) * (latency + nbytes / n / slowest.bandwidth)

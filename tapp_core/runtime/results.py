@@ -1,0 +1,143 @@
+"""Turning what every rank reported into one Measurement (or one training result), on the coordinating rank."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tapp_core.metrics import Measurement, communication_share, step_time, step_time_spread
+
+OUT_OF_MEMORY = "out of memory"
+
+
+@dataclass
+class RankResult:
+    """One rank's answer to a job. ``status``: ok, idle (not in the plan) or error."""
+
+    job: int
+    rank: int
+    device: str
+    status: str
+    error: str = ""
+    error_kind: str = ""
+    """exception, out of memory, timeout or aborted (another rank failed first)."""
+    stage: int = -1
+    replica: int = -1
+    step_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    wait_s: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    peak_memory_bytes: int = 0
+    setup_s: float = 0.0
+    parameters: dict[str, Any] | None = None
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    """Training jobs: per epoch, loss / time, and on the last stage the test counts."""
+
+
+def first_error(results: Sequence[RankResult]) -> str | None:
+    """The error to report: the root cause, not the ranks that gave up because of it."""
+    failed = [r for r in results if r.status == "error"]
+    if not failed:
+        return None
+    rank_order = sorted(failed, key=lambda r: (r.error_kind == "aborted", r.error_kind == "timeout", r.rank))
+    cause = rank_order[0]
+    where = f"rank {cause.rank} ({cause.device}" + (f", stage {cause.stage})" if cause.stage >= 0 else ")")
+    if cause.error_kind == "aborted":
+        return cause.error
+    if cause.error_kind in (OUT_OF_MEMORY, "timeout"):
+        return f"{cause.error_kind} on {where}: {cause.error}"
+    return f"{where} failed: {cause.error}"
+
+
+def assemble_measurement(
+    plan_id: str, results: Sequence[RankResult], warmup: int, emulated: bool, plan_stages: int
+) -> Measurement:
+    error = first_error(results)
+    if error is not None:
+        return Measurement.failed(plan_id, error, emulated=emulated)
+    active = [r for r in results if r.status == "ok"]
+    n_steps = min(len(r.step_s) for r in active)
+    step_times = [max(r.step_s[k] for r in active) for k in range(n_steps)]
+    median_step = step_time(step_times, warmup)
+    wait = {r.device: statistics.median(r.wait_s[warmup:n_steps]) for r in active}
+    compute_by_stage: list[float] = []
+    for stage in range(plan_stages):
+        replicas = [r for r in active if r.stage == stage]
+        compute_by_stage.append(max(statistics.median(r.compute_s[warmup:n_steps]) for r in replicas))
+    last = [r for r in active if r.stage == plan_stages - 1]
+    losses = [sum(r.loss[k] for r in last) for k in range(n_steps)]
+    return Measurement(
+        plan_id=plan_id,
+        step_time_s=median_step,
+        step_time_spread_s=step_time_spread(step_times, warmup),
+        step_times_s=step_times,
+        communication_share=communication_share(wait, median_step),
+        stage_compute_s=compute_by_stage,
+        device_wait_s=wait,
+        peak_memory_bytes={r.device: r.peak_memory_bytes for r in active},
+        loss=losses[-1] if losses else float("nan"),
+        emulated=emulated,
+        extra={"losses": losses, "setup_s": max(r.setup_s for r in active), "warmup": warmup},
+    )
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` reports: test accuracy after the last epoch, and per-epoch loss and time."""
+
+    plan_id: str
+    schedule: str
+    dataset: str
+    synthetic: bool
+    epochs: int
+    test_accuracy: float = float("nan")
+    test_samples: int = 0
+    test_loss: float = float("nan")
+    epoch_losses: list[float] = field(default_factory=list)
+    epoch_times_s: list[float] = field(default_factory=list)
+    epoch_test_accuracy: list[float] = field(default_factory=list)
+    emulated: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def assemble_training(
+    plan_id: str,
+    schedule: str,
+    dataset: str,
+    synthetic: bool,
+    epochs: int,
+    results: Sequence[RankResult],
+    emulated: bool,
+    plan_stages: int,
+) -> TrainResult:
+    result = TrainResult(
+        plan_id=plan_id, schedule=schedule, dataset=dataset, synthetic=synthetic, epochs=epochs, emulated=emulated
+    )
+    error = first_error(results)
+    if error is not None:
+        result.error = error
+        return result
+    active = [r for r in results if r.status == "ok"]
+    last = [r for r in active if r.stage == plan_stages - 1]
+    for epoch in range(epochs):
+        correct = sum(r.epochs[epoch]["correct"] for r in last)
+        samples = sum(r.epochs[epoch]["samples"] for r in last)
+        result.epoch_losses.append(sum(r.epochs[epoch]["train_loss"] for r in last))
+        result.epoch_times_s.append(max(r.epochs[epoch]["time_s"] for r in active))
+        result.epoch_test_accuracy.append(correct / samples if samples else float("nan"))
+        if epoch == epochs - 1:
+            result.test_samples = int(samples)
+            result.test_accuracy = result.epoch_test_accuracy[-1]
+            result.test_loss = (
+                sum(r.epochs[epoch]["test_loss_sum"] for r in last) / samples if samples else float("nan")
+            )
+    return result

@@ -1,0 +1,290 @@
+"""Stages: one rank's share of the model, cut from the traced graph with torch.fx ``split_module``.
+
+The cut follows the plan's ``stage_of_layer`` over ``tapp_core.graph.layer_nodes``, the numbering the layer
+library and every planner use. Between stages travel *cut values*: the tensors one stage produces and a later
+stage consumes. There may be several per cut, and a value may skip stages (stage 0 -> stage 2): it is then sent
+straight from its producer to each consumer. The model input is a cut value too, produced by nobody: every stage
+that reads it takes it from the data, which is identical on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.passes.split_module import split_module
+
+from tapp_core.errors import TappError
+from tapp_core.graph import layer_index, layer_nodes
+from tapp_core.models import INPUT_SHAPE, build_traced_model
+
+MODEL_INPUT = -1
+"""Producer of the model's input: the data source, read locally by every stage that needs it."""
+
+
+class StageError(TappError):
+    """A plan that cannot be cut into stages of this model; the message names the layer or value at fault."""
+
+
+@dataclass(frozen=True)
+class CutValue:
+    """A tensor that crosses a stage boundary (or the model input). Its first dimension is the sample."""
+
+    index: int
+    name: str
+    producer: int
+    consumers: tuple[int, ...]
+    sample_shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+    """Whether a gradient flows back to the producer (false for the input and for values no parameter shaped)."""
+
+    def shape(self, samples: int) -> tuple[int, ...]:
+        return (samples, *self.sample_shape)
+
+    def nbytes(self, samples: int) -> int:
+        return samples * int(torch.Size(self.sample_shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class PipelineGraph:
+    """Who produces and who consumes every cut value, for all stages of one plan."""
+
+    n_stages: int
+    values: tuple[CutValue, ...]
+    stage_inputs: tuple[tuple[int, ...], ...]
+    """Per stage, the values its submodule takes, in call order."""
+    stage_outputs: tuple[tuple[int, ...], ...]
+    """Per stage, the values its submodule returns, in return order."""
+    output: int
+    """The value holding the model's output (logits), produced by the last stage."""
+
+
+def check_stage_assignment(graph_module: torch.fx.GraphModule, stage_of_layer: Sequence[int], n_stages: int) -> None:
+    """Raise ``StageError`` unless every layer has a stage, every stage a layer, and no edge runs backward."""
+    nodes = layer_nodes(graph_module)
+    if len(stage_of_layer) != len(nodes):
+        raise StageError(f"plan places {len(stage_of_layer)} layers but the traced model has {len(nodes)}")
+    used = set(stage_of_layer)
+    for stage in range(n_stages):
+        if stage not in used:
+            raise StageError(f"stage {stage} has no layer")
+    index = layer_index(graph_module)
+    for node in nodes:
+        stage = stage_of_layer[index[node]]
+        if not 0 <= stage < n_stages:
+            raise StageError(f"layer {index[node]} ({node.name}) is on stage {stage}, but stages are 0..{n_stages - 1}")
+        for user in node.users:
+            if user in index and stage_of_layer[index[user]] < stage:
+                raise StageError(
+                    f"edge {node.name} -> {user.name} runs backward: stage {stage} feeds stage {stage_of_layer[index[user]]}"
+                )
+
+
+def split_stages(
+    graph_module: torch.fx.GraphModule,
+    stage_of_layer: Sequence[int],
+    n_stages: int,
+    input_shape: Sequence[int] = INPUT_SHAPE,
+) -> tuple[torch.fx.GraphModule, PipelineGraph]:
+    """Cut ``graph_module`` into ``submod_0..submod_{n-1}`` and describe the values crossing the cuts.
+
+    Shapes, dtypes and whether a gradient flows are found by running the split model on two samples (eval mode,
+    so no running statistics change).
+    """
+    check_stage_assignment(graph_module, stage_of_layer, n_stages)
+    index = layer_index(graph_module)
+    split = split_module(graph_module, graph_module, lambda node: stage_of_layer[index[node]])
+
+    placeholders = [n for n in split.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise StageError(f"the model takes {len(placeholders)} inputs; the runtime feeds exactly one (the images)")
+    samples = _trace_values(split, torch.randn(2, *input_shape))
+
+    value_of_node: dict[torch.fx.Node, int] = {}
+    names: list[str] = []
+    producers: list[int] = []
+
+    def new_value(node: torch.fx.Node, producer: int) -> None:
+        value_of_node[node] = len(names)
+        names.append(node.name)
+        producers.append(producer)
+
+    new_value(placeholders[0], MODEL_INPUT)
+    stage_inputs: dict[int, tuple[int, ...]] = {}
+    stage_outputs: dict[int, list[int]] = {}
+    output_value = -1
+    for node in split.graph.nodes:
+        if node.op == "call_module":
+            stage = int(str(node.target).removeprefix("submod_"))
+            stage_inputs[stage] = tuple(value_of_node[arg] for arg in node.args)  # type: ignore[index]
+            stage_outputs[stage] = []
+            if all(user.op == "call_function" and user.target.__name__ == "getitem" for user in node.users):
+                continue  # several outputs: the getitem nodes below are the values
+            new_value(node, stage)
+            stage_outputs[stage].append(value_of_node[node])
+        elif node.op == "call_function":
+            source, position = node.args
+            stage = int(str(source.target).removeprefix("submod_"))  # type: ignore[union-attr]
+            new_value(node, stage)
+            if position != len(stage_outputs[stage]):
+                raise StageError(f"stage {stage} returns its values out of order at {node.name}")
+            stage_outputs[stage].append(value_of_node[node])
+        elif node.op == "output":
+            (result,) = node.args
+            if not isinstance(result, torch.fx.Node) or result not in value_of_node:
+                raise StageError("the model must return one tensor (the logits)")
+            output_value = value_of_node[result]
+    if sorted(stage_inputs) != list(range(n_stages)):
+        raise StageError(f"split gave stages {sorted(stage_inputs)}, expected 0..{n_stages - 1}")
+    if producers[output_value] != n_stages - 1:
+        raise StageError(
+            f"the model's output is computed on stage {producers[output_value]}, not on the last stage {n_stages - 1}: "
+            "layers after it on later stages do not lead to the output"
+        )
+
+    consumers: dict[int, list[int]] = {v: [] for v in range(len(names))}
+    for stage, inputs in sorted(stage_inputs.items()):
+        for v in inputs:
+            consumers[v].append(stage)
+    values = []
+    node_of_value = {v: n for n, v in value_of_node.items()}
+    for v, name in enumerate(names):
+        sample = samples[node_of_value[v]]
+        if not isinstance(sample, torch.Tensor):
+            raise StageError(
+                f"value {name!r} crossing a stage cut is a {type(sample).__name__}, not a tensor; move the cut"
+            )
+        if sample.dim() == 0 or sample.shape[0] != 2:
+            raise StageError(
+                f"value {name!r} crossing a stage cut has shape {tuple(sample.shape)}: its first dimension is not the "
+                "sample, so it cannot be split into micro-batches; move the cut"
+            )
+        values.append(
+            CutValue(
+                index=v,
+                name=name,
+                producer=producers[v],
+                consumers=tuple(consumers[v]),
+                sample_shape=tuple(sample.shape[1:]),
+                dtype=sample.dtype,
+                requires_grad=producers[v] != MODEL_INPUT and sample.requires_grad,
+            )
+        )
+    graph = PipelineGraph(
+        n_stages=n_stages,
+        values=tuple(values),
+        stage_inputs=tuple(stage_inputs[s] for s in range(n_stages)),
+        stage_outputs=tuple(tuple(stage_outputs[s]) for s in range(n_stages)),
+        output=output_value,
+    )
+    return split, graph
+
+
+def _trace_values(split: torch.fx.GraphModule, sample: torch.Tensor) -> dict[torch.fx.Node, Any]:
+    values: dict[torch.fx.Node, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            values[n] = result
+            return result
+
+    was_training = split.training
+    split.eval()
+    try:
+        Recorder(split).run(sample)
+    except Exception as exc:
+        raise StageError(f"running the split model on a sample failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        split.train(was_training)
+    return values
+
+
+class Stage:
+    """One stage's submodule and its cut values, on one device.
+
+    ``named_parameters`` uses the original model's parameter names, so stages of different plans and the
+    single-device model can be compared name by name.
+    """
+
+    def __init__(
+        self, index: int, module: nn.Module, graph: PipelineGraph, device: torch.device, whole_model: nn.Module
+    ) -> None:
+        self.index = index
+        self.module = module.to(device)
+        self.graph = graph
+        self.device = device
+        self.inputs = [graph.values[v] for v in graph.stage_inputs[index]]
+        self.outputs = [graph.values[v] for v in graph.stage_outputs[index]]
+        # After the move: moving to a GPU replaces buffer objects. The submodule shares its layers with the model.
+        self._names = {id(t): name for name, t in whole_model.state_dict(keep_vars=True).items()}
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.graph.n_stages - 1
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return {self._names[id(p)]: p for p in self.module.parameters()}
+
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers under the original model's names."""
+        state = {self._names[id(p)]: p for p in self.module.parameters()}
+        state.update({self._names[id(b)]: b for b in self.module.buffers() if id(b) in self._names})
+        return state
+
+    def forward(
+        self, inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Run the submodule; ``params`` (submodule names) replaces its parameters, as weight stashing needs."""
+        if params is None:
+            result = self.module(*inputs)
+        else:
+            result = torch.func.functional_call(self.module, dict(params), tuple(inputs))
+        return list(result) if isinstance(result, tuple) else [result]
+
+
+class StageFactory:
+    """Builds stages from (model spec, seed, plan), caching traced models and splits across plans on one rank.
+
+    Every stage starts from the model's initial weights for its seed, whichever plans ran before it.
+    """
+
+    def __init__(self, num_classes: int = 10, input_shape: Sequence[int] = INPUT_SHAPE) -> None:
+        self.num_classes = num_classes
+        self.input_shape = tuple(input_shape)
+        self._models: dict[tuple[str, int], tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]] = {}
+        self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
+
+    def traced(self, model: str, seed: int) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
+        key = (model, seed)
+        if key not in self._models:
+            graph_module = build_traced_model(model, num_classes=self.num_classes, seed=seed)
+            initial = {name: t.detach().clone() for name, t in graph_module.state_dict(keep_vars=True).items()}
+            self._models[key] = (graph_module, initial)
+        return self._models[key]
+
+    def split(
+        self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int
+    ) -> tuple[torch.fx.GraphModule, PipelineGraph]:
+        key = (model, seed, tuple(stage_of_layer), n_stages)
+        if key not in self._splits:
+            graph_module, _ = self.traced(model, seed)
+            self._splits[key] = split_stages(graph_module, stage_of_layer, n_stages, self.input_shape)
+        return self._splits[key]
+
+    def stage(
+        self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int, stage: int, device: torch.device
+    ) -> Stage:
+        graph_module, initial = self.traced(model, seed)
+        split, graph = self.split(model, seed, stage_of_layer, n_stages)
+        built = Stage(stage, split.get_submodule(f"submod_{stage}"), graph, device, graph_module)
+        with torch.no_grad():
+            for name, tensor in built.named_state().items():
+                tensor.copy_(initial[name])
+        built.module.train()
+        return built

@@ -1,0 +1,179 @@
+"""Point-to-point tensors and the gradient allreduce over MPI buffer methods (Isend/Irecv/Iallreduce).
+
+Every operation is nonblocking, and every wait polls (Test, then a short sleep) instead of blocking in MPI:
+that lets a wait notice another rank's abort or the plan's deadline, and keeps a waiting rank from spinning
+on a core that an oversubscribed host needs for compute. The time spent in counted waits is the rank's
+communication wait (DESIGN.md): it includes waiting for a peer that is still computing, since a receive cannot
+tell a late sender from a slow wire.
+
+CUDA tensors are staged through host memory unless ``TAPP_MPI_CUDA_AWARE=1`` says the MPI can read GPU memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from tapp_core.runtime.emulation import Emulation, now, sleep_until
+
+ABORT_TAG = 1
+DATA_TAG_BASE = 16
+_SPIN_S = 50e-6
+_MAX_SLEEP_S = 100e-6
+_CHECK_EVERY_S = 2e-3
+
+
+class PlanAborted(RuntimeError):
+    """Another rank failed this plan; the message is its error."""
+
+
+class PlanTimeout(RuntimeError):
+    """The plan ran past its time limit."""
+
+
+def cuda_aware_mpi() -> bool:
+    return os.environ.get("TAPP_MPI_CUDA_AWARE", "") == "1"
+
+
+def _buffer(tensor: torch.Tensor) -> list[object]:
+    """An MPI buffer over a contiguous CPU tensor (or a CUDA one when the MPI is CUDA-aware), as raw bytes."""
+    if tensor.is_cuda:
+        return [tensor.view(torch.uint8), MPI.BYTE]
+    return [tensor.view(torch.uint8).numpy(), MPI.BYTE]
+
+
+class Control:
+    """The abort and deadline checks of one plan, shared by every wait of the plan on this rank."""
+
+    def __init__(self, comm: MPI.Comm, deadline: float) -> None:
+        self.comm = comm
+        self.deadline = deadline
+        self._last_check = 0.0
+        self._sent: list[MPI.Request] = []
+
+    def check(self, force: bool = False) -> None:
+        t = now()
+        if not force and t - self._last_check < _CHECK_EVERY_S:
+            return
+        self._last_check = t
+        if t > self.deadline:
+            raise PlanTimeout("the plan ran past its time limit")
+        status = MPI.Status()
+        if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=ABORT_TAG, status=status):
+            message = self.comm.recv(source=status.Get_source(), tag=ABORT_TAG)
+            raise PlanAborted(str(message))
+
+    def abort(self, message: str) -> None:
+        """Tell every other rank of the plan to give up; returns at once."""
+        me = self.comm.Get_rank()
+        self._sent += [self.comm.isend(message, peer, ABORT_TAG) for peer in range(self.comm.Get_size()) if peer != me]
+
+
+def poll(requests: Sequence[MPI.Request], check: Callable[[], None]) -> None:
+    """Wait for ``requests`` without blocking in MPI; ``check`` may raise to give up."""
+    reqs = list(requests)
+    if MPI.Request.Testall(reqs):
+        return
+    start = time.perf_counter()
+    while not MPI.Request.Testall(reqs):
+        check()
+        if time.perf_counter() - start > _SPIN_S:
+            time.sleep(_MAX_SLEEP_S)
+
+
+@dataclass
+class Receipt:
+    """A posted receive: ``tensor`` holds the data once ``Transport.wait`` returned for it."""
+
+    tensor: torch.Tensor
+    requests: list[MPI.Request]
+    header: np.ndarray | None = None
+
+
+@dataclass
+class Transport:
+    """Sends and receives of one rank in one plan. ``wait_s`` accumulates the counted waits."""
+
+    comm: MPI.Comm
+    header_comm: MPI.Comm
+    """Carries the emulated arrival time of each message, under the message's own tag."""
+    barrier_comm: MPI.Comm
+    """The ranks of the plan (the others are idle)."""
+    control: Control
+    emulation: Emulation
+    wait_s: float = 0.0
+    _pending: list[tuple[MPI.Request, object]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stage_through_host = not cuda_aware_mpi()
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int) -> None:
+        """Post a send of ``tensor`` (copied to host first if on a GPU without CUDA-aware MPI); returns at once."""
+        data = tensor.detach()
+        if data.is_cuda and self._stage_through_host:
+            data = data.to("cpu")
+        data = data.contiguous()
+        requests = [self.comm.Isend(_buffer(data), dest, tag)]
+        header = None
+        if self.emulation.enabled:
+            header = np.array([self.emulation.send_ready_at(dest, data.numel() * data.element_size())])
+            requests.append(self.header_comm.Isend(header, dest, tag))
+        self._pending += [(r, (data, header)) for r in requests]
+
+    def irecv(self, buffer: torch.Tensor, source: int, tag: int) -> Receipt:
+        """Post a receive into the contiguous CPU (or CUDA-aware) tensor ``buffer``."""
+        requests = [self.comm.Irecv(_buffer(buffer), source, tag)]
+        header = None
+        if self.emulation.enabled:
+            header = np.zeros(1)
+            requests.append(self.header_comm.Irecv(header, source, tag))
+        return Receipt(buffer, requests, header)
+
+    def wait(self, receipts: Sequence[Receipt]) -> None:
+        """Block (polling) until every receipt's data is there and, emulated, until its link delivered it."""
+        start = time.perf_counter()
+        poll([r for receipt in receipts for r in receipt.requests], self.control.check)
+        if self.emulation.enabled:
+            sleep_until(max((float(r.header[0]) for r in receipts if r.header is not None), default=0.0))
+        self.wait_s += time.perf_counter() - start
+        self.progress()
+
+    def allreduce_sum_(self, flat: torch.Tensor, comm: MPI.Comm, peers: list[int]) -> None:
+        """Sum ``flat`` in place over ``comm`` (the replicas of a stage; ``peers`` their ranks in the plan)."""
+        start = time.perf_counter()
+        host = flat.to("cpu") if flat.is_cuda and self._stage_through_host else flat
+        if host.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"allreduce of {host.dtype} gradients is not supported")
+        requests = [comm.Iallreduce(MPI.IN_PLACE, host.numpy() if not host.is_cuda else host, op=MPI.SUM)]
+        if self.emulation.enabled:
+            started = np.array([now()])
+            requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
+        poll(requests, self.control.check)
+        if self.emulation.enabled:
+            nbytes = host.numel() * host.element_size()
+            sleep_until(float(started[0]) + self.emulation.allreduce_time(peers, nbytes))
+        if host is not flat:
+            flat.copy_(host)
+        self.wait_s += time.perf_counter() - start
+
+    def barrier(self) -> None:
+        """A barrier of the plan's ranks, not counted as communication (it waits for peers, not for data)."""
+        poll([self.barrier_comm.Ibarrier()], self.control.check)
+
+    def progress(self) -> None:
+        """Complete and drop the sends that finished."""
+        if self._pending:
+            self._pending = [(r, keep) for r, keep in self._pending if not r.Test()]
+
+    def flush(self) -> None:
+        """Wait for every posted send (counted as communication wait)."""
+        start = time.perf_counter()
+        poll([r for r, _ in self._pending], self.control.check)
+        self._pending.clear()
+        self.wait_s += time.perf_counter() - start
