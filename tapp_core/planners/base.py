@@ -1,0 +1,175 @@
+"""What every planner is: ``plan(library, cluster, budget) -> Plan``, its shared options, and the registry.
+
+A planner is a small dataclass whose fields are its options; ``get_planner(name, **options)`` builds one by
+name and rejects an option it does not have with a message listing those it has. ``budget`` is the most
+reward evaluations (cost-model estimates or runtime measurements) a searching planner may spend; constructive
+planners (single, bsp, even, the DPs) ignore it. Searching planners report progress once per round through
+``progress``, a callable taking one ``SearchProgress``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+from tapp_core.cluster import Cluster
+from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.errors import TappError
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import SCHEDULES, Plan
+
+# name -> "module:Class" under tapp_core.planners; imported on first use so that the DP planners never pay
+# for torch's import and no planner module imports another's.
+_REGISTRY: dict[str, str] = {
+    "tapp": "tapp.planner:TappPlanner",
+    "single": "single:SinglePlanner",
+    "bsp": "bsp:BspPlanner",
+    "even": "even:EvenPlanner",
+    "pipetorch": "pipetorch:PipeTorchPlanner",
+    "pipedream": "pipedream:PipeDreamPlanner",
+    "autoddl": "autoddl:AutoDdlPlanner",
+    "oracle": "oracle:OraclePlanner",
+}
+PLANNER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+DEFAULT_MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+
+
+class PlannerError(TappError):
+    """A planner that cannot be built or cannot find a plan; the message says why."""
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """One round of a search, as reported to a ``progress`` callback."""
+
+    planner: str
+    round: int
+    """Rounds completed, from 1."""
+    total_rounds: int | None
+    """Rounds the budget allows (None: not known in advance)."""
+    evaluations: int
+    """Distinct plans whose reward was evaluated so far (cost-model estimates or measurements)."""
+    best_step_time_s: float
+    """Best step time seen so far (inf until a valid plan is found)."""
+    elapsed_s: float
+    reward: float | None = None
+    """Mean reward of the round's samples (TAPP)."""
+    entropy: float | None = None
+    """Mean policy entropy per decision this round (TAPP)."""
+    phase: str = "search"
+    """'simulated' or 'measured' for TAPP; 'search' for the others."""
+
+
+ProgressCallback = Callable[[SearchProgress], None]
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: ClassVar[str]
+
+    def plan(
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        budget: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> Plan: ...
+
+
+@dataclass
+class PlannerBase:
+    """Options every planner accepts."""
+
+    name: ClassVar[str] = ""
+
+    batch_size: int | None = None
+    """Mini-batch size of the plan; None: the layer library's."""
+    micro_batches: Sequence[int] | None = None
+    """Micro-batch counts to choose from; None: those of ``DEFAULT_MICRO_BATCHES`` that divide the batch."""
+    schedule: str = "1f1b"
+    seed: int = 0
+    progress: ProgressCallback | None = field(default=None, repr=False)
+    calibration: Calibration = DEFAULT_CALIBRATION
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise PlannerError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.batch_size is not None and self.batch_size <= 0:
+            raise PlannerError(f"batch_size must be positive, got {self.batch_size}")
+        if self.micro_batches is not None:
+            self.micro_batches = tuple(int(m) for m in self.micro_batches)
+            if not self.micro_batches or min(self.micro_batches) <= 0:
+                raise PlannerError(f"micro_batches must be positive counts, got {self.micro_batches}")
+
+    def plan(
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        budget: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> Plan:
+        """Find a plan; ``progress`` (if given) overrides the option of the same name for this call."""
+        if budget is not None and budget <= 0:
+            raise PlannerError(f"budget must be a positive number of reward evaluations, got {budget}")
+        started = time.perf_counter()
+        found = self._plan(library, cluster, budget, progress or self.progress)
+        wall = time.perf_counter() - started
+        predicted = estimate(found, library, cluster, self.calibration).step_time
+        notes = {"search_wall_s": wall, "evaluations": 0, **found.notes, "estimated_step_time_s": predicted}
+        return dataclasses.replace(found, planner=self.name, notes=notes)
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        raise NotImplementedError
+
+    def resolved_batch_size(self, library: LayerLibrary) -> int:
+        return self.batch_size or library.batch_size
+
+    def micro_batch_choices(self, library: LayerLibrary) -> tuple[int, ...]:
+        """The micro-batch counts that divide the batch, ascending; an error if none does."""
+        batch = self.resolved_batch_size(library)
+        wanted = self.micro_batches or DEFAULT_MICRO_BATCHES
+        choices = tuple(sorted({m for m in wanted if batch % m == 0}))
+        if not choices:
+            raise PlannerError(f"none of the micro-batch counts {tuple(wanted)} divides the batch size {batch}")
+        return choices
+
+
+def _planner_class(name: str) -> type[PlannerBase]:
+    if name not in _REGISTRY:
+        raise PlannerError(f"unknown planner {name!r}; choose one of {', '.join(PLANNER_NAMES)}")
+    module_name, class_name = _REGISTRY[name].split(":")
+    module = importlib.import_module(f"tapp_core.planners.{module_name}")
+    return getattr(module, class_name)
+
+
+def planner_options(name: str) -> dict[str, object]:
+    """The options planner ``name`` accepts, with their defaults (for command lines and docs)."""
+    cls = _planner_class(name)
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = None
+    return out
+
+
+def get_planner(name: str, **options: object) -> PlannerBase:
+    """Build planner ``name`` with ``options``; an unknown name or option is a ``PlannerError``."""
+    cls = _planner_class(name)
+    accepted = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise PlannerError(
+            f"planner {name!r} has no option(s) {', '.join(unknown)}; it accepts: {', '.join(sorted(accepted))}"
+        )
+    return cls(**options)  # type: ignore[arg-type]

@@ -1,0 +1,39 @@
+"""BSP: synchronous data parallelism, one stage holding the whole model replicated on every device.
+
+Every replica takes an equal share of the batch, so the slowest device sets the pace. When the device count
+does not divide the batch, the slowest devices are left out until it does (the plan's notes say which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
+from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+
+
+@dataclass
+class BspPlanner(PlannerBase):
+    name = "bsp"
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        batch = self.resolved_batch_size(library)
+        ranked = [d.name for d in sorted(cluster.devices, key=lambda d: -d.speed)]
+        problems = []
+        for k in range(len(ranked), 0, -1):
+            if batch % k:
+                continue
+            plan = single_stage_plan(library, ranked[:k], batch_size=batch)
+            try:
+                validate(plan, library, cluster)
+            except PlanError as exc:
+                problems.append(str(exc))
+                continue
+            left_out = ranked[k:]
+            return dataclasses.replace(plan, notes={"left_out": left_out}) if left_out else plan
+        raise PlannerError(f"no data-parallel plan fits cluster {cluster.name!r}: {'; '.join(problems)}")

@@ -1,0 +1,133 @@
+"""The cost model's terms in closed form, for planners that reason about stages before building a plan.
+
+Layers are in topological (library) order, so any contiguous range of them is a valid stage and a *position*
+``p`` (0..n) cuts the model between layer ``p - 1`` and layer ``p``. Times follow ``tapp_core.costmodel``
+exactly (per-sample layer times scaled by samples, slowdown and calibration; transfers as latency plus bytes
+over bandwidth; ring allreduce), so a planner's stage arithmetic agrees with the estimate of the plan it builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tapp_core.cluster import Cluster
+from tapp_core.costmodel import Calibration
+from tapp_core.library import LayerLibrary
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-sample prefix sums over layers and the traffic crossing every position."""
+
+    n_layers: int
+    forward_prefix: np.ndarray
+    """``forward_prefix[p]``: forward seconds per sample of layers ``[0, p)`` on the profiling device."""
+    backward_prefix: np.ndarray
+    param_prefix: np.ndarray
+    cut_bytes: np.ndarray
+    """``cut_bytes[p]``: activation bytes per sample produced before ``p`` and consumed at or after it."""
+    cut_tensors: np.ndarray
+    """``cut_tensors[p]``: how many tensors cross position ``p``."""
+
+    @classmethod
+    def from_library(cls, library: LayerLibrary) -> LayerCosts:
+        n = len(library.layers)
+        per_sample = 1.0 / library.batch_size
+        forward = np.array([layer.forward_s for layer in library.layers]) * per_sample
+        backward = np.array([layer.backward_s for layer in library.layers]) * per_sample
+        params = np.array([layer.param_bytes for layer in library.layers], dtype=float)
+        byte_delta = np.zeros(n + 2)
+        tensor_delta = np.zeros(n + 2, dtype=np.int64)
+        for layer in library.layers:
+            if layer.successors:
+                last = max(layer.successors)
+                byte_delta[layer.index + 1] += layer.activation_bytes
+                byte_delta[last + 1] -= layer.activation_bytes
+                tensor_delta[layer.index + 1] += 1
+                tensor_delta[last + 1] -= 1
+        return cls(
+            n_layers=n,
+            forward_prefix=np.concatenate([[0.0], np.cumsum(forward)]),
+            backward_prefix=np.concatenate([[0.0], np.cumsum(backward)]),
+            param_prefix=np.concatenate([[0.0], np.cumsum(params)]),
+            cut_bytes=np.cumsum(byte_delta)[: n + 1],
+            cut_tensors=np.cumsum(tensor_delta)[: n + 1],
+        )
+
+    @property
+    def work_prefix(self) -> np.ndarray:
+        """Forward plus backward seconds per sample of layers ``[0, p)``."""
+        return self.forward_prefix + self.backward_prefix
+
+    def work(self, start: int, stop: int) -> float:
+        return float(self.work_prefix[stop] - self.work_prefix[start])
+
+    def params(self, start: int, stop: int) -> float:
+        return float(self.param_prefix[stop] - self.param_prefix[start])
+
+    def clean_cuts(self) -> list[int]:
+        """Interior positions crossed by exactly one tensor (between blocks, not inside parallel branches)."""
+        return [p for p in range(1, self.n_layers) if self.cut_tensors[p] == 1]
+
+
+def compute_factor(cluster: Cluster, device: str, calibration: Calibration) -> float:
+    """Seconds on ``device`` per second of work on the profiling device."""
+    slowdown = 1.0 / cluster.device(device).speed
+    return slowdown**calibration.slowdown_exponent * calibration.compute_scale
+
+
+def replica_compute_s(
+    work_per_sample: float, samples: int, devices: Sequence[str], cluster: Cluster, calibration: Calibration
+) -> float:
+    """Forward plus backward time of one micro-batch of ``samples`` on a stage replicated over ``devices``:
+    each replica takes an equal share and the slowest one decides."""
+    share = samples // len(devices)
+    slowest = max(compute_factor(cluster, d, calibration) for d in devices)
+    return work_per_sample * share * slowest + 2 * calibration.per_micro_batch_s
+
+
+def transfer_s(cluster: Cluster, a: str, b: str, nbytes: float, tensors: int, calibration: Calibration) -> float:
+    link = cluster.link(a, b)
+    return tensors * (link.latency + calibration.per_message_s) + nbytes / (
+        link.bandwidth * calibration.bandwidth_scale
+    )
+
+
+def allreduce_s(cluster: Cluster, devices: Sequence[str], param_bytes: float, calibration: Calibration) -> float:
+    """Ring allreduce of a stage's gradients among its replicas (0 for one replica)."""
+    k = len(devices)
+    if k == 1:
+        return 0.0
+    links = [cluster.link(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]]
+    bandwidth = min(link.bandwidth for link in links) * calibration.bandwidth_scale
+    latency = max(link.latency for link in links) + calibration.per_message_s
+    return 2 * (k - 1) / k * param_bytes / bandwidth + 2 * (k - 1) * latency
+
+
+def update_s(cluster: Cluster, device: str, param_bytes: float, calibration: Calibration) -> float:
+    slowdown = (1.0 / cluster.device(device).speed) ** calibration.slowdown_exponent
+    return calibration.update_s_per_param_byte * param_bytes * slowdown + calibration.per_step_s
+
+
+def device_classes(cluster: Cluster) -> list[list[str]]:
+    """Devices grouped into interchangeable classes: same kind, speed, threads and memory, and the same link to
+    every other device. Swapping two devices of a class changes no estimate, so searches try one per class."""
+    classes: list[list[str]] = []
+    for device in cluster.devices:
+        for group in classes:
+            if _interchangeable(cluster, group[0], device.name):
+                group.append(device.name)
+                break
+        else:
+            classes.append([device.name])
+    return classes
+
+
+def _interchangeable(cluster: Cluster, a: str, b: str) -> bool:
+    da, db = cluster.device(a), cluster.device(b)
+    if (da.kind, da.speed, da.threads, da.memory) != (db.kind, db.speed, db.threads, db.memory):
+        return False
+    return all(cluster.link(a, c) == cluster.link(b, c) for c in cluster.device_names if c not in (a, b))

@@ -1,0 +1,211 @@
+"""The oracle: exhaustive search that proves the optimum under the cost model, for small cases.
+
+The space is every *contiguous* plan (stages are ranges of the topological order, which is always monotone
+over the DAG), with any number of stages, any ordered choice of disjoint device groups (a group of several
+devices is a replicated stage), and every micro-batch choice, for the given schedule. By default a stage may
+end at any of the ``n - 1`` positions; ``clean_cuts_only`` and ``max_blocks`` coarsen the graph (cut only
+where one tensor crosses; then merge the lightest neighbouring blocks), and the plan's notes say how many
+positions were searched. Plans that differ only by swapping interchangeable devices are tried once.
+
+Branch and bound keeps it exhaustive but affordable: ``bounds.StepTimeBound`` gives a lower bound on the
+estimate of every plan extending a partial one, the end of a stage is scanned in increasing order (its bound
+only grows) and abandoned once it reaches the incumbent, and a plan is only estimated when its bound is
+below the incumbent. Every plan of the space is therefore either estimated or proved no better
+(``proved_optimal`` in the notes; False only when a budget or time limit cut the search short). The incumbent
+starts from a balanced cut of every device grouping, which only speeds the proof up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
+from tapp_core.planners.bounds import Chain, StepTimeBound, device_group
+from tapp_core.planners.costs import device_classes
+from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
+
+
+def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every ordered sequence of disjoint non-empty device groups (groups of at most ``max_replicas``), once per
+    arrangement up to swapping interchangeable devices."""
+    classes = device_classes(cluster)
+    class_of = {name: i for i, group in enumerate(classes) for name in group}
+    names = cluster.device_names
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+
+    def extend(prefix: tuple[tuple[str, ...], ...], used: frozenset[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+        free = [d for d in names if d not in used]
+        for size in range(1, min(max_replicas, len(free)) + 1):
+            for group in itertools.combinations(free, size):
+                grouping = (*prefix, group)
+                signature = tuple(tuple(sorted(class_of[d] for d in g)) for g in grouping)
+                if signature in seen:
+                    continue
+                seen.add(signature)
+                yield grouping
+                yield from extend(grouping, used | set(group))
+
+    yield from extend((), frozenset())
+
+
+@dataclass
+class _Search:
+    library: LayerLibrary
+    positions: list[int]
+    evaluator: PlanEvaluator
+    schedule: str
+    batch: int
+    deadline: float
+    budget: int | None
+    pruned: int = 0
+    complete: bool = True
+
+    def run(self, grouping: tuple[tuple[str, ...], ...], micro_batches: int, bound: StepTimeBound) -> None:
+        samples = self.batch // micro_batches
+        if any(samples % len(group) for group in grouping):
+            return
+        groups = [device_group(bound.cluster, group, samples, bound.calibration) for group in grouping]
+        # suffix_throughput[s]: samples per second of work that groups s.. process together.
+        suffix_throughput = np.cumsum([g.throughput for g in reversed(groups)])[::-1]
+        self._grouping, self._groups, self._bound = grouping, groups, bound
+        self._suffix_throughput = suffix_throughput
+        self._descend(0, 0, [], 0.0, Chain())
+
+    def _out_of_time(self) -> bool:
+        if time.perf_counter() > self.deadline or (
+            self.budget is not None and self.evaluator.evaluations >= self.budget
+        ):
+            self.complete = False
+        return not self.complete
+
+    def _descend(self, s: int, start: int, cuts: list[int], partial: float, chain: Chain) -> None:
+        bound, groups = self._bound, self._groups
+        n = bound.costs.n_layers
+        k = len(groups)
+        last = s == k - 1
+        if last:
+            stops = [n]
+        else:
+            stops = [p for p in self.positions if p > start]
+            stops = stops[: max(0, len(stops) - (k - 2 - s))]
+        work = bound.costs.work_prefix
+        m = bound.micro_batches
+        samples = self.batch // m
+        per_mb = 2 * bound.calibration.per_micro_batch_s
+        for stop in stops:
+            if self._out_of_time():
+                return
+            best = self.evaluator.best_time
+            if not last:
+                rest = float(work[n] - work[stop])
+                if m * (samples * rest / self._suffix_throughput[s + 1] + per_mb) >= best:
+                    self.pruned += 1
+                    continue
+            linked = s > 0 and bound.depends(start, stop)
+            here = chain if linked else Chain()
+            terms = bound.terms(groups[s], start, stop)
+            value = max(partial, bound.stage_bound(terms, here, s, k))
+            if value >= best:  # the stage's bound only grows with its end
+                self.pruned += 1
+                break
+            if last:
+                if bound.bound(cuts, groups) >= best:
+                    self.pruned += 1
+                    continue
+                plan = contiguous_plan(self.library, cuts, self._grouping, m, self.schedule, self.batch)
+                self.evaluator.step_time(plan)
+            else:
+                out = bound.transfer(groups[s], groups[s + 1], stop)
+                self._descend(s + 1, stop, [*cuts, stop], value, bound.next_chain(here, terms, out))
+
+
+@dataclass
+class OraclePlanner(PlannerBase):
+    name = "oracle"
+
+    clean_cuts_only: bool = False
+    """Cut only where one tensor crosses (between blocks); False: at every position of the topological order."""
+    max_blocks: int | None = None
+    """Most blocks of the coarsened graph (cut positions + 1); None: no coarsening."""
+    max_replicas: int | None = None
+    """Largest replica group; None: any."""
+    time_limit_s: float | None = None
+    """Stop (unproved) after this long; None: no limit."""
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        started = time.perf_counter()
+        deadline = started + self.time_limit_s if self.time_limit_s else math.inf
+        batch = self.resolved_batch_size(library)
+        choices = self.micro_batch_choices(library)
+        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m) for m in choices}
+        positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
+        evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
+        groupings = [
+            g
+            for g in device_groupings(cluster, self.max_replicas or len(cluster.devices))
+            if len(g) <= len(positions) + 1
+        ]
+        incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch)
+        search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
+        for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):
+            search.run(grouping, m, bound_of[m])
+            if progress and (done % 50 == 0 or done == len(incumbents)):
+                progress(
+                    SearchProgress(
+                        self.name,
+                        done,
+                        len(incumbents),
+                        evaluator.evaluations,
+                        evaluator.best_time,
+                        time.perf_counter() - started,
+                    )
+                )
+            if not search.complete:
+                break
+        if evaluator.best_plan is None:
+            raise PlannerError(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
+        notes = {
+            "evaluations": evaluator.evaluations,
+            "proved_optimal": search.complete,
+            "cut_positions": len(positions),
+            "all_positions": len(library.layers) - 1,
+            "coarsened": len(positions) < len(library.layers) - 1,
+            "groupings": len(groupings),
+            "pruned": search.pruned,
+        }
+        return dataclasses.replace(evaluator.best_plan, notes=notes)
+
+    def _incumbents(
+        self,
+        library: LayerLibrary,
+        groupings: Sequence[tuple[tuple[str, ...], ...]],
+        positions: list[int],
+        choices: Sequence[int],
+        evaluator: PlanEvaluator,
+        batch: int,
+    ) -> list[tuple[float, tuple[tuple[str, ...], ...], int]]:
+        """A balanced cut of every grouping and micro-batch count, estimated: the starting incumbent, and the order
+        in which the branch and bound visits groupings (most promising first)."""
+        cluster = evaluator.cluster
+        weights = [layer.forward_s + layer.backward_s for layer in library.layers]
+        out = []
+        for grouping in groupings:
+            shares = [len(g) * min(cluster.device(d).speed for d in g) for g in grouping]
+            cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
+            for m in choices:
+                plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)
+                out.append((evaluator.step_time(plan), grouping, m))
+        return out

@@ -1,0 +1,115 @@
+"""Pipe-Torch: dynamic programming over contiguous partitions, aware of device speed and link bandwidth.
+
+For an ordered sequence of devices (one stage each), the DP finds the cut positions minimising the pipeline's
+bottleneck per sample: the largest of every stage's compute time on its device and every cut's transfer time
+over the link between consecutive devices. Orders are enumerated as a prefix tree (every DP step extends the
+one of its prefix), trying one device per class of interchangeable devices at every level, so every subset
+and order of devices is covered exactly once. The best orders' partitions are then built with every
+micro-batch choice and the cost model picks the fastest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.costs import LayerCosts, compute_factor, device_classes
+from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.space import contiguous_plan
+
+
+@dataclass(frozen=True)
+class _Partition:
+    bottleneck: float
+    devices: tuple[str, ...]
+    cuts: tuple[int, ...]
+
+
+class _OrderTree:
+    """Depth-first enumeration of device orders with one DP step per tree node."""
+
+    def __init__(self, costs: LayerCosts, cluster: Cluster, planner: PipeTorchPlanner) -> None:
+        self.cluster = cluster
+        self.classes = device_classes(cluster)
+        self.calibration = planner.calibration
+        work = costs.work_prefix
+        n = costs.n_layers
+        # stage_work[i, j]: work per sample of layers [i, j); inf where the stage would be empty.
+        self.stage_work = np.where(
+            np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1), work[None, :] - work[:, None], np.inf
+        )
+        self.cut_bytes = costs.cut_bytes
+        self.n = n
+        self.columns = np.arange(n + 1)
+        self.stage_times: dict[float, np.ndarray] = {}
+        self.found: list[_Partition] = []
+
+    def run(self) -> list[_Partition]:
+        for first in self._candidates(()):
+            self._extend((first,), self._stage_time(first)[0], [])
+        return self.found
+
+    def _candidates(self, used: tuple[str, ...]) -> list[str]:
+        """One unused device per class (the first unused one)."""
+        return [next(d for d in group if d not in used) for group in self.classes if any(d not in used for d in group)]
+
+    def _extend(self, order: tuple[str, ...], best: np.ndarray, choices: list[np.ndarray]) -> None:
+        if np.isfinite(best[self.n]):
+            self.found.append(_Partition(float(best[self.n]), order, self._cuts(choices)))
+        if len(order) >= self.n:
+            return
+        previous = order[-1]
+        for device in self._candidates(order):
+            link = self.cluster.link(previous, device)
+            transfer = self.cut_bytes / (link.bandwidth * self.calibration.bandwidth_scale)
+            candidates = np.maximum(np.maximum(best, transfer)[:, None], self._stage_time(device))
+            argmin = np.argmin(candidates, axis=0)
+            self._extend((*order, device), candidates[argmin, self.columns], [*choices, argmin])
+
+    def _stage_time(self, device: str) -> np.ndarray:
+        factor = compute_factor(self.cluster, device, self.calibration)
+        if factor not in self.stage_times:
+            self.stage_times[factor] = self.stage_work * factor
+        return self.stage_times[factor]
+
+    def _cuts(self, choices: list[np.ndarray]) -> tuple[int, ...]:
+        cuts = []
+        j = self.n
+        for argmin in reversed(choices):
+            j = int(argmin[j])
+            cuts.append(j)
+        return tuple(sorted(cuts))
+
+
+@dataclass
+class PipeTorchPlanner(PlannerBase):
+    name = "pipetorch"
+
+    candidates: int = 3
+    """How many of the best DP partitions are costed with every micro-batch choice."""
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        partitions = sorted(
+            _OrderTree(LayerCosts.from_library(library), cluster, self).run(), key=lambda p: p.bottleneck
+        )
+        evaluator = PlanEvaluator(library, cluster, self.calibration)
+        batch = self.resolved_batch_size(library)
+        choices = self.micro_batch_choices(library)
+        for tried, partition in enumerate(partitions):
+            if tried >= self.candidates and evaluator.best_plan is not None:
+                break
+            for m in choices:
+                devices = [[d] for d in partition.devices]
+                evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule, batch))
+        if evaluator.best_plan is None:
+            raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
+        notes = {"evaluations": evaluator.evaluations, "orders": len(partitions)}
+        return dataclasses.replace(evaluator.best_plan, notes=notes)

@@ -1,0 +1,30 @@
+"""Single-device training on the fastest device whose memory holds the whole model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
+from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+
+
+@dataclass
+class SinglePlanner(PlannerBase):
+    name = "single"
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        ranked = sorted(cluster.devices, key=lambda d: (d.kind != "cuda", -d.speed, -d.threads))
+        problems = []
+        for device in ranked:
+            plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))
+            try:
+                validate(plan, library, cluster)
+            except PlanError as exc:
+                problems.append(str(exc))
+                continue
+            return plan
+        raise PlannerError(f"no device of cluster {cluster.name!r} can train the whole model: {'; '.join(problems)}")
