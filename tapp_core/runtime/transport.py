@@ -29,6 +29,21 @@ _MAX_SLEEP_S = 100e-6
 _CHECK_EVERY_S = 2e-3
 
 
+_abandoned: list[tuple[list[MPI.Request], object]] = []
+"""Requests of failed plans and the buffers they point into: MPI may still write or read those buffers, so
+they live until the requests complete (cancelled receives do at once; a send nobody receives never does)."""
+
+
+def abandon(requests: list[MPI.Request], keep_alive: object) -> None:
+    _abandoned.append((requests, keep_alive))
+
+
+def sweep_abandoned() -> int:
+    """Drop the abandoned requests that completed; returns how many are left."""
+    _abandoned[:] = [(reqs, keep) for reqs, keep in _abandoned if not MPI.Request.Testall(reqs)]
+    return len(_abandoned)
+
+
 class PlanAborted(RuntimeError):
     """Another rank failed this plan; the message is its error."""
 
@@ -74,6 +89,12 @@ class Control:
         me = self.comm.Get_rank()
         self._sent += [self.comm.isend(message, peer, ABORT_TAG) for peer in range(self.comm.Get_size()) if peer != me]
 
+    def close(self) -> None:
+        """Keep the abort messages alive until delivered: a peer that already finished never receives them."""
+        if self._sent:
+            abandon(self._sent, None)
+            self._sent = []
+
 
 def poll(requests: Sequence[MPI.Request], check: Callable[[], None]) -> None:
     """Wait for ``requests`` without blocking in MPI; ``check`` may raise to give up."""
@@ -108,7 +129,9 @@ class Transport:
     control: Control
     emulation: Emulation
     wait_s: float = 0.0
-    _pending: list[tuple[MPI.Request, object]] = field(default_factory=list)
+    _sends: list[tuple[MPI.Request, object]] = field(default_factory=list)
+    _receives: dict[int, Receipt] = field(default_factory=dict)
+    _collective: tuple[list[MPI.Request], object] | None = None
 
     def __post_init__(self) -> None:
         self._stage_through_host = not cuda_aware_mpi()
@@ -124,7 +147,7 @@ class Transport:
         if self.emulation.enabled:
             header = np.array([self.emulation.send_ready_at(dest, data.numel() * data.element_size())])
             requests.append(self.header_comm.Isend(header, dest, tag))
-        self._pending += [(r, (data, header)) for r in requests]
+        self._sends += [(r, (data, header)) for r in requests]
 
     def irecv(self, buffer: torch.Tensor, source: int, tag: int) -> Receipt:
         """Post a receive into the contiguous CPU (or CUDA-aware) tensor ``buffer``."""
@@ -133,12 +156,16 @@ class Transport:
         if self.emulation.enabled:
             header = np.zeros(1)
             requests.append(self.header_comm.Irecv(header, source, tag))
-        return Receipt(buffer, requests, header)
+        receipt = Receipt(buffer, requests, header)
+        self._receives[id(receipt)] = receipt
+        return receipt
 
     def wait(self, receipts: Sequence[Receipt]) -> None:
         """Block (polling) until every receipt's data is there and, emulated, until its link delivered it."""
         start = time.perf_counter()
         poll([r for receipt in receipts for r in receipt.requests], self.control.check)
+        for receipt in receipts:
+            del self._receives[id(receipt)]
         if self.emulation.enabled:
             sleep_until(max((float(r.header[0]) for r in receipts if r.header is not None), default=0.0))
         self.wait_s += time.perf_counter() - start
@@ -151,10 +178,12 @@ class Transport:
         if host.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"allreduce of {host.dtype} gradients is not supported")
         requests = [comm.Iallreduce(MPI.IN_PLACE, host.numpy() if not host.is_cuda else host, op=MPI.SUM)]
+        started = np.array([now()])
         if self.emulation.enabled:
-            started = np.array([now()])
             requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
+        self._collective = (requests, (host, started))
         poll(requests, self.control.check)
+        self._collective = None
         if self.emulation.enabled:
             nbytes = host.numel() * host.element_size()
             sleep_until(float(started[0]) + self.emulation.allreduce_time(peers, nbytes))
@@ -168,12 +197,27 @@ class Transport:
 
     def progress(self) -> None:
         """Complete and drop the sends that finished."""
-        if self._pending:
-            self._pending = [(r, keep) for r, keep in self._pending if not r.Test()]
+        if self._sends:
+            self._sends = [(r, keep) for r, keep in self._sends if not r.Test()]
 
     def flush(self) -> None:
         """Wait for every posted send (counted as communication wait)."""
         start = time.perf_counter()
-        poll([r for r, _ in self._pending], self.control.check)
-        self._pending.clear()
+        poll([r for r, _ in self._sends], self.control.check)
+        self._sends.clear()
         self.wait_s += time.perf_counter() - start
+
+    def abandon(self) -> None:
+        """After a failure: cancel the posted receives and keep alive every buffer MPI may still touch."""
+        for receipt in self._receives.values():
+            for request in receipt.requests:
+                if not request.Test():
+                    request.Cancel()
+            abandon(receipt.requests, receipt)
+        self._receives.clear()
+        if self._sends:
+            abandon([r for r, _ in self._sends], self._sends)
+            self._sends = []
+        if self._collective is not None:
+            abandon(*self._collective)
+            self._collective = None

@@ -46,7 +46,7 @@ from tapp_core.runtime.results import (
 )
 from tapp_core.runtime.schedules import schedule_for
 from tapp_core.runtime.stage import StageFactory
-from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll
+from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
 from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
 
 JOB_TAG = 11
@@ -134,6 +134,8 @@ class Worker:
 
         control = Control(plan_comm, deadline)
         replica_comm: MPI.Intracomm | None = None
+        transport: Transport | None = None
+        sweep_abandoned()
         try:
             poll([dup_request, header_request], past_deadline)
             plan = Plan.from_dict(job["plan"])
@@ -203,10 +205,14 @@ class Worker:
                     f", stage {result.stage})" if result.stage >= 0 else ")"
                 )
                 control.abort(f"{where} failed: {result.error}")
+            if transport is not None:
+                transport.abandon()
             # A failed plan's communicators may hold unmatched requests; they are left to MPI, not reused.
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        finally:
+            control.close()
         return result
 
     def _train(self, engine: StageEngine, plan: Plan, job: dict[str, Any], result: RankResult) -> None:

@@ -1,0 +1,215 @@
+"""The runtime's correctness bar: synchronous pipelines train exactly like one device.
+
+After 3 steps, gpipe, 1f1b, replicated-stage, BSP and single-device plans on 2 and 3 real MPI ranks leave the
+parameters allclose to single-device training of the same model, data and seed (same micro-batches, gradient
+accumulation, loss = mean over the mini-batch). The asynchronous schedule is checked against a single-process
+replay of PipeDream's rule: each micro-batch's gradient is taken at the weights its forward used on each stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tapp_core.cluster import Cluster, parse_cluster
+from tapp_core.graph import layer_nodes
+from tapp_core.models import build_model, build_traced_model
+from tapp_core.plan import Plan
+from tapp_core.runtime import OptimizerConfig, WorkerPool, make_optimizer, micro_batch_loss
+from tapp_core.runtime.batches import SyntheticBatches
+from tapp_core.runtime.schedules import Async
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+STEPS = 3
+BATCH = 16
+MICRO_BATCHES = 4
+SEED = 3
+OPTIMIZER = OptimizerConfig(lr=0.05, momentum=0.9)
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def plain_cluster(n: int) -> Cluster:
+    devices = [{"name": f"d{i}", "memory": "2GiB"} for i in range(n)]
+    return parse_cluster(
+        {
+            "name": f"plain{n}",
+            "emulated": False,
+            "devices": devices,
+            "links": {"bandwidth": "1Gbit/s", "latency": "0us"},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def pool2() -> Iterator[WorkerPool]:
+    with WorkerPool(plain_cluster(2)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def pool3() -> Iterator[WorkerPool]:
+    with WorkerPool(plain_cluster(3)) as pool:
+        yield pool
+
+
+def stages_by_cuts(model: str, cuts: tuple[int, ...]) -> tuple[int, ...]:
+    """Stage of every layer when stage s starts at layer ``cuts[s-1]``."""
+    n_layers = len(layer_nodes(build_traced_model(model)))
+    return tuple(sum(layer >= cut for cut in cuts) for layer in range(n_layers))
+
+
+def reference(model: str, micro_batches: int, steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Single-device training: the same micro-batches, gradients accumulated, one update per step."""
+    net = build_model(model, seed=SEED)
+    optimizer = make_optimizer(net.parameters(), OPTIMIZER)
+    batches = SyntheticBatches(BATCH, seed=SEED)
+    size = BATCH // micro_batches
+    losses = []
+    for step in range(steps):
+        x, y = batches.get(step)
+        total = 0.0
+        for j in range(micro_batches):
+            loss = micro_batch_loss(net(x[j * size : (j + 1) * size]), y[j * size : (j + 1) * size], BATCH)
+            loss.backward()
+            total += float(loss.detach())
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return {name: p.detach().clone() for name, p in net.named_parameters()}, losses
+
+
+def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], model: str) -> None:
+    assert set(want) <= set(got), f"missing parameters: {sorted(set(want) - set(got))}"
+    initial = dict(build_model(model, seed=SEED).named_parameters())
+    moved = max(float((want[n] - initial[n]).abs().max()) for n in want)
+    assert moved > 100 * ATOL, "training did not move the parameters: the comparison would prove nothing"
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=RTOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+SYNC_CASES = [
+    # id, pool, model, schedule, cuts, stage devices
+    ("mlp-gpipe-2", "pool2", "mlp", "gpipe", (3,), (("d0",), ("d1",))),
+    ("tiny_cnn-1f1b-2", "pool2", "tiny_cnn", "1f1b", (4,), (("d0",), ("d1",))),
+    ("bsp-2", "pool2", "mlp", "gpipe", (), (("d0", "d1"),)),
+    ("single-device", "pool2", "tiny_cnn", "1f1b", (), (("d1",),)),
+    # Cuts after the stem's branch_a and after mix: two values cross the first cut and stem_relu skips stage 1.
+    ("branchy-gpipe-3-skip", "pool3", "tiny_branchy", "gpipe", (3, 8), (("d0",), ("d1",), ("d2",))),
+    ("branchy-1f1b-3-skip", "pool3", "tiny_branchy", "1f1b", (3, 8), (("d0",), ("d1",), ("d2",))),
+    ("replicated-last-gpipe-3", "pool3", "tiny_cnn", "gpipe", (3,), (("d0",), ("d1", "d2"))),
+    ("replicated-first-1f1b-3", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",))),
+]
+
+
+@pytest.mark.parametrize(
+    ("pool_name", "model", "schedule", "cuts", "devices"), [c[1:] for c in SYNC_CASES], ids=[c[0] for c in SYNC_CASES]
+)
+def test_synchronous_plan_trains_like_one_device(
+    request: pytest.FixtureRequest,
+    pool_name: str,
+    model: str,
+    schedule: str,
+    cuts: tuple[int, ...],
+    devices: tuple[tuple[str, ...], ...],
+) -> None:
+    pool: WorkerPool = request.getfixturevalue(pool_name)
+    plan = Plan(model, BATCH, MICRO_BATCHES, schedule, stages_by_cuts(model, cuts), devices)  # type: ignore[arg-type]
+    measurement, parameters = pool.run_steps(
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+    )
+    assert measurement.ok, measurement.error
+    want, want_losses = reference(model, MICRO_BATCHES)
+    assert_same_parameters(parameters, want, model)
+    assert measurement.extra["losses"] == pytest.approx(want_losses, rel=1e-5)
+    assert len(measurement.step_times_s) == STEPS and measurement.step_time_s > 0
+    assert set(measurement.peak_memory_bytes) == {d for stage in devices for d in stage}
+
+
+def test_skip_value_really_skips_a_stage() -> None:
+    from tapp_core.runtime.stage import split_stages
+
+    model = "tiny_branchy"
+    _, graph = split_stages(build_traced_model(model), stages_by_cuts(model, (3, 8)), 3)
+    skipping = [v for v in graph.values if v.producer == 0 and 2 in v.consumers]
+    assert skipping, "the test plan must have a tensor that goes from stage 0 straight to stage 2"
+    assert len(graph.stage_inputs[1]) == 2, "two tensors must cross the first cut"
+
+
+def async_reference(model: str, cuts: tuple[int, ...], n_stages: int) -> dict[str, torch.Tensor]:
+    """PipeDream's rule replayed in one process: micro-batch g's gradient is taken, on every stage, at the
+    weights that stage had when it ran g's forward (the number of updates before it in the stage's order)."""
+    schedule = Async()
+    version_at_forward: list[dict[int, int]] = []
+    for stage in range(n_stages):
+        updates, seen = 0, {}
+        for action in schedule.actions(stage, n_stages, MICRO_BATCHES, STEPS):
+            if action.kind == "update":
+                updates += 1
+            elif action.kind == "forward":
+                seen[action.index] = updates
+        version_at_forward.append(seen)
+    stale = sum(version_at_forward[s][g] < g // MICRO_BATCHES for s in range(n_stages) for g in version_at_forward[s])
+    assert stale > 0, "the replay must have micro-batches that ran on old weights"
+
+    traced = build_traced_model(model, seed=SEED)
+    stage_of = stages_by_cuts(model, cuts)
+    names_of_stage: list[set[str]] = [set() for _ in range(n_stages)]
+    for layer, node in enumerate(layer_nodes(traced)):
+        if node.op == "call_module":
+            prefix = f"{node.target}."
+            names_of_stage[stage_of[layer]] |= {
+                prefix + n for n, _ in traced.get_submodule(str(node.target)).named_parameters()
+            }
+    net = build_model(model, seed=SEED)
+    live = dict(net.named_parameters())
+    optimizer = make_optimizer(live.values(), OPTIMIZER)
+    history = [[{n: live[n].detach().clone() for n in names_of_stage[s]}] for s in range(n_stages)]
+    batches = SyntheticBatches(BATCH, seed=SEED)
+    size = BATCH // MICRO_BATCHES
+    for step in range(STEPS):
+        x, y = batches.get(step)
+        grads = {n: torch.zeros_like(p) for n, p in live.items()}
+        for j in range(MICRO_BATCHES):
+            g = step * MICRO_BATCHES + j
+            weights = {}
+            for stage in range(n_stages):
+                weights.update(history[stage][version_at_forward[stage][g]])
+            weights = {n: w.clone().requires_grad_(True) for n, w in weights.items()}
+            logits = torch.func.functional_call(net, weights, (x[j * size : (j + 1) * size],))
+            micro_batch_loss(logits, y[j * size : (j + 1) * size], BATCH).backward()
+            for n, w in weights.items():
+                grads[n] += w.grad
+        for n, p in live.items():
+            p.grad = grads[n]
+        optimizer.step()
+        for stage in range(n_stages):
+            history[stage].append({n: live[n].detach().clone() for n in names_of_stage[stage]})
+    return {n: p.detach().clone() for n, p in live.items()}
+
+
+@pytest.mark.parametrize(
+    ("pool_name", "model", "cuts", "devices"),
+    [("pool2", "mlp", (4,), (("d0",), ("d1",))), ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)))],
+    ids=["mlp-2", "branchy-3"],
+)
+def test_async_uses_the_weights_of_each_forward(
+    request: pytest.FixtureRequest,
+    pool_name: str,
+    model: str,
+    cuts: tuple[int, ...],
+    devices: tuple[tuple[str, ...], ...],
+) -> None:
+    pool: WorkerPool = request.getfixturevalue(pool_name)
+    plan = Plan(model, BATCH, MICRO_BATCHES, "async", stages_by_cuts(model, cuts), devices)
+    measurement, parameters = pool.run_steps(
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+    )
+    assert measurement.ok, measurement.error
+    want = async_reference(model, cuts, len(devices))
+    assert_same_parameters(parameters, want, model)
+    synchronous, _ = reference(model, MICRO_BATCHES)
+    differs = max(float((want[n] - synchronous[n]).abs().max()) for n in want)
+    assert differs > 10 * ATOL, "async must not train like the synchronous schedules here, or this test shows nothing"
