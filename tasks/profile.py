@@ -6,6 +6,7 @@ import hashlib
 import json
 import platform
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,11 @@ import torch
 from prefect import task
 from prefect.context import TaskRunContext
 
+from reports import runs
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.profiler import profile_model
-from tasks.tracking import TrackedRun
+from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 PROFILER_SOURCE = Path(__file__).resolve().parent.parent / "tapp_core" / "profiler.py"
 
@@ -79,3 +81,13 @@ def record_library(run: TrackedRun, library: LayerLibrary) -> None:
             "param_bytes": library.param_bytes,
         }
     )
+
+
+def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
+    """The profile stage's nested run: the (cached) layer library of the experiment's model, logged."""
+    with tracked_run("profile", tags.child(parent, runs.STAGE_RUN, stage="profile"), parent=parent) as run:
+        started = time.perf_counter()
+        library = profile_layers(tags.model, tags.batch_size, "cpu", profiling_threads(cluster), repeats)
+        record_library(run, library)
+        run.log_metrics({"wall_s": time.perf_counter() - started})
+    return library

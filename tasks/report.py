@@ -8,7 +8,7 @@ from prefect import task
 
 from reports import runs
 from reports.paper import Report, write_report
-from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, tracked_run
+from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, code_version, tracked_run
 
 
 @task(name="report")
@@ -18,6 +18,19 @@ def report_experiment(
     """Tables and figures of this experiment's runs only (read back from MLflow), in ``out`` and under ``report/``."""
     with tracked_run("report", tags.child(parent, runs.STAGE_RUN, stage="report"), parent=parent) as run:
         report = write_report(experiment, out, parent.tracking_uri, within=parent.run_id)
-        run.log_dir(report.folder, "report")
+        for path in (*report.table_files, *report.figure_files):
+            run.log_file(path, "report")
         run.log_metrics({"files": len(report.table_files) + len(report.figure_files)})
+    return report
+
+
+@task(name="paper-report")
+def paper_report(experiment: str, out: str | Path, tracking_uri: str) -> Report:
+    """Tables and figures of a whole MLflow experiment, in ``out`` and in a report run of that experiment."""
+    report = write_report(experiment, out, tracking_uri)
+    tags = {runs.KIND: runs.REPORT, runs.CODE_VERSION: code_version()}
+    with tracked_run("paper table", tags, experiment=experiment, uri=tracking_uri) as run:
+        for path in (*report.table_files, *report.figure_files):
+            run.log_file(path, "report")
+        run.log_metrics({"evaluations": len(report.tables.evaluations)})
     return report

@@ -1,0 +1,152 @@
+"""Tasks one by one (``.fn()``, no Prefect server), each checked by reading its MLflow run back."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from reports import runs
+from tapp_core.cluster import load_cluster, parse_cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import PlanError, single_stage_plan
+from tapp_core.planners import PlannerError
+from tapp_core.profiler import profile_model
+from tasks.evaluate import evaluate_method, methods_for, single_device_plan
+from tasks.profile import profile_cache_key, record_library
+from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, tracked_run
+
+
+@pytest.fixture(scope="module")
+def tiny_library() -> LayerLibrary:
+    return profile_model("tiny_cnn", 16, threads=1, repeats=2)
+
+
+def experiment_tags() -> ExperimentTags:
+    return ExperimentTags(model="tiny_cnn", cluster="local", batch_size=16, seed=0, dataset="synthetic", emulated=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_tracking_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TrackingError, match=rf"MLflow tracking server {uri} is unreachable"):
+        check_tracking(uri, timeout_s=2)
+    with pytest.raises(TrackingError, match="folder /no/such/folder does not exist"):
+        check_tracking("sqlite:////no/such/folder/mlflow.db")
+
+
+def test_a_run_that_raises_ends_failed_with_its_error(tracking_uri: str, experiment_name: str) -> None:
+    with pytest.raises(ZeroDivisionError), tracked_run("doomed", {"k": "v"}, experiment=experiment_name) as run:
+        run.log_metrics({"before": 1.0})
+        _ = 1 / 0
+    stored = MlflowClient().get_run(run.run_id)
+    assert stored.info.status == "FAILED"
+    assert stored.data.tags["error"] == "ZeroDivisionError: division by zero"
+    assert stored.data.metrics == {"before": 1.0}
+
+
+def test_tags_carry_the_comparison_keys(tracking_uri: str, experiment_name: str) -> None:
+    tags = experiment_tags()
+    with tracked_run("parent", tags.as_tags(run_kind="experiment"), experiment=experiment_name) as parent:
+        with tracked_run("child", tags.child(parent.ref, runs.EVALUATION, method="bsp"), parent=parent.ref) as child:
+            pass
+    stored = MlflowClient().get_run(child.run_id).data.tags
+    assert {k: stored[k] for k in ("model", "method", "cluster", "batch_size", "seed", "emulated", "run_kind")} == {
+        "model": "tiny_cnn",
+        "method": "bsp",
+        "cluster": "local",
+        "batch_size": "16",
+        "seed": "0",
+        "emulated": "true",
+        "run_kind": "evaluation",
+    }
+    assert stored["mlflow.parentRunId"] == parent.run_id == stored[runs.EXPERIMENT_RUN]
+    assert stored["code_version"] == code_version() != "unknown"
+
+
+def test_profile_cache_key_follows_the_inputs() -> None:
+    base = {"model": "alexnet", "batch_size": 64, "device": "cpu", "threads": 1, "repeats": 5}
+    key = profile_cache_key(None, base)  # type: ignore[arg-type]
+    assert key == profile_cache_key(None, dict(base))  # type: ignore[arg-type]
+    assert key != profile_cache_key(None, {**base, "batch_size": 32})  # type: ignore[arg-type]
+    assert key != profile_cache_key(None, {**base, "threads": 2})  # type: ignore[arg-type]
+
+
+def test_user_model_file_edits_change_the_profile_key(tmp_path: Path) -> None:
+    model_file = tmp_path / "net.py"
+    model_file.write_text("def net(): ...\n")
+    params = {"model": f"{model_file}:net", "batch_size": 8, "device": "cpu", "threads": 1, "repeats": 1}
+    before = profile_cache_key(None, params)  # type: ignore[arg-type]
+    model_file.write_text("def net(): return None\n")
+    assert profile_cache_key(None, params) != before  # type: ignore[arg-type]
+
+
+def test_layer_library_is_logged_and_reads_back(
+    tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary, tmp_path: Path
+) -> None:
+    with tracked_run("profile", {}, experiment=experiment_name) as run:
+        record_library(run, tiny_library)
+    local = MlflowClient().download_artifacts(run.run_id, "layer_library", str(tmp_path))
+    assert LayerLibrary.load(local).to_frame().equals(tiny_library.to_frame())
+    assert MlflowClient().get_run(run.run_id).data.params["layers"] == str(len(tiny_library.layers))
+
+
+def test_evaluation_logs_plan_and_estimate(tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary) -> None:
+    cluster = load_cluster("local")
+    tags = experiment_tags()
+    with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
+        result = evaluate_method.fn("pipetorch", tiny_library, cluster, parent.ref, tags)
+
+    stored = MlflowClient().get_run(result.run_id)
+    assert stored.info.status == "FINISHED"
+    assert stored.data.tags[runs.STEP_TIME_SOURCE] == "estimated"
+    assert stored.data.metrics[runs.STEP_TIME] == result.estimate.step_time == result.step_time_s
+    assert stored.data.metrics[runs.ESTIMATED_STEP_TIME] == result.estimate.step_time
+    assert stored.data.params["plan_id"] == result.plan.id
+    plan_file = MlflowClient().download_artifacts(result.run_id, runs.PLAN_ARTIFACT)
+    assert json.loads(Path(plan_file).read_text())["id"] == result.plan.id
+
+
+def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
+    tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
+) -> None:
+    cluster = load_cluster("local")
+    tags = experiment_tags()
+    bad = single_stage_plan(tiny_library, ["nowhere"], batch_size=16)  # a device the cluster does not have
+    with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent, pytest.raises(PlanError):
+        evaluate_method.fn("tapp", tiny_library, cluster, parent.ref, tags, plan=bad)
+
+    client = MlflowClient()
+    (child,) = client.search_runs([parent.ref.experiment_id], f"tags.{runs.METHOD} = 'tapp'")
+    assert child.info.status == "FAILED"
+    assert "unknown device 'nowhere'" in child.data.tags["error"]
+    assert runs.STEP_TIME not in child.data.metrics
+
+
+def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> None:
+    cluster = load_cluster("local")
+    assert single_device_plan(tiny_library, cluster, "cpu", 16).stage_devices == (("cpu0",),)
+    with pytest.raises(PlannerError, match="no cuda device of cluster 'local'"):
+        single_device_plan(tiny_library, cluster, "cuda", 16)
+    assert methods_for(cluster, ("tapp", "bsp")) == ("tapp", "bsp")
+
+
+def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None:
+    cluster = parse_cluster(
+        {
+            "name": "mixed",
+            "devices": [{"name": "c", "memory": "1GiB"}, {"name": "g", "kind": "cuda", "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": 0},
+        }
+    )
+    assert methods_for(cluster, ("tapp", "single-cpu", "bsp", "pipetorch", "even")) == (
+        "tapp", "single-cpu", "bsp", "pipetorch", "single-gpu", "even",
+    )  # fmt: skip
