@@ -56,9 +56,10 @@ def test_a_run_that_raises_ends_failed_with_its_error(tracking_uri: str, experim
 def test_tags_carry_the_comparison_keys(tracking_uri: str, experiment_name: str) -> None:
     tags = experiment_tags()
     with tracked_run("parent", tags.as_tags(run_kind="experiment"), experiment=experiment_name) as parent:
-        with tracked_run("child", tags.child(parent.ref, runs.EVALUATION, method="bsp"), parent=parent.ref) as child:
+        child = tracked_run("child", tags.child(parent.ref, runs.EVALUATION, method="bsp"), parent=parent.ref)
+        with child as child_run:
             pass
-    stored = MlflowClient().get_run(child.run_id).data.tags
+    stored = MlflowClient().get_run(child_run.run_id).data.tags
     assert {k: stored[k] for k in ("model", "method", "cluster", "batch_size", "seed", "emulated", "run_kind")} == {
         "model": "tiny_cnn",
         "method": "bsp",
