@@ -32,11 +32,17 @@ class SyntheticBatches:
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
 
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        x = torch.randn(self.batch_size, *self.input_shape, generator=generator)
-        y = torch.randint(0, self.num_classes, (self.batch_size,), generator=generator)
-        return x, y
+        # Every micro-batch of a step asks; the few steps in flight stay cached.
+        if step not in self._cache:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            x = torch.randn(self.batch_size, *self.input_shape, generator=generator)
+            y = torch.randint(0, self.num_classes, (self.batch_size,), generator=generator)
+            self._cache[step] = (x, y)
+            self._cache.pop(step - 8, None)
+        return self._cache[step]
 
 
 class IteratorBatches:
