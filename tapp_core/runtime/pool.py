@@ -306,6 +306,16 @@ class WorkerPool:
             **fields,
         }
 
+    def prepare(self, model: str, seed: int = 0, timeout_s: float = 300.0) -> float:
+        """Build and trace ``model`` on every rank ahead of its first plan; returns the slowest rank's seconds.
+
+        A search calls this once per model, so that no plan's measurement pays for building the model.
+        """
+        reply = self._request({"kind": "prepare", "model": model, "seed": seed, "timeout_s": timeout_s})
+        if reply.get("error"):
+            raise PoolError(f"preparing model {model!r} on the workers failed: {reply['error']}")
+        return float(reply["setup_s"])
+
     def run_steps(
         self,
         plan: Plan,

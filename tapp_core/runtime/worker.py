@@ -32,20 +32,22 @@ from mpi4py import MPI
 
 from tapp_core.cluster import Cluster
 from tapp_core.data import batch_loader, open_dataset
+from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.plan import Plan
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.emulation import Emulation, configure_threads, now
 from tapp_core.runtime.engine import StageEngine
 from tapp_core.runtime.layout import Layout
-from tapp_core.runtime.optim import OptimizerConfig
+from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
 from tapp_core.runtime.results import (
     OUT_OF_MEMORY,
     RankResult,
     assemble_measurement,
     assemble_training,
+    first_error,
 )
 from tapp_core.runtime.schedules import schedule_for
-from tapp_core.runtime.stage import StageFactory
+from tapp_core.runtime.stage import StageFactory, split_stages
 from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
 from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
 
@@ -110,6 +112,17 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:2000]}{where}"
 
 
+def warm_up() -> None:
+    """Pay the first-call costs of the runtime's libraries (fx splitting, the optimiser, autograd) at start-up,
+    not in the first plan's measurement."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    traced = trace_model(model)
+    split, _ = split_stages(traced, (0, 0, 1), 2, input_shape=(4,))
+    optimizer = make_optimizer(split.parameters(), OptimizerConfig())
+    micro_batch_loss(split(torch.randn(2, 4)), torch.tensor([0, 1]), 2).backward()
+    optimizer.step()
+
+
 class Worker:
     """One rank: runs its share of each job."""
 
@@ -122,6 +135,8 @@ class Worker:
         self.factory = StageFactory()
 
     def run(self, job: dict[str, Any]) -> RankResult:
+        if job["kind"] == "prepare":
+            return self.prepare(job)
         start = now()
         deadline = start + float(job["timeout_s"])
         result = RankResult(job=job["id"], rank=self.rank, device=self.device_name, status="ok")
@@ -215,6 +230,18 @@ class Worker:
             control.close()
         return result
 
+    def prepare(self, job: dict[str, Any]) -> RankResult:
+        """Build and trace the model now, so that the first plan of it does not pay for that on this rank."""
+        start = now()
+        result = RankResult(job=job["id"], rank=self.rank, device=self.device_name, status="ok")
+        try:
+            graph_module, _ = self.factory.traced(job["model"], int(job["seed"]))
+            self.factory.split(job["model"], int(job["seed"]), (0,) * len(layer_nodes(graph_module)), 1)
+        except Exception as exc:
+            result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
+        result.setup_s = now() - start
+        return result
+
     def _train(self, engine: StageEngine, plan: Plan, job: dict[str, Any], result: RankResult) -> None:
         train_set = open_dataset(job["dataset"], job.get("data_dir"), train=True, augment=job.get("augment", False))
         test_set = open_dataset(job["dataset"], job.get("data_dir"), train=False)
@@ -237,8 +264,12 @@ class Worker:
 
 
 def assemble(job: dict[str, Any], results: list[RankResult]) -> dict[str, Any]:
-    plan = Plan.from_dict(job["plan"])
     reply: dict[str, Any] = {"id": job["id"]}
+    if job["kind"] == "prepare":
+        reply["error"] = first_error(results)
+        reply["setup_s"] = max(r.setup_s for r in results)
+        return reply
+    plan = Plan.from_dict(job["plan"])
     if job["kind"] == "measure":
         reply["measurement"] = assemble_measurement(
             plan.id, results, int(job["warmup"]), bool(job["emulate"]), plan.n_stages
@@ -362,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker: {world.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
         return 2
     configure_threads(cluster.devices[world.Get_rank()])
+    warm_up()
     worker = Worker(world, cluster)
     ranks = world.gather({"pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv}, root=0)
     if world.Get_rank() == 0:
