@@ -64,10 +64,10 @@ class Emulation:
         """When a message posted now to ``peer`` would have arrived over the emulated link (0 when disabled)."""
         if not self.enabled:
             return 0.0
-        link = self.links[peer]
-        start = max(now(), self._link_free_at.get(peer, 0.0))
-        self._link_free_at[peer] = start + nbytes / link.bandwidth
-        return start + link.transfer_time(nbytes)
+        # One message at a time on a link, latency included (as the cost model charges every message).
+        arrival = max(now(), self._link_free_at.get(peer, 0.0)) + self.links[peer].transfer_time(nbytes)
+        self._link_free_at[peer] = arrival
+        return arrival
 
     def allreduce_time(self, peers: list[int], nbytes: int) -> float:
         """Ring allreduce over the slowest link among ``peers``: 2(n-1) messages of nbytes/n each."""

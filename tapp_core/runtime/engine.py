@@ -41,6 +41,9 @@ class RankRecord:
     compute_s: list[float] = field(default_factory=list)
     """Forward + backward + update, emulated slowdown included."""
     wait_s: list[float] = field(default_factory=list)
+    """Communication wait (see ``Transport.wait_s``)."""
+    blocked_s: list[float] = field(default_factory=list)
+    """Every wait on other ranks, pipeline bubbles included."""
     loss: list[float] = field(default_factory=list)
     """Last stage only: this replica's share of each step's mini-batch loss."""
 
@@ -122,13 +125,14 @@ class StageEngine:
         losses = [0.0] * steps
         compute = 0.0
         window_start = time.perf_counter()
-        wait_mark = self.transport.wait_s
+        wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
         posted: dict[int, _Posted] = {}
         next_post = 0
         for i, action in enumerate(actions):
             if i == 0 or (self.schedule.synchronous and actions[i - 1].kind == "update"):
                 self.transport.barrier()
-                window_start, compute, wait_mark = time.perf_counter(), 0.0, self.transport.wait_s
+                window_start, compute = time.perf_counter(), 0.0
+                wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
             while next_post < len(actions) and next_post <= i + self._lookahead:
                 posted[next_post] = self._post(actions[next_post])
                 next_post += 1
@@ -144,7 +148,9 @@ class StageEngine:
                 record.step_s.append(end - window_start)
                 record.compute_s.append(compute)
                 record.wait_s.append(self.transport.wait_s - wait_mark)
-                window_start, compute, wait_mark = end, 0.0, self.transport.wait_s
+                record.blocked_s.append(self.transport.blocked_s - blocked_mark)
+                window_start, compute = end, 0.0
+                wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
             self.transport.progress()
         self.transport.flush()
         if self.stage.is_last:

@@ -28,6 +28,7 @@ class RankResult:
     step_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     wait_s: list[float] = field(default_factory=list)
+    blocked_s: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
     setup_s: float = 0.0
@@ -79,7 +80,12 @@ def assemble_measurement(
         peak_memory_bytes={r.device: r.peak_memory_bytes for r in active},
         loss=losses[-1] if losses else float("nan"),
         emulated=emulated,
-        extra={"losses": losses, "setup_s": max(r.setup_s for r in active), "warmup": warmup},
+        extra={
+            "losses": losses,
+            "setup_s": max(r.setup_s for r in active),
+            "warmup": warmup,
+            "device_blocked_s": {r.device: statistics.median(r.blocked_s[warmup:n_steps]) for r in active},
+        },
     )
 
 

@@ -52,12 +52,14 @@ class PipelineSchedule(ABC):
 
 
 class GPipe(PipelineSchedule):
-    """Fill and drain: every forward, then every backward (torchgpipe, ScheduleGPipe)."""
+    """Fill and drain: every forward, then every backward, the last micro-batch's first (GPipe, torchgpipe;
+    the cost model assumes the same order)."""
 
     name = "gpipe"
 
     def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        return [("forward", j) for j in range(micro_batches)] + [("backward", j) for j in range(micro_batches)]
+        forwards: list[tuple[ActionKind, int]] = [("forward", j) for j in range(micro_batches)]
+        return forwards + [("backward", j) for j in reversed(range(micro_batches))]
 
 
 class OneFOneB(PipelineSchedule):

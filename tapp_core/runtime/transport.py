@@ -2,9 +2,10 @@
 
 Every operation is nonblocking, and every wait polls (Test, then a short sleep) instead of blocking in MPI:
 that lets a wait notice another rank's abort or the plan's deadline, and keeps a waiting rank from spinning
-on a core that an oversubscribed host needs for compute. The time spent in counted waits is the rank's
-communication wait (DESIGN.md): it includes waiting for a peer that is still computing, since a receive cannot
-tell a late sender from a slow wire.
+on a core that an oversubscribed host needs for compute. Every message carries a small header on a twin communicator: when its sender posted it and, emulated, when
+the link delivers it. A receive's communication wait is the part of the wait after the sender posted the data
+(the rest is waiting for the sender's compute: a pipeline bubble, idle time), as the cost model defines it. The
+header's times come from CLOCK_MONOTONIC, shared by the processes of one host; across hosts the whole wait counts.
 
 CUDA tensors are staged through host memory unless ``TAPP_MPI_CUDA_AWARE=1`` says the MPI can read GPU memory.
 """
@@ -119,7 +120,8 @@ class Receipt:
 
     tensor: torch.Tensor
     requests: list[MPI.Request]
-    header: np.ndarray | None = None
+    header: np.ndarray
+    """The sender's (posted at, delivered at)."""
 
 
 @dataclass
@@ -128,12 +130,17 @@ class Transport:
 
     comm: MPI.Comm
     header_comm: MPI.Comm
-    """Carries the emulated arrival time of each message, under the message's own tag."""
+    """Carries each message's header (posted at, delivered at), under the message's own tag."""
     barrier_comm: MPI.Comm
     """The ranks of the plan (the others are idle)."""
     control: Control
     emulation: Emulation
+    shared_clock: bool = True
+    """Whether every rank of the plan reads the same clock (one host)."""
     wait_s: float = 0.0
+    """Communication wait: blocked in receives after the data was posted, and in allreduces."""
+    blocked_s: float = 0.0
+    """Every wait, bubbles included."""
     _sends: list[tuple[MPI.Request, object]] = field(default_factory=list)
     _receives: dict[int, Receipt] = field(default_factory=dict)
     _collective: tuple[list[MPI.Request], object] | None = None
@@ -147,33 +154,34 @@ class Transport:
         if data.is_cuda and self._stage_through_host:
             data = data.to("cpu")
         data = data.contiguous()
-        requests = [self.comm.Isend(_buffer(data), dest, tag)]
-        header = None
-        if self.emulation.enabled:
-            header = np.array([self.emulation.send_ready_at(dest, data.numel() * data.element_size())])
-            requests.append(self.header_comm.Isend(header, dest, tag))
+        posted = now()
+        delivered = self.emulation.send_ready_at(dest, data.numel() * data.element_size())
+        header = np.array([posted, delivered])
+        requests = [self.comm.Isend(_buffer(data), dest, tag), self.header_comm.Isend(header, dest, tag)]
         self._sends += [(r, (data, header)) for r in requests]
 
     def irecv(self, buffer: torch.Tensor, source: int, tag: int) -> Receipt:
         """Post a receive into the contiguous CPU (or CUDA-aware) tensor ``buffer``."""
-        requests = [self.comm.Irecv(_buffer(buffer), source, tag)]
-        header = None
-        if self.emulation.enabled:
-            header = np.zeros(1)
-            requests.append(self.header_comm.Irecv(header, source, tag))
+        header = np.zeros(2)
+        requests = [self.comm.Irecv(_buffer(buffer), source, tag), self.header_comm.Irecv(header, source, tag)]
         receipt = Receipt(buffer, requests, header)
         self._receives[id(receipt)] = receipt
         return receipt
 
     def wait(self, receipts: Sequence[Receipt]) -> None:
         """Block (polling) until every receipt's data is there and, emulated, until its link delivered it."""
-        start = time.perf_counter()
+        if not receipts:
+            return
+        start = now()
         poll([r for receipt in receipts for r in receipt.requests], self.control.check)
         for receipt in receipts:
             del self._receives[id(receipt)]
         if self.emulation.enabled:
-            sleep_until(max((float(r.header[0]) for r in receipts if r.header is not None), default=0.0))
-        self.wait_s += time.perf_counter() - start
+            sleep_until(max(float(r.header[1]) for r in receipts))
+        end = now()
+        posted = max(float(r.header[0]) for r in receipts) if self.shared_clock else start
+        self.wait_s += max(0.0, end - max(start, posted))
+        self.blocked_s += end - start
         self.progress()
 
     def allreduce_sum_(self, flat: torch.Tensor, comm: MPI.Comm, peers: list[int]) -> None:
@@ -195,6 +203,7 @@ class Transport:
         if host is not flat:
             flat.copy_(host)
         self.wait_s += time.perf_counter() - start
+        self.blocked_s += time.perf_counter() - start
 
     def barrier(self) -> None:
         """A barrier of the plan's ranks, not counted as communication (it waits for peers, not for data)."""
@@ -206,11 +215,9 @@ class Transport:
             self._sends = [(r, keep) for r, keep in self._sends if not r.Test()]
 
     def flush(self) -> None:
-        """Wait for every posted send (counted as communication wait)."""
-        start = time.perf_counter()
+        """Wait for every posted send (at the end of a run, outside every step)."""
         poll([r for r, _ in self._sends], self.control.check)
         self._sends.clear()
-        self.wait_s += time.perf_counter() - start
 
     def abandon(self) -> None:
         """After a failure: cancel the posted receives and keep alive every buffer MPI may still touch."""

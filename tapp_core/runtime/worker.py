@@ -178,7 +178,10 @@ class Worker:
                 job["model"], int(job["seed"]), plan.stage_of_layer, plan.n_stages, result.stage, self.device
             )
             emulation = Emulation.for_rank(self.cluster, list(self.cluster.device_names), self.rank, job["emulate"])
-            transport = Transport(plan_comm, header_comm, pipeline_comm, control, emulation)
+            hosts = {self.cluster.device(d).host for d in plan.devices}
+            transport = Transport(
+                plan_comm, header_comm, pipeline_comm, control, emulation, shared_clock=len(hosts) == 1
+            )
             engine = StageEngine(
                 stage,
                 layout,
@@ -195,12 +198,8 @@ class Worker:
             if job["kind"] == "measure":
                 batches = SyntheticBatches(plan.batch_size, seed=int(job["seed"]), input_shape=self.factory.input_shape)
                 record = engine.train(int(job["steps"]), batches)
-                result.step_s, result.compute_s, result.wait_s, result.loss = (
-                    record.step_s,
-                    record.compute_s,
-                    record.wait_s,
-                    record.loss,
-                )
+                result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
+                result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
             else:
                 self._train(engine, plan, job, result)
             if job.get("collect_parameters") and result.replica == 0:
