@@ -83,7 +83,7 @@ def reference(model: str, micro_batches: int, steps: int = STEPS) -> tuple[dict[
 
 def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], model: str) -> None:
     assert set(want) <= set(got), f"missing parameters: {sorted(set(want) - set(got))}"
-    initial = dict(build_model(model, seed=SEED).named_parameters())
+    initial = {n: p.detach() for n, p in build_model(model, seed=SEED).named_parameters()}
     moved = max(float((want[n] - initial[n]).abs().max()) for n in want)
     assert moved > 100 * ATOL, "training did not move the parameters: the comparison would prove nothing"
     for name, tensor in want.items():

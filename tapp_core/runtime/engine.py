@@ -274,7 +274,7 @@ class StageEngine:
             if tensors:
                 torch.autograd.backward(tensors, grads)
         if self.schedule.stashes_weights:
-            self._collect_stashed_grads(context.version)
+            self._snapshot_users[context.version] -= 1
         compute = self._finish_compute(start)
 
         for value, tensor in zip(self.stage.inputs, context.inputs, strict=True):
@@ -286,6 +286,11 @@ class StageEngine:
         return compute
 
     def _update(self) -> float:
+        compute = 0.0
+        if self.schedule.stashes_weights:
+            start = time.perf_counter()
+            self._fold_stashed_grads()
+            compute += self._finish_compute(start)
         if self.replica_comm is not None:
             self._allreduce_grads()
         start = time.perf_counter()
@@ -294,7 +299,7 @@ class StageEngine:
         if self.schedule.stashes_weights:
             self._version += 1
             self._drop_unused_snapshots()
-        return self._finish_compute(start)
+        return compute + self._finish_compute(start)
 
     def _finish_compute(self, start: float) -> float:
         if self.stage.device.type == "cuda":
@@ -325,20 +330,23 @@ class StageEngine:
         self._snapshot_users[version] += 1
         return self._snapshots[version], version
 
-    def _collect_stashed_grads(self, version: int) -> None:
-        snapshot = self._snapshots[version]
+    def _fold_stashed_grads(self) -> None:
+        """Move the gradients the snapshots gathered into the live parameters, before the update.
+
+        Every backward done so far belongs to this step or an earlier one (the update follows the step's last
+        backward), and earlier steps' gradients were folded at their updates, so this is exactly this step's.
+        """
         with torch.no_grad():
-            for name, param in self.params.items():
-                grad = snapshot[name].grad
-                if grad is None:
-                    continue
-                if param.grad is None:
-                    param.grad = grad.clone()
-                else:
-                    param.grad.add_(grad)
-                snapshot[name].grad = None
-        self._snapshot_users[version] -= 1
-        self._drop_unused_snapshots()
+            for snapshot in self._snapshots.values():
+                for name, param in self.params.items():
+                    grad = snapshot[name].grad
+                    if grad is None:
+                        continue
+                    if param.grad is None:
+                        param.grad = grad
+                    else:
+                        param.grad.add_(grad)
+                    snapshot[name].grad = None
 
     def _drop_unused_snapshots(self) -> None:
         for version in [v for v, users in self._snapshot_users.items() if users == 0 and v != self._version]:
