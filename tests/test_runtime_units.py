@@ -1,0 +1,226 @@
+"""The runtime's parts that need no MPI: schedules, routes between replicas, stage cutting, emulation,
+batches, result assembly and the mpiexec command."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tapp_core.cluster import parse_cluster
+from tapp_core.models import build_traced_model
+from tapp_core.plan import Plan, PlanError
+from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
+from tapp_core.runtime.emulation import Emulation
+from tapp_core.runtime.layout import Layout, Route
+from tapp_core.runtime.pool import check_runnable, mpiexec_command
+from tapp_core.runtime.results import RankResult, assemble_measurement, first_error
+from tapp_core.runtime.schedules import Action, Async, GPipe, OneFOneB, schedule_for
+from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
+
+
+def kinds(actions: list[Action]) -> str:
+    return " ".join(f"{a.kind[0].upper()}{a.index}" for a in actions)
+
+
+def test_gpipe_fills_then_drains_last_micro_batch_first() -> None:
+    assert kinds(GPipe().actions(0, 2, 3, 1)) == "F0 F1 F2 B2 B1 B0 U0"
+    assert kinds(GPipe().actions(1, 2, 2, 2)) == "F0 F1 B1 B0 U0 F2 F3 B3 B2 U1"
+
+
+def test_one_f_one_b_keeps_at_most_stages_minus_stage_in_flight() -> None:
+    assert kinds(OneFOneB().actions(0, 3, 4, 1)) == "F0 F1 F2 B0 F3 B1 B2 B3 U0"
+    assert kinds(OneFOneB().actions(2, 3, 4, 1)) == "F0 B0 F1 B1 F2 B2 F3 B3 U0"
+    for stage in range(3):
+        in_flight = peak = 0
+        for action in OneFOneB().actions(stage, 3, 8, 1):
+            in_flight += {"forward": 1, "backward": -1, "update": 0}[action.kind]
+            peak = max(peak, in_flight)
+        assert peak == 3 - stage
+
+
+def test_async_runs_across_steps_and_updates_after_each_steps_last_backward() -> None:
+    actions = Async().actions(0, 2, 2, 2)
+    assert kinds(actions) == "F0 F1 B0 F2 B1 U0 F3 B2 B3 U1"
+    # F2 (step 1) runs before U0: on the old weights, hence weight stashing.
+    assert Async.stashes_weights and not Async.synchronous
+    assert kinds(Async().actions(1, 2, 2, 2)) == "F0 B0 F1 B1 U0 F2 B2 F3 B3 U1"
+
+
+def test_unknown_schedule_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="gpipe, 1f1b, async"):
+        schedule_for("zero-bubble")
+
+
+def test_routes_between_unequal_replica_counts_cover_every_row_once() -> None:
+    layout = Layout(stage_ranks=((0, 1), (2, 3, 4)), micro_batch_size=6)
+    assert layout.rows(0, 1) == (3, 6)
+    assert layout.rows(1, 1) == (2, 4)
+    assert layout.routes(0, 0, 1) == [Route(2, 1, 0, 2), Route(3, 1, 2, 3)]
+    assert layout.routes(1, 1, 0) == [Route(0, 0, 0, 1), Route(1, 0, 1, 2)]
+    covered = sorted(
+        layout.rows(1, r)[0] + route.lo + i
+        for r in range(3)
+        for route in layout.routes(1, r, 0)
+        for i in range(route.hi - route.lo)
+    )
+    assert covered == list(range(6))
+    assert layout.position(4) == (1, 2) and layout.position(9) is None
+
+
+def test_split_reports_values_crossing_cuts_and_skipping_stages() -> None:
+    traced = build_traced_model("tiny_branchy")
+    _, graph = split_stages(traced, (0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2), 3)
+    by_name = {v.name: v for v in graph.values}
+    assert graph.values[0].producer == MODEL_INPUT and graph.stage_inputs[0] == (0,)
+    skip = next(v for v in graph.values if v.producer == 0 and v.consumers == (1, 2))
+    assert skip.sample_shape == (8, 16, 16) and skip.requires_grad
+    assert graph.values[graph.output].producer == 2 and graph.values[graph.output].sample_shape == (10,)
+    assert len(by_name) == len(graph.values)
+
+
+def test_split_rejects_bad_assignments_with_the_layer_named() -> None:
+    traced = build_traced_model("mlp")
+    with pytest.raises(StageError, match="plan places 5 layers but the traced model has 6"):
+        split_stages(traced, (0, 0, 0, 1, 1), 2)
+    with pytest.raises(StageError, match=r"edge fc1 -> relu1 runs backward"):
+        split_stages(traced, (0, 1, 0, 1, 1, 1), 2)
+    with pytest.raises(StageError, match="stage 1 has no layer"):
+        split_stages(traced, (0, 0, 0, 2, 2, 2), 3)
+
+
+def test_stages_start_from_the_seeds_weights_whatever_ran_before() -> None:
+    factory = StageFactory()
+    stage = factory.stage("mlp", 0, (0, 0, 0, 1, 1, 1), 2, 0, torch.device("cpu"))
+    first = {n: p.detach().clone() for n, p in stage.named_parameters().items()}
+    with torch.no_grad():
+        for p in stage.named_parameters().values():
+            p.add_(1.0)
+    again = factory.stage("mlp", 0, (0, 0, 0, 1, 1, 1), 2, 0, torch.device("cpu"))
+    assert set(first) == {"fc1.weight", "fc1.bias"}
+    for name, tensor in again.named_parameters().items():
+        torch.testing.assert_close(tensor.detach(), first[name])
+
+
+def test_slowdown_sleeps_the_extra_compute() -> None:
+    emulation = Emulation(enabled=True, slowdown=3.0)
+    start = time.perf_counter()
+    assert emulation.slow_down(0.02) == pytest.approx(0.06)
+    assert time.perf_counter() - start >= 0.04
+    assert Emulation(enabled=False, slowdown=3.0).slow_down(0.02) == 0.02
+
+
+def test_messages_on_one_link_queue_behind_each_other() -> None:
+    cluster = parse_cluster(
+        {
+            "name": "c",
+            "devices": [{"name": "a", "memory": "1GiB"}, {"name": "b", "memory": "1GiB"}],
+            "links": {"bandwidth": "8Mbit/s", "latency": "1ms"},
+        }
+    )
+    emulation = Emulation.for_rank(cluster, ["a", "b"], 0, enabled=True)
+    before = time.monotonic()
+    first = emulation.send_ready_at(1, 10_000)  # 1 ms + 10 kB at 1 MB/s = 11 ms
+    second = emulation.send_ready_at(1, 10_000)
+    assert first - before == pytest.approx(0.011, abs=2e-3)
+    assert second - first == pytest.approx(0.011, abs=1e-6)
+    assert Emulation.for_rank(cluster, ["a", "b"], 0, enabled=False).send_ready_at(1, 10_000) == 0.0
+
+
+def test_synthetic_batches_are_a_function_of_seed_and_step() -> None:
+    a, b = SyntheticBatches(4, seed=1), SyntheticBatches(4, seed=1)
+    torch.testing.assert_close(a.get(3)[0], b.get(3)[0])
+    assert not torch.equal(a.get(3)[0], a.get(4)[0])
+    assert a.get(0)[0].shape == (4, 3, 32, 32) and a.get(0)[1].dtype == torch.int64
+
+
+def test_iterator_batches_pad_the_last_batch_with_ignored_labels() -> None:
+    data = [(torch.ones(4, 2), torch.zeros(4, dtype=torch.int64)), (torch.ones(3, 2), torch.ones(3, dtype=torch.int64))]
+    batches = IteratorBatches(data, batch_size=4)
+    x, y = batches.get(1)
+    assert x.shape == (4, 2) and y.tolist() == [1, 1, 1, IGNORED_LABEL]
+    assert batches.get(0)[1].tolist() == [0, 0, 0, 0]
+    assert pad_batch(torch.ones(4, 2), torch.zeros(4), 4)[0].shape == (4, 2)
+
+
+def rank(rank: int, stage: int, **fields: object) -> RankResult:
+    return RankResult(
+        job=1, rank=rank, device=f"d{rank}", status=str(fields.pop("status", "ok")), stage=stage, **fields
+    )  # type: ignore[arg-type]
+
+
+def test_measurement_takes_the_slowest_rank_per_step_and_medians_after_warmup() -> None:
+    results = [
+        rank(
+            0,
+            0,
+            step_s=[9.0, 1.0, 2.0, 3.0],
+            compute_s=[1, 0.5, 0.6, 0.7],
+            wait_s=[0, 0.1, 0.2, 0.3],
+            blocked_s=[0] * 4,
+        ),
+        rank(
+            1,
+            1,
+            step_s=[9.0, 1.5, 1.0, 1.0],
+            compute_s=[1, 0.9, 0.8, 0.7],
+            wait_s=[0, 0.0, 0.0, 0.0],
+            blocked_s=[0] * 4,
+            loss=[4.0, 3.0, 2.0, 1.0],
+        ),
+        rank(2, -1, status="idle"),
+    ]
+    m = assemble_measurement("p", results, warmup=1, emulated=True, plan_stages=2)
+    assert m.step_times_s == [9.0, 1.5, 2.0, 3.0]
+    assert m.step_time_s == 2.0
+    assert m.stage_compute_s == [0.6, 0.8]
+    assert m.device_wait_s == {"d0": 0.2, "d1": 0.0}
+    assert m.communication_share == pytest.approx((0.2 / 2.0 + 0.0) / 2)
+    assert m.loss == 1.0 and m.emulated and m.ok
+
+
+def test_the_reported_error_is_the_root_cause_not_the_aborts() -> None:
+    results = [
+        rank(0, 0, status="error", error_kind="aborted", error="rank 1 (d1, stage 1) failed: boom"),
+        rank(1, 1, status="error", error_kind="exception", error="RuntimeError: boom"),
+        rank(2, 2, status="error", error_kind="timeout", error="the plan ran past its time limit"),
+    ]
+    assert first_error(results) == "rank 1 (d1, stage 1) failed: RuntimeError: boom"
+    assert (
+        first_error([rank(0, 0, status="error", error_kind="out of memory", error="x")])
+        == "out of memory on rank 0 (d0, stage 0): x"
+    )
+    assert first_error([rank(0, 0)]) is None
+
+
+def test_mpiexec_puts_each_rank_on_its_devices_host() -> None:
+    cluster = parse_cluster(
+        {
+            "name": "c",
+            "devices": [
+                {"name": "a", "memory": "1GiB", "host": "n1"},
+                {"name": "b", "memory": "1GiB", "host": "n1"},
+                {"name": "c", "memory": "1GiB", "host": "n2"},
+            ],
+            "links": {"bandwidth": "1Gbit/s", "latency": "1us"},
+        }
+    )
+    command = mpiexec_command(cluster, ["prog"], mpiexec="mpiexec")
+    assert command == ["mpiexec", "-n", "3", "-hosts", "n1:2,n2:1", "prog"]
+
+
+def test_plans_that_cannot_run_are_refused_before_the_workers() -> None:
+    cluster = parse_cluster(
+        {
+            "name": "c",
+            "devices": [{"name": "a", "memory": "1GiB"}, {"name": "b", "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": "1us"},
+        }
+    )
+    with pytest.raises(PlanError, match="unknown device 'z'"):
+        check_runnable(Plan("mlp", 8, 2, "gpipe", (0,) * 6, (("z",),)), cluster)
+    with pytest.raises(PlanError, match="not divisible by 3"):
+        check_runnable(Plan("mlp", 8, 3, "gpipe", (0,) * 6, (("a",),)), cluster)
+    with pytest.raises(PlanError, match="do not divide the micro-batch of 3"):
+        check_runnable(Plan("mlp", 6, 2, "gpipe", (0,) * 6, (("a", "b"),)), cluster)
