@@ -222,5 +222,158 @@ def _print_estimate(chosen: Any, predicted: Any) -> None:
     console.print(table)
 
 
+# --- Orchestrated experiments: Prefect flows tracked in MLflow ----------------------------------------------
+
+
+@app.command()
+@reports_user_errors
+def run(
+    model: ModelOpt = "alexnet",
+    cluster: ClusterOpt = "local",
+    batch_size: BatchOpt = 64,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="CIFAR-10 folder (holding cifar-10-batches-py); default: synthetic data"),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="synthetic | cifar10 | fashion-mnist (default: cifar10 with --data-dir, else synthetic)"),
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option("--rounds", min=1, help="TAPP search rounds (default: small budget)")
+    ] = None,
+    samples_per_round: Annotated[int | None, typer.Option(min=1, help="plans sampled per search round")] = None,
+    measured_rounds: Annotated[
+        int | None, typer.Option(min=0, help="final search rounds rewarded by measurements on the workers")
+    ] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="comma-separated methods (default: tapp and every baseline)")
+    ] = None,
+    estimate_only: Annotated[
+        bool, typer.Option("--estimate-only", help="no MPI runtime: cost-model step times")
+    ] = False,
+    steps: Annotated[int | None, typer.Option(min=2, help="training steps per measurement (warm-up included)")] = None,
+    train_epochs: Annotated[int, typer.Option(min=0, help="also train each plan for the accuracy table")] = 0,
+    seed: Annotated[int, typer.Option()] = 0,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment name")] = "tapp",
+    out: Annotated[Path, typer.Option("--out", "-o", help="report folder")] = Path("out/report"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's log lines")] = False,
+) -> None:
+    """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, report (Prefect + MLflow)."""
+    from flows.experiment import DEFAULT_METHODS, check_inputs, tapp_experiment
+
+    chosen_dataset = dataset or ("cifar10" if data_dir else "synthetic")
+    chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
+    data = str(data_dir) if data_dir else None
+    # Checked here too, so that a typo fails in a second instead of after Prefect's server has started.
+    target, uri = check_inputs(model, cluster, batch_size, chosen_dataset, data, chosen_methods, None)
+    console.print(
+        f"[bold]tapp_experiment[/]: {model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, "
+        f"{chosen_dataset} data; MLflow store {uri}, experiment {experiment!r}"
+    )
+    options = {
+        "search_rounds": rounds,
+        "samples_per_round": samples_per_round,
+        "measured_rounds": measured_rounds,
+        "steps": steps,
+    }
+    with _stage_progress(verbose):
+        state = tapp_experiment(
+            model=model,
+            cluster=cluster,
+            batch_size=batch_size,
+            dataset=chosen_dataset,
+            data_dir=data,
+            methods=chosen_methods,
+            measure=not estimate_only,
+            train_epochs=train_epochs,
+            seed=seed,
+            experiment=experiment,
+            out=str(out),
+            **{k: v for k, v in options.items() if v is not None},
+            return_state=True,
+        )
+    failure = None
+    if not state.is_completed():
+        try:
+            state.result()
+        except TappError:
+            raise
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+    _print_report(out, uri, experiment)
+    if failure:
+        error_console.print(f"[bold red]the experiment failed:[/] {failure}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+@reports_user_errors
+def report(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment name")] = "tapp",
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for the tables and figures")] = Path("out/paper"),
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    ] = None,
+) -> None:
+    """Rebuild the paper's tables (Markdown, CSV, LaTeX) and figures (PNG) from an MLflow experiment alone."""
+    from rich.markdown import Markdown
+
+    from reports.paper import write_report
+    from tasks.tracking import check_tracking
+
+    uri = check_tracking(tracking_uri)
+    with console.status(f"reading experiment {experiment!r} from {uri}"):
+        written = write_report(experiment, out, uri)
+    console.print(Markdown(written.tables.step_time.to_markdown()))
+    console.print(f"wrote {len(written.table_files)} table files and {len(written.figure_files)} figures to {out}/")
+
+
+def _stage_progress(verbose: bool) -> Any:
+    """One rich bar per flow stage, fed by the stages' progress reports; Prefect's log lines only with --verbose."""
+    import contextlib
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tasks.progress import listening
+
+    if not verbose:
+        for handler in logging.getLogger().handlers + logging.getLogger("prefect").handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(logging.WARNING)
+
+    @contextlib.contextmanager
+    def bars() -> Any:
+        columns = (TextColumn("[bold]{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, TextColumn("{task.fields[status]}"), console=console) as progress:
+            shown: dict[str, Any] = {}
+
+            def show(stage: str, done: int, total: int, status: str) -> None:
+                if stage not in shown:
+                    shown[stage] = progress.add_task(stage, total=total, status="")
+                progress.update(shown[stage], completed=done, total=total, status=status)
+
+            with listening(show):
+                yield
+
+    return bars()
+
+
+def _print_report(out: Path, uri: str, experiment: str) -> None:
+    from rich.markdown import Markdown
+
+    table = out / "step_time.md"
+    if table.is_file():
+        console.print(Markdown(table.read_text()))
+        console.print(Markdown((out / "communication_share.md").read_text()))
+    ui = f"mlflow ui --backend-store-uri {uri}" if not uri.startswith("http") else f"open {uri}"
+    console.print(
+        f"MLflow:  [bold]{ui}[/]  (experiment {experiment!r}; one parent run, nested runs per stage and method)"
+    )
+    console.print(f"Report:  {out}/ (step_time, communication_share, accuracy as .md/.csv/.tex; figures .png)")
+
+
 if __name__ == "__main__":
     app()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from tapp_core.costmodel import NO_MICRO_BATCH, OP_KINDS, TimelineOp
 
@@ -130,24 +131,26 @@ def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_itera
 
 
 def reward_curve(history: pd.DataFrame, path: str | Path, title: str = "TAPP search") -> Path:
-    """Per search round: mean and best reward (left), and the best step time found so far (right).
+    """Per search round: the mean reward (left); the best step time so far and the round's best (right).
 
-    ``history`` has a ``round`` column and any of ``reward_mean``, ``reward_best``, ``best_step_time_s``.
+    ``history`` has a ``round`` column and any of ``reward_mean``, ``best_step_time_s``, ``round_best_step_time_s``.
     """
     figure = Figure(figsize=(10, 3.6), layout="constrained")
     FigureCanvasAgg(figure)
-    rewards, best = figure.subplots(1, 2)
-    for column, label in (("reward_mean", "mean reward"), ("reward_best", "best reward")):
-        if column in history and history[column].notna().any():
-            rewards.plot(history["round"], history[column], marker="o", markersize=3, label=label)
-    rewards.set_xlabel("search round")
-    rewards.set_ylabel("reward")
-    if rewards.lines:
-        rewards.legend(loc="best")
+    rewards, times = figure.subplots(1, 2)
+    if "reward_mean" in history and history["reward_mean"].notna().any():
+        rewards.plot(history["round"], history["reward_mean"], marker="o", markersize=3)
+    rewards.set_ylabel("mean reward of the round's samples")
+    if "round_best_step_time_s" in history and history["round_best_step_time_s"].notna().any():
+        times.plot(history["round"], history["round_best_step_time_s"], ".", color="tab:gray", label="round's best")
     if "best_step_time_s" in history and history["best_step_time_s"].notna().any():
-        best.step(history["round"], history["best_step_time_s"], where="post", color="tab:green")
-    best.set_xlabel("search round")
-    best.set_ylabel("best step time so far (s)")
+        times.step(history["round"], history["best_step_time_s"], where="post", color="tab:green", label="best so far")
+    times.set_ylabel("step time (s)")
+    if times.lines:
+        times.legend(loc="best")
+    for axes in (rewards, times):
+        axes.set_xlabel("search round")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(title)
     return _save_png(figure, path)
 

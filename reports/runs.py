@@ -52,7 +52,7 @@ ESTIMATED_COMMUNICATION_SHARE = "estimated_communication_share"
 # Metrics of a train run
 TEST_ACCURACY = "test_accuracy"
 # Metrics of the search stage, one value per round (step = round)
-ROUND_METRICS = ("reward_mean", "reward_best", "best_step_time_s", "entropy")
+ROUND_METRICS = ("reward_mean", "best_step_time_s", "round_best_step_time_s", "entropy")
 
 # Artifacts of an evaluation run
 PLAN_ARTIFACT = "plan.json"

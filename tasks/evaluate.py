@@ -15,7 +15,7 @@ from prefect import task
 
 from reports import runs
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import Estimate, estimate
+from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, Estimate, estimate
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
@@ -65,12 +65,19 @@ def single_device_plan(library: LayerLibrary, cluster: Cluster, kind: str, batch
     raise PlannerError(f"no {kind} device of cluster {cluster.name!r} can train the whole model: {reason}")
 
 
-def baseline_plan(method: str, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int) -> Plan:
+def baseline_plan(
+    method: str,
+    library: LayerLibrary,
+    cluster: Cluster,
+    batch_size: int,
+    seed: int,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> Plan:
     if method in SINGLE_DEVICE:
         return single_device_plan(library, cluster, SINGLE_DEVICE[method], batch_size)
     if method not in PLANNER_NAMES:
         raise PlannerError(f"unknown method {method!r}")
-    return get_planner(method, batch_size=batch_size, seed=seed).plan(library, cluster)
+    return get_planner(method, batch_size=batch_size, seed=seed, calibration=calibration).plan(library, cluster)
 
 
 @dataclass(frozen=True)
@@ -142,16 +149,17 @@ def evaluate_method(
     tags: ExperimentTags,
     plan: Plan | None = None,
     runtime: RuntimeSettings | None = None,
+    calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> Evaluation:
     """Plan (unless ``plan`` is given), estimate and measure ``method``; one nested MLflow run holds it all."""
     with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
         started = time.perf_counter()
-        chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed)
+        chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed, calibration)
         run.log_params(plan_params(chosen))
         run.log_metrics({"planning_wall_s": float(chosen.notes.get("search_wall_s", time.perf_counter() - started))})  # type: ignore[arg-type]
         run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
         validate(chosen, library, cluster)
-        predicted = estimate(chosen, library, cluster)
+        predicted = estimate(chosen, library, cluster, calibration)
         run.log_dict(predicted.to_dict(), runs.ESTIMATE_ARTIFACT)
         run.log_metrics(estimate_metrics(predicted))
         measured = None

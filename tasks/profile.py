@@ -19,6 +19,7 @@ from reports import runs
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.profiler import profile_model
+from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 PROFILER_SOURCE = Path(__file__).resolve().parent.parent / "tapp_core" / "profiler.py"
@@ -85,9 +86,11 @@ def record_library(run: TrackedRun, library: LayerLibrary) -> None:
 
 def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
     """The profile stage's nested run: the (cached) layer library of the experiment's model, logged."""
+    progress = StageProgress("profile", 1, f"profiling {tags.model} at batch {tags.batch_size}")
     with tracked_run("profile", tags.child(parent, runs.STAGE_RUN, stage="profile"), parent=parent) as run:
         started = time.perf_counter()
         library = profile_layers(tags.model, tags.batch_size, "cpu", profiling_threads(cluster), repeats)
         record_library(run, library)
         run.log_metrics({"wall_s": time.perf_counter() - started})
+    progress.update(1, f"{len(library.layers)} layers")
     return library

@@ -8,6 +8,7 @@ from prefect import task
 
 from reports import runs
 from reports.paper import Report, write_report
+from tasks.progress import StageProgress
 from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, code_version, tracked_run
 
 
@@ -16,11 +17,13 @@ def report_experiment(
     parent: RunRef, tags: ExperimentTags, out: str | Path, experiment: str = DEFAULT_EXPERIMENT
 ) -> Report:
     """Tables and figures of this experiment's runs only (read back from MLflow), in ``out`` and under ``report/``."""
+    progress = StageProgress("report", 1, "tables and figures from MLflow")
     with tracked_run("report", tags.child(parent, runs.STAGE_RUN, stage="report"), parent=parent) as run:
         report = write_report(experiment, out, parent.tracking_uri, within=parent.run_id)
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
         run.log_metrics({"files": len(report.table_files) + len(report.figure_files)})
+    progress.update(1, str(report.folder))
     return report
 
 

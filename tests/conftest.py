@@ -18,12 +18,17 @@ PREFECT_STARTUP_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    """Real flows run against a temporary Prefect server (one per session)."""
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Real flows run against a temporary Prefect server (one per session); cached results stay in a temp dir."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_TIMEOUT_S))
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=PREFECT_STARTUP_TIMEOUT_S):
+    storage = tmp_path_factory.mktemp("prefect-results")
+    with (
+        temporary_settings({PREFECT_LOCAL_STORAGE_PATH: storage}),
+        prefect_test_harness(server_startup_timeout=PREFECT_STARTUP_TIMEOUT_S),
+    ):
         yield
 
 

@@ -1,0 +1,208 @@
+"""``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> report.
+
+Everything lands in one MLflow parent run with a nested run per stage (profile, search, sampling, report) and
+per evaluated method. Inputs are checked before any run exists, so a typo costs no half-written run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import flow
+
+from reports import runs
+from tapp_core.cluster import Cluster, load_cluster
+from tapp_core.costmodel import Calibration
+from tapp_core.data import DATASET_NAMES, DataError, open_dataset
+from tapp_core.errors import TappError
+from tapp_core.models import build_traced_model
+from tapp_core.runtime.calibration import load_fitted_calibration
+from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
+from tasks.measure import RuntimeSettings, close_pools
+from tasks.profile import profile_stage
+from tasks.progress import StageProgress
+from tasks.report import report_experiment
+from tasks.search import SearchBudget, sampling_stage, search_stage
+from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, TrackedRun, check_tracking, tracked_run
+from tasks.train import TrainSettings, train_method
+
+DEFAULT_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch", "even", "pipedream", "autoddl", "oracle")
+DEFAULT_OUT = Path("out") / "report"
+
+
+class ExperimentIncomplete(RuntimeError):
+    """Some methods failed; the report holds the others and the parent run is marked FAILED."""
+
+
+@dataclass
+class ExperimentResult:
+    experiment: str
+    tracking_uri: str
+    run_id: str
+    report_dir: Path
+    step_time_table: str
+    """The step-time table as Markdown (the same text as ``report_dir/step_time.md``)."""
+    evaluations: dict[str, Evaluation] = field(default_factory=dict)
+
+
+def check_inputs(
+    model: str,
+    cluster: str,
+    batch_size: int,
+    dataset: str,
+    data_dir: str | None,
+    methods: tuple[str, ...],
+    tracking_uri: str | None,
+) -> tuple[Cluster, str]:
+    """Every input checked, cheapest first; the first bad one raises a ``TappError`` that names it."""
+    if batch_size <= 0:
+        raise TappError(f"batch size must be positive, got {batch_size}")
+    check_methods(methods)
+    target = load_cluster(cluster)
+    if dataset not in DATASET_NAMES:
+        raise DataError(f"unknown dataset {dataset!r}; known datasets: {', '.join(DATASET_NAMES)}")
+    if dataset != "synthetic":
+        open_dataset(dataset, data_dir, train=False)
+    build_traced_model(model)
+    return target, check_tracking(tracking_uri)
+
+
+@flow(name="tapp-experiment", flow_run_name="{model}-{cluster}-b{batch_size}")
+def tapp_experiment(
+    model: str = "alexnet",
+    cluster: str = "local",
+    batch_size: int = 64,
+    dataset: str = "synthetic",
+    data_dir: str | None = None,
+    search_rounds: int = SearchBudget.rounds,
+    samples_per_round: int = SearchBudget.samples_per_round,
+    measured_rounds: int = SearchBudget.measured_rounds,
+    measured_per_round: int = SearchBudget.measured_per_round,
+    methods: tuple[str, ...] = DEFAULT_METHODS,
+    measure: bool = True,
+    steps: int = RuntimeSettings.steps,
+    warmup: int = RuntimeSettings.warmup,
+    train_epochs: int = 0,
+    train_steps: int | None = None,
+    seed: int = 0,
+    experiment: str = DEFAULT_EXPERIMENT,
+    out: str = str(DEFAULT_OUT),
+    tracking_uri: str | None = None,
+    sweep_run: str | None = None,
+) -> ExperimentResult:
+    """Find TAPP's plan for ``model`` on ``cluster``, compare it with the baselines, and report, all in MLflow.
+
+    ``measure=False`` skips the runtime (step times from the cost model, tagged ``estimated``);
+    ``train_epochs`` > 0 also trains each method's plan on ``dataset`` for the accuracy table.
+    """
+    methods = tuple(methods)
+    target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
+    tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
+    budget = SearchBudget(search_rounds, samples_per_round, measured_rounds if measure else 0, measured_per_round)
+    runtime = RuntimeSettings(enabled=measure, steps=steps, warmup=warmup, seed=seed)
+    name = f"{model} on {target.name}, batch {batch_size}"
+    try:
+        with tracked_run(name, tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment, uri=uri) as parent:
+            parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
+            parent.log_params(
+                {
+                    "model": model,
+                    "cluster": cluster,
+                    "batch_size": batch_size,
+                    "dataset": dataset,
+                    "data_dir": data_dir,
+                    "methods": ",".join(methods_for(target, methods)),
+                    "search_rounds": search_rounds,
+                    "samples_per_round": samples_per_round,
+                    "measured_rounds": budget.measured_rounds,
+                    "measured_per_round": budget.measured_per_round,
+                    "measure": measure,
+                    "steps": steps,
+                    "warmup": warmup,
+                    "train_epochs": train_epochs,
+                    "seed": seed,
+                }
+            )
+            parent.log_dict(target.model_dump(mode="json"), "cluster.json")
+            calibration = load_fitted_calibration()
+            parent.log_dict(calibration.to_dict(), "calibration.json")
+            library = profile_stage(parent.ref, tags, target)
+            search = search_stage(parent.ref, tags, library, target, budget, runtime, calibration)
+            tapp_plan = sampling_stage(parent.ref, tags, search, library, target, runtime)
+            chosen_methods = methods_for(target, methods)
+            evaluations, failed = _evaluate(
+                parent, tags, library, target, chosen_methods, tapp_plan, runtime, calibration
+            )
+            if train_epochs > 0:
+                failed += _train(parent, tags, target, evaluations, TrainSettings(train_epochs, train_steps, data_dir))
+            report = report_experiment(parent.ref, tags, out, experiment)
+            _summarise(parent, evaluations)
+            if failed:
+                raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
+    finally:
+        close_pools()
+    return ExperimentResult(
+        experiment=experiment,
+        tracking_uri=uri,
+        run_id=parent.run_id,
+        report_dir=report.folder,
+        step_time_table=report.tables.step_time.to_markdown(),
+        evaluations=evaluations,
+    )
+
+
+def _evaluate(
+    parent: TrackedRun,
+    tags: ExperimentTags,
+    library: object,
+    cluster: Cluster,
+    methods: tuple[str, ...],
+    tapp_plan: object,
+    runtime: RuntimeSettings,
+    calibration: Calibration,
+) -> tuple[dict[str, Evaluation], list[str]]:
+    """Each method in turn (measurements must not share the cores); a failed one is noted and the rest go on."""
+    evaluations: dict[str, Evaluation] = {}
+    failed: list[str] = []
+    progress = StageProgress("evaluation", len(methods), "final evaluation: methods")
+    for done, method in enumerate(methods, start=1):
+        plan = tapp_plan if method == "tapp" else None
+        state = evaluate_method(
+            method, library, cluster, parent.ref, tags, plan=plan, runtime=runtime, return_state=True
+        )
+        if state.is_completed():
+            evaluations[method] = state.result()
+            progress.update(done, f"{method} {evaluations[method].step_time_s:.4f} s")
+        else:
+            failed.append(f"evaluation of {method}")
+            progress.update(done, f"{method} FAILED")
+    return evaluations, failed
+
+
+def _train(
+    parent: TrackedRun,
+    tags: ExperimentTags,
+    cluster: Cluster,
+    evaluations: dict[str, Evaluation],
+    settings: TrainSettings,
+) -> list[str]:
+    failed = []
+    progress = StageProgress("training", len(evaluations), f"training each plan for {settings.epochs} epoch(s)")
+    for done, (method, evaluation) in enumerate(evaluations.items(), start=1):
+        state = train_method(method, evaluation.plan, cluster, parent.ref, tags, settings, return_state=True)
+        if state.is_completed():
+            progress.update(done, f"{method} {state.result().test_accuracy:.1%}")
+        else:
+            failed.append(f"training of {method}")
+            progress.update(done, f"{method} FAILED")
+    return failed
+
+
+def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation]) -> None:
+    """Headline numbers on the parent run, and every chosen plan under ``plans/``."""
+    for method, evaluation in evaluations.items():
+        parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
+        parent.log_metrics({f"{method}_step_time_s": evaluation.step_time_s})
+    if "tapp" in evaluations and "bsp" in evaluations:
+        parent.log_metrics({"speedup_bsp_over_tapp": evaluations["bsp"].step_time_s / evaluations["tapp"].step_time_s})

@@ -1,0 +1,21 @@
+"""``paper_table``: the paper's tables and figures rebuilt from an MLflow experiment alone.
+
+It writes the same files as ``tapp report --experiment NAME --out DIR`` (both call ``reports.paper.write_report``)
+and records them in a report run of the experiment.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from reports.paper import Report
+from tasks.report import paper_report
+from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking
+
+
+@flow(name="paper-table")
+def paper_table(
+    experiment: str = DEFAULT_EXPERIMENT, out: str = "out/paper", tracking_uri: str | None = None
+) -> Report:
+    """Tables (Markdown, CSV, LaTeX) and figures (PNG) of every finished evaluation in ``experiment``."""
+    return paper_report(experiment, out, check_tracking(tracking_uri))

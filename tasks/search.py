@@ -1,0 +1,311 @@
+"""TAPP's search as Prefect tasks: one task per policy-gradient round, resumed from the previous round's checkpoint.
+
+Two stages share one search (and one checkpoint file):
+
+- ``search_stage``: the rounds rewarded by the cost model (TAPP's pre-training);
+- ``sampling_stage``: the last rounds of the hybrid reward, where each round's best samples (by the cost model)
+  are measured on the cluster's MPI workers and the policy learns from the measurements. A round whose worker
+  pool fails is retried from the checkpoint of the round before.
+
+Each stage has its own nested MLflow run: per-round metrics (mean reward, best step time, entropy), the policy
+checkpoint, and every sampled plan with its estimate and, if measured, its measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from reports import runs
+from tapp_core.cluster import Cluster
+from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.library import LayerLibrary
+from tapp_core.metrics import Measurement
+from tapp_core.plan import Plan
+from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.tapp.policy import PolicyConfig
+from tapp_core.planners.tapp.rewards import MeasuredReward, RewardSource, SimulatedReward
+from tapp_core.planners.tapp.search import RoundReport, SearchConfig, TappSearch
+from tasks.measure import RuntimeSettings, pool_for
+from tasks.progress import StageProgress
+from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
+
+CHECKPOINT_ARTIFACT = "policy"
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """A small budget by default: the whole default experiment must finish in minutes on two cores."""
+
+    rounds: int = 30
+    """Rounds rewarded by the cost model."""
+    samples_per_round: int = 16
+    measured_rounds: int = 2
+    """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
+    measured_per_round: int = 2
+    """Best samples of a measured round (by the cost model) that are measured."""
+
+    def config(self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int) -> SearchConfig:
+        return SearchConfig(
+            reward="hybrid" if self.measured_rounds > 0 else "simulated",
+            rounds=self.rounds + self.measured_rounds,
+            samples_per_round=self.samples_per_round,
+            measured_rounds=self.measured_rounds,
+            measured_per_round=self.measured_per_round,
+            seed=seed,
+            batch_size=batch_size,
+            micro_batch_choices=tuple(m for m in (1, 2, 4, 8, 16, 32) if batch_size % m == 0),
+            policy=PolicyConfig(groups=len(cluster.devices)),
+        )
+
+
+class RecordingReward:
+    """A reward source that also keeps every distinct plan it was asked about (for the sampled-plans table)."""
+
+    def __init__(self, inner: RewardSource) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.plans: dict[str, Plan] = {}
+
+    @property
+    def evaluations(self) -> int:
+        return self.inner.evaluations
+
+    def step_times(self, plans: Sequence[Plan]) -> list[float]:
+        for plan in plans:
+            self.plans.setdefault(plan.id, plan)
+        return self.inner.step_times(plans)
+
+    def state(self) -> dict[str, object]:
+        return {"inner": self.inner.state(), "plans": [p.to_dict() for p in self.plans.values()]}
+
+    def load_state(self, state: dict[str, object]) -> None:
+        self.inner.load_state(state["inner"])  # type: ignore[arg-type]
+        self.plans = {p["id"]: Plan.from_dict(p) for p in state["plans"]}  # type: ignore[union-attr, index]
+
+
+class PoolMeasurer:
+    """The workers, as the search's measured reward source sees them: ``measure(plan) -> Measurement``."""
+
+    def __init__(self, cluster: Cluster, model: str, settings: RuntimeSettings) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.settings = settings
+
+    def measure(self, plan: Plan) -> Measurement:
+        s = self.settings
+        return pool_for(self.cluster).measure(
+            plan, self.model, steps=s.steps, warmup=s.warmup, seed=s.seed, timeout_s=s.timeout_s
+        )
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """What one stage hands the next: where the search's checkpoint is, and the rounds done so far."""
+
+    checkpoint: Path
+    config: SearchConfig
+    calibration: Calibration = DEFAULT_CALIBRATION
+    history: tuple[RoundReport, ...] = ()
+
+
+def _open_search(
+    checkpoint: Path,
+    config: SearchConfig,
+    calibration: Calibration,
+    library: LayerLibrary,
+    cluster: Cluster,
+    model: str,
+    runtime: RuntimeSettings,
+) -> tuple[TappSearch, RecordingReward, RecordingReward | None]:
+    simulated = RecordingReward(SimulatedReward(PlanEvaluator(library, cluster, calibration)))
+    measured = None
+    if config.reward != "simulated":  # the pool starts only when a measured round first needs it
+        measured = RecordingReward(MeasuredReward(PoolMeasurer(cluster, model, runtime), library, cluster))
+    if checkpoint.is_file():
+        search = TappSearch.resume(checkpoint, library, cluster, simulated, measured)  # type: ignore[arg-type]
+    else:
+        search = TappSearch(library, cluster, config, simulated, measured, checkpoint)  # type: ignore[arg-type]
+    return search, simulated, measured
+
+
+def _search_failed(task: object, task_run: object, state: object) -> bool:
+    """Measured rounds retry when the worker pool failed to start; the round restarts from the last checkpoint."""
+    from tapp_core.runtime import PoolError
+
+    try:
+        state.result()  # type: ignore[attr-defined]
+    except PoolError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(
+    name="search-round",
+    task_run_name="search-round-{round_number}",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_search_failed,
+    cache_policy=NO_CACHE,
+)
+def search_round(
+    round_number: int,
+    checkpoint: Path,
+    config: SearchConfig,
+    calibration: Calibration,
+    library: LayerLibrary,
+    cluster: Cluster,
+    model: str,
+    runtime: RuntimeSettings,
+) -> RoundReport:
+    """One policy-gradient round, resumed from ``checkpoint`` (or a new search), saved back to it."""
+    search, _, _ = _open_search(checkpoint, config, calibration, library, cluster, model, runtime)
+    if search.round != round_number - 1:
+        raise RuntimeError(f"checkpoint {checkpoint} is at round {search.round}, not {round_number - 1}")
+    return search.run_round()
+
+
+def round_metrics(report: RoundReport) -> dict[str, float]:
+    return {
+        "reward_mean": report.mean_reward,
+        "best_step_time_s": report.best_step_time_s,
+        "round_best_step_time_s": report.round_best_step_time_s,
+        "entropy": report.entropy,
+        "evaluations": report.evaluations,
+        "failures": report.failures,
+    }
+
+
+def _run_rounds(
+    run: TrackedRun,
+    state: SearchState,
+    rounds: range,
+    stage: str,
+    library: LayerLibrary,
+    cluster: Cluster,
+    model: str,
+    runtime: RuntimeSettings,
+) -> SearchState:
+    progress = StageProgress(stage, len(rounds), f"TAPP {stage}: rounds")
+    history = list(state.history)
+    for done, number in enumerate(rounds, start=1):
+        report = search_round(
+            number, state.checkpoint, state.config, state.calibration, library, cluster, model, runtime
+        )
+        history.append(report)
+        run.log_metrics(round_metrics(report), step=number)
+        progress.update(done, f"best {report.best_step_time_s:.4f} s ({report.phase})")
+    run.log_file(state.checkpoint, CHECKPOINT_ARTIFACT)
+    return SearchState(state.checkpoint, state.config, state.calibration, tuple(history))
+
+
+def search_stage(
+    parent: RunRef,
+    tags: ExperimentTags,
+    library: LayerLibrary,
+    cluster: Cluster,
+    budget: SearchBudget,
+    runtime: RuntimeSettings,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    workdir: Path | None = None,
+) -> SearchState:
+    """The cost-model rounds, one task each, in the ``search`` stage run."""
+    config = budget.config(library, cluster, tags.batch_size, tags.seed)
+    folder = workdir or Path(tempfile.mkdtemp(prefix="tapp-search-"))
+    state = SearchState(folder / "search.pt", config, calibration)
+    with tracked_run("search", tags.child(parent, runs.STAGE_RUN, stage="search"), parent=parent) as run:
+        run.log_params({f"search_{k}": v for k, v in config.to_dict().items() if k != "policy"})
+        run.log_params({f"policy_{k}": v for k, v in config.policy.__dict__.items()})
+        state = _run_rounds(run, state, range(1, budget.rounds + 1), "search", library, cluster, tags.model, runtime)
+        run.log_metrics({"rounds": budget.rounds})
+    return state
+
+
+def sampling_stage(
+    parent: RunRef,
+    tags: ExperimentTags,
+    state: SearchState,
+    library: LayerLibrary,
+    cluster: Cluster,
+    runtime: RuntimeSettings,
+) -> Plan:
+    """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
+
+    The chosen plan is the best measured one when anything was measured, else the best by the cost model.
+    Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
+    """
+    config = state.config
+    measured_rounds = config.rounds - len(state.history) if config.reward != "simulated" else 0
+    with tracked_run("sampling", tags.child(parent, runs.STAGE_RUN, stage="sampling"), parent=parent) as run:
+        first = len(state.history) + 1
+        if measured_rounds > 0:
+            state = _run_rounds(
+                run, state, range(first, first + measured_rounds), "sampling", library, cluster, tags.model, runtime
+            )
+        search, simulated, measured = _open_search(
+            state.checkpoint, config, state.calibration, library, cluster, tags.model, runtime
+        )
+        chosen = search.result()
+        table = sampled_plans(simulated, measured, library, cluster, chosen, state.calibration)
+        run.log_table(table, "search/sampled_plans.csv")
+        run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
+        measured_ok = table["measured_step_time_s"].notna()
+        run.log_metrics(
+            {
+                "sampled_plans": len(table),
+                "measured_plans": int(table["measured"].sum()),
+                "best_measured_step_time_s": table.loc[measured_ok, "measured_step_time_s"].min()
+                if measured_ok.any()
+                else None,
+                "best_estimated_step_time_s": table["estimated_step_time_s"].min(),
+            }
+        )
+        run.set_tags({"chosen_plan": chosen.id})
+    return chosen
+
+
+def sampled_plans(
+    simulated: RecordingReward,
+    measured: RecordingReward | None,
+    library: LayerLibrary,
+    cluster: Cluster,
+    chosen: Plan,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> pd.DataFrame:
+    """Every distinct plan the search sampled: shape, the cost model's estimate, the measurement if taken."""
+    measurements: dict[str, Measurement] = measured.inner.measurements if measured is not None else {}  # type: ignore[attr-defined]
+    rows = []
+    for plan in simulated.plans.values():
+        try:
+            predicted = estimate(plan, library, cluster, calibration)
+            estimated, share, estimate_error = predicted.step_time, predicted.communication_share, ""
+        except Exception as exc:  # a sampled plan that does not fit: it was penalised, not estimated
+            estimated, share, estimate_error = math.inf, math.nan, str(exc)
+        result = measurements.get(plan.id)
+        rows.append(
+            {
+                "plan_id": plan.id,
+                "chosen": plan.id == chosen.id,
+                "stages": plan.n_stages,
+                "stage_devices": " | ".join("+".join(d) for d in plan.stage_devices),
+                "micro_batches": plan.micro_batches,
+                "schedule": plan.schedule,
+                "estimated_step_time_s": estimated,
+                "estimated_communication_share": share,
+                "measured": result is not None,
+                "measured_step_time_s": result.step_time_s if result is not None and result.ok else math.nan,
+                "measured_step_time_spread_s": result.step_time_spread_s if result is not None else math.nan,
+                "measured_communication_share": result.communication_share if result is not None else math.nan,
+                "error": estimate_error or ((result.error or "") if result is not None else ""),
+            }
+        )
+    return pd.DataFrame(rows).sort_values(["estimated_step_time_s", "plan_id"], kind="stable").reset_index(drop=True)

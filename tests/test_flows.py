@@ -1,0 +1,293 @@
+"""Real flows under the session's Prefect test server, read back from a real MLflow store.
+
+One measured experiment (tiny CNN on the local 3-device cluster, real MPI workers) is run once for the module and
+inspected by several tests; the others run cost-model-only experiments, which take seconds.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import io
+import math
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.experiment import ExperimentIncomplete, ExperimentResult, tapp_experiment
+from flows.paper_table import paper_table
+from flows.sweep import benchmark_sweep
+from reports import runs
+from tapp_core.cluster import ClusterError
+from tapp_core.errors import TappError
+from tapp_core.models import ModelError
+from tasks.profile import profile_layers
+from tasks.tracking import TrackingError
+
+PAPER_METHODS = ("tapp", "single-cpu", "bsp", "pipetorch")
+QUICK = {"search_rounds": 3, "samples_per_round": 8, "methods": PAPER_METHODS}
+
+
+@pytest.fixture(scope="module")
+def measured(
+    prefect_harness: None, mlflow_store: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ExperimentResult, object, Path]]:
+    """One measured experiment: (result, Prefect state, working folder)."""
+    folder = tmp_path_factory.mktemp("measured")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
+        patch.chdir(folder)
+        state = tapp_experiment(
+            model="tiny_cnn",
+            batch_size=16,
+            measured_rounds=1,
+            measured_per_round=2,
+            experiment="flows-measured",
+            out=str(folder / "report"),
+            return_state=True,
+            **QUICK,
+        )
+        yield state.result(), state, folder
+
+
+def children(client: MlflowClient, parent_id: str) -> dict[str, object]:
+    experiment = client.get_run(parent_id).info.experiment_id
+    found = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    return {r.info.run_name: r for r in found}
+
+
+def test_experiment_records_every_stage_and_method(measured: tuple[ExperimentResult, object, Path]) -> None:
+    result, _, _ = measured
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.run_id)
+    assert parent.info.status == "FINISHED"
+    for key, value in {"model": "tiny_cnn", "cluster": "local", "batch_size": "16", "emulated": "true"}.items():
+        assert parent.data.tags[key] == value
+    assert parent.data.params["search_rounds"] == "3"
+
+    nested = children(client, result.run_id)
+    assert set(nested) == {"profile", "search", "sampling", "report", *PAPER_METHODS}
+    assert all(run.info.status == "FINISHED" for run in nested.values())
+    for method in PAPER_METHODS:
+        run = nested[method]
+        assert run.data.tags[runs.METHOD] == method
+        assert run.data.tags[runs.STEP_TIME_SOURCE] == "measured"
+        assert run.data.metrics[runs.STEP_TIME] == result.evaluations[method].step_time_s
+        assert run.data.metrics[runs.STEP_TIME] == run.data.metrics[runs.MEASURED_STEP_TIME]
+        assert runs.ESTIMATED_STEP_TIME in run.data.metrics
+    assert parent.data.metrics["speedup_bsp_over_tapp"] == pytest.approx(
+        result.evaluations["bsp"].step_time_s / result.evaluations["tapp"].step_time_s
+    )
+
+
+def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
+    measured: tuple[ExperimentResult, object, Path], tmp_path: Path
+) -> None:
+    result, _, _ = measured
+    client = MlflowClient(result.tracking_uri)
+    nested = children(client, result.run_id)
+    for name in ("reward_mean", "entropy", "best_step_time_s"):
+        assert [m.step for m in client.get_metric_history(nested["search"].info.run_id, name)] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(nested["sampling"].info.run_id, "reward_mean")] == [4]
+
+    sampling = nested["sampling"].info.run_id
+    table = pd.read_csv(client.download_artifacts(sampling, "search/sampled_plans.csv", str(tmp_path)))
+    assert len(table) == table["plan_id"].nunique() == nested["sampling"].data.metrics["sampled_plans"] > 2
+    assert 1 <= table["measured"].sum() <= 2
+    assert table.loc[table["measured"], "measured_step_time_s"].notna().all()
+    assert table["estimated_step_time_s"].notna().all()
+    assert table["chosen"].sum() == 1
+    assert table.loc[table["chosen"], "plan_id"].item() == result.evaluations["tapp"].plan.id
+
+    artifacts = {
+        "profile": "layer_library",
+        "search": "policy",
+        "report": "report",
+    }
+    for stage, folder in artifacts.items():
+        assert client.list_artifacts(nested[stage].info.run_id, folder), f"{stage} has no {folder}/"
+    names = {f.path for f in client.list_artifacts(nested["report"].info.run_id, "report")}
+    assert {"report/step_time.md", "report/step_time.png", "report/gantt_tapp_tiny_cnn_local_b16.png"} <= names
+    assert {f.path for f in client.list_artifacts(result.run_id, "plans")} == {f"plans/{m}.json" for m in PAPER_METHODS}
+
+
+def test_report_numbers_equal_the_mlflow_metrics(measured: tuple[ExperimentResult, object, Path]) -> None:
+    result, _, _ = measured
+    table = pd.read_csv(result.report_dir / "step_time.csv")
+    client = MlflowClient(result.tracking_uri)
+    nested = children(client, result.run_id)
+    labels = {"tapp": "TAPP", "single-cpu": "SingleCPU", "bsp": "BSP", "pipetorch": "Pipe-Torch"}
+    for method, column in labels.items():
+        assert table.loc[0, column] == nested[method].data.metrics[runs.STEP_TIME]
+    assert result.step_time_table == (result.report_dir / "step_time.md").read_text()
+
+
+def test_search_progress_is_a_prefect_artifact(measured: tuple[ExperimentResult, object, Path]) -> None:
+    _, state, _ = measured
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    progress = {a.description.split(":")[0]: a.data for a in artifacts if a.type == "progress"}
+    assert progress["TAPP search"] == 100.0
+    assert progress["TAPP sampling"] == 100.0
+    assert progress["final evaluation"] == 100.0
+
+
+def test_report_command_and_paper_table_flow_write_identical_tables(
+    measured: tuple[ExperimentResult, object, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, _, _ = measured
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", result.tracking_uri)
+    by_flow = paper_table(experiment=result.experiment, out=str(tmp_path / "flow"))
+    cli = CliRunner().invoke(app, ["report", "--experiment", result.experiment, "--out", str(tmp_path / "cli")])
+    assert cli.exit_code == 0, cli.output
+
+    names = sorted(p.name for p in by_flow.table_files)
+    assert len(names) == 9
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "flow", tmp_path / "cli", names, shallow=False)
+    assert (mismatch, errors) == ([], [])
+    assert "TAPP" in cli.output
+
+
+def test_profiling_is_cached_by_its_inputs(prefect_harness: None) -> None:
+    @flow
+    def profile_twice() -> list[str]:
+        states = [profile_layers(*args, return_state=True) for args in [("mlp", 8, "cpu", 1, 1)] * 2]
+        other = profile_layers("mlp", 4, "cpu", 1, 1, return_state=True)
+        return [s.name for s in (*states, other)]
+
+    _, again, other_batch = profile_twice()
+    assert again == "Cached" and other_batch != "Cached"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"model": "resnet9000"}, ModelError, "unknown model 'resnet9000'"),
+        ({"cluster": "BAD_CLUSTER"}, ClusterError, r"devices\.1\.memory"),
+        (
+            {"tracking_uri": "http://127.0.0.1:9"},
+            TrackingError,
+            "MLflow tracking server http://127.0.0.1:9 is unreachable",
+        ),
+        ({"methods": ("tapp", "magic")}, TappError, "unknown method"),
+    ],
+)
+def test_bad_input_fails_before_any_run(
+    prefect_harness: None,
+    tracking_uri: str,
+    experiment_name: str,
+    work_dir: Path,
+    change: dict[str, object],
+    error: type[Exception],
+    message: str,
+) -> None:
+    if change.get("cluster") == "BAD_CLUSTER":
+        bad = work_dir / "bad.yaml"
+        bad.write_text(
+            textwrap.dedent(
+                """\
+                devices:
+                  - {name: a, memory: 1GiB}
+                  - {name: b, memory: lots}
+                links: {bandwidth: 1Gbit/s, latency: 10us}
+                """
+            )
+        )
+        change = {"cluster": str(bad)}
+    with pytest.raises(error, match=message):
+        tapp_experiment(**{"model": "mlp", "batch_size": 8, "experiment": experiment_name, "measure": False, **change})
+    assert MlflowClient().get_experiment_by_name(experiment_name) is None
+
+
+TWO_BIG_LAYERS = """
+from torch import nn
+
+def model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3072, 256), nn.ReLU(), nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 10))
+"""
+SMALL_DEVICES = """
+name: small
+devices:
+  - {name: d0, memory: 12MiB}
+  - {name: d1, memory: 12MiB, slowdown: 2}
+  - {name: d2, memory: 12MiB, slowdown: 3}
+links: {bandwidth: 1Gbit/s, latency: 100us}
+"""
+
+
+def test_methods_that_fail_are_failed_runs_and_the_others_are_reported(
+    prefect_harness: None, tracking_uri: str, experiment_name: str, work_dir: Path
+) -> None:
+    """The whole model (~16 MiB of training state) fits no single 12 MiB device, so SingleCPU and BSP fail."""
+    (work_dir / "big.py").write_text(TWO_BIG_LAYERS)
+    (work_dir / "small.yaml").write_text(SMALL_DEVICES)
+    state = tapp_experiment(
+        model=f"{work_dir / 'big.py'}:model",
+        cluster=str(work_dir / "small.yaml"),
+        batch_size=8,
+        measure=False,
+        experiment=experiment_name,
+        out="report",
+        return_state=True,
+        **QUICK,
+    )
+    assert state.is_failed()
+    with pytest.raises(ExperimentIncomplete, match="evaluation of single-cpu, evaluation of bsp"):
+        state.result()
+
+    client = MlflowClient()
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name(experiment_name).experiment_id], f"tags.{runs.KIND} = 'experiment'"
+    )
+    assert parent.info.status == "FAILED"
+    nested = children(client, parent.info.run_id)
+    for method in ("single-cpu", "bsp"):
+        assert nested[method].info.status == "FAILED"
+        assert "memory" in nested[method].data.tags["error"]
+        assert runs.STEP_TIME not in nested[method].data.metrics
+    for method in ("tapp", "pipetorch"):
+        assert nested[method].info.status == "FINISHED"
+        assert nested[method].data.tags[runs.STEP_TIME_SOURCE] == "estimated"
+
+    table = pd.read_csv(io.StringIO((work_dir / "report" / "step_time.csv").read_text()))
+    assert math.isnan(table.loc[0, "SingleCPU"]) and math.isnan(table.loc[0, "BSP"])
+    assert table.loc[0, "TAPP"] == nested["tapp"].data.metrics[runs.STEP_TIME]
+    assert "| – |" in (work_dir / "report" / "step_time.md").read_text()
+
+
+def test_sweep_runs_experiments_as_subflows_and_reports_them_together(
+    prefect_harness: None, tracking_uri: str, experiment_name: str, work_dir: Path
+) -> None:
+    result = benchmark_sweep(
+        models=("mlp", "tiny_cnn"),
+        batch_sizes=(8,),
+        clusters=("local",),
+        search_rounds=2,
+        samples_per_round=4,
+        methods=("tapp", "bsp"),
+        measure=False,
+        experiment=experiment_name,
+        out="sweep",
+    )
+    client = MlflowClient()
+    experiment_id = client.get_experiment_by_name(experiment_name).experiment_id
+    experiments = client.search_runs([experiment_id], f"tags.{runs.KIND} = 'experiment'")
+    assert sorted(r.data.tags["model"] for r in experiments) == ["mlp", "tiny_cnn"]
+    assert {r.data.tags[runs.SWEEP_RUN] for r in experiments} == {result.run_id}
+    assert all(r.info.status == "FINISHED" for r in experiments)
+
+    table = pd.read_csv(work_dir / "sweep" / "step_time.csv")
+    assert list(table["model"]) == ["mlp", "tiny_cnn"]
+    assert table["TAPP"].notna().all() and table["BSP"].notna().all()
+    assert client.list_artifacts(result.run_id, "report")
