@@ -26,6 +26,22 @@ from tapp_core.plan import Plan  # noqa: E402
 from tapp_core.runtime import OptimizerConfig, WorkerPool  # noqa: E402
 
 
+def split_by_parameter_layers(model: str, stages: int) -> tuple[int, ...]:
+    """Contiguous stages with an equal share of the layers that have weights, so every stage trains (and every
+    stage but the last runs ahead on stale weights under async)."""
+    traced = build_traced_model(model)
+    nodes = layer_nodes(traced)
+    weighted = [
+        i
+        for i, node in enumerate(nodes)
+        if node.op == "call_module" and any(True for _ in traced.get_submodule(str(node.target)).parameters())
+    ]
+    if len(weighted) < stages:
+        raise SystemExit(f"{model} has {len(weighted)} layers with weights, fewer than {stages} stages")
+    starts = [weighted[len(weighted) * s // stages] for s in range(1, stages)]
+    return tuple(sum(i >= start for start in starts) for i in range(len(nodes)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny_cnn")
@@ -51,8 +67,7 @@ def main() -> int:
             "links": {"bandwidth": "10Gbit/s", "latency": "0us"},
         }
     )
-    n_layers = len(layer_nodes(build_traced_model(args.model)))
-    stage_of_layer = tuple(min(args.stages - 1, layer * args.stages // n_layers) for layer in range(n_layers))
+    stage_of_layer = split_by_parameter_layers(args.model, args.stages)
     optimizer = OptimizerConfig(lr=args.lr, momentum=args.momentum)
     accuracy = {}
     with WorkerPool(cluster) as pool:

@@ -99,6 +99,7 @@ SYNC_CASES = [
     # Cuts after the stem's branch_a and after mix: two values cross the first cut and stem_relu skips stage 1.
     ("branchy-gpipe-3-skip", "pool3", "tiny_branchy", "gpipe", (3, 8), (("d0",), ("d1",), ("d2",))),
     ("branchy-1f1b-3-skip", "pool3", "tiny_branchy", "1f1b", (3, 8), (("d0",), ("d1",), ("d2",))),
+    ("parameter-free-middle-1f1b-3", "pool3", "mlp", "1f1b", (2, 3), (("d0",), ("d1",), ("d2",))),
     ("replicated-last-gpipe-3", "pool3", "tiny_cnn", "gpipe", (3,), (("d0",), ("d1", "d2"))),
     ("replicated-first-1f1b-3", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",))),
 ]

@@ -109,7 +109,8 @@ class StageEngine:
             v.index: [layout.routes(stage.index, self.replica, c) for c in v.consumers] for v in stage.outputs
         }
         self.params = dict(stage.module.named_parameters())
-        self.optimizer = make_optimizer(self.params.values(), optimizer)
+        # A stage of parameter-free layers (activations, pooling) has nothing to update.
+        self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
         self._lookahead = 2 * (micro_batches + len(layout.stage_ranks)) + 2
         self._in_flight: dict[int, _InFlight] = {}
         self._version = 0
@@ -291,6 +292,8 @@ class StageEngine:
             start = time.perf_counter()
             self._fold_stashed_grads()
             compute += self._finish_compute(start)
+        if self.optimizer is None:
+            return compute
         if self.replica_comm is not None:
             self._allreduce_grads()
         start = time.perf_counter()
