@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -125,21 +126,40 @@ def worker(args: argparse.Namespace) -> None:
             times.append(time.perf_counter() - start)
         return times
 
+    def cpu_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
     kept: dict[str, list[float]] = {"ours": [], "theirs": []}
+    cpu: dict[str, list[float]] = {"ours": [], "theirs": []}
+    paired: list[float] = []
     for round_index in range(args.rounds):
         order = ("ours", "theirs") if round_index % 2 == 0 else ("theirs", "ours")
+        medians = {}
         for system in order:
+            cpu_start = cpu_seconds()
             local = np.array(run_ours(args.steps) if system == "ours" else run_theirs(args.steps))
+            used = world.allreduce(cpu_seconds() - cpu_start) / args.steps
             slowest = np.empty_like(local)
             world.Allreduce(local, slowest, op=MPI.MAX)
+            medians[system] = float(np.median(slowest[1:]))
             if round_index > 0:
                 kept[system] += list(slowest[1:])
+                cpu[system].append(used)
             if rank == 0:
+                times = " ".join(f"{t * 1e3:7.1f}" for t in slowest)
                 print(
-                    f"round {round_index} {system:6s} " + " ".join(f"{t * 1e3:7.1f}" for t in slowest) + " ms",
+                    f"round {round_index} {system:6s} {times} ms; CPU of both ranks {used * 1e3:6.1f} ms/step",
                     flush=True,
                 )
+        if round_index > 0:
+            paired.append(medians["ours"] / medians["theirs"])
     if rank == 0:
+        print(
+            f"CPU per step (both ranks, median): ours {statistics.median(cpu['ours']) * 1e3:.1f} ms, "
+            f"theirs {statistics.median(cpu['theirs']) * 1e3:.1f} ms"
+        )
+        print(f"median of the per-round ratios (adjacent runs, same load): {statistics.median(paired):.3f}")
         ours, theirs = statistics.median(kept["ours"]), statistics.median(kept["theirs"])
         print(
             f"model {args.model}, batch {args.batch_size}, {args.micro_batches} micro-batches, cut at layer {args.cut}"
