@@ -64,6 +64,16 @@ class PlanEvaluator:
             self.best_time, self.best_plan = value, plan
         return value
 
+    def export_cache(self) -> dict[str, float]:
+        return dict(self._cache)
+
+    def restore(self, cache: dict[str, float], evaluations: int, failures: int, best_plan: Plan | None) -> None:
+        """Continue from a saved state (``export_cache`` and the counters), as a resumed search does."""
+        self._cache = dict(cache)
+        self.evaluations, self.failures = evaluations, failures
+        self.best_plan = best_plan
+        self.best_time = self._cache[best_plan.id] if best_plan is not None else math.inf
+
     def best(self, plans: list[Plan]) -> tuple[Plan, float]:
         """The fastest of ``plans`` (the first on ties)."""
         times = [self.step_time(p) for p in plans]

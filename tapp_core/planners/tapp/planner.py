@@ -1,0 +1,121 @@
+"""TAPP as a planner: build the search from the options, run its rounds, return the best plan."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
+from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.tapp.policy import PolicyConfig
+from tapp_core.planners.tapp.rewards import MeasuredReward, Measurer, SimulatedReward
+from tapp_core.planners.tapp.search import REWARD_KINDS, SearchConfig, TappSearch
+
+
+@dataclass
+class TappPlanner(PlannerBase):
+    name = "tapp"
+
+    reward: str = "simulated"
+    """'simulated' (cost model), 'measured' (worker pool) or 'hybrid' (cost model, then measurements)."""
+    rounds: int = 250
+    samples_per_round: int = 16
+    population: int = 4
+    learning_rate: float = 0.01
+    entropy_weight: float = 0.02
+    imitation_weight: float = 1.0
+    groups: int | None = None
+    """Most pipeline stages; None: one per device."""
+    time_limit_s: float | None = None
+    measured_rounds: int = 5
+    measured_per_round: int = 2
+    pool: Measurer | None = None
+    """measured / hybrid: what measures plans (a started ``WorkerPool``); None: start one on the cluster."""
+    checkpoint: str | os.PathLike[str] | None = None
+    """Save the search here after every round."""
+    resume: bool = False
+    """Continue the search saved at ``checkpoint`` (up to ``rounds`` rounds in all) instead of starting anew."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reward not in REWARD_KINDS:
+            raise PlannerError(f"tapp planner: reward must be one of {', '.join(REWARD_KINDS)}, got {self.reward!r}")
+        if self.resume and self.checkpoint is None:
+            raise PlannerError("tapp planner: resume needs a checkpoint path")
+
+    def config(self, library: LayerLibrary, cluster: Cluster, budget: int | None) -> SearchConfig:
+        return SearchConfig(
+            reward=self.reward,
+            rounds=self.rounds,
+            samples_per_round=self.samples_per_round,
+            population=self.population,
+            learning_rate=self.learning_rate,
+            entropy_weight=self.entropy_weight,
+            imitation_weight=self.imitation_weight,
+            measured_rounds=self.measured_rounds,
+            measured_per_round=self.measured_per_round,
+            budget=budget,
+            time_limit_s=self.time_limit_s,
+            seed=self.seed,
+            batch_size=self.resolved_batch_size(library),
+            micro_batch_choices=self.micro_batch_choices(library),
+            schedule=self.schedule,
+            policy=PolicyConfig(
+                groups=min(self.groups or len(cluster.devices), len(cluster.devices), len(library.layers))
+            ),
+        )
+
+    def search(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None = None, measurer: Measurer | None = None
+    ) -> TappSearch:
+        """A search to run round by round (an orchestrator's entry point); resumed from ``checkpoint`` if asked."""
+        simulated = SimulatedReward(PlanEvaluator(library, cluster, self.calibration))
+        measured = MeasuredReward(measurer, library, cluster) if measurer is not None else None
+        if self.resume:
+            assert self.checkpoint is not None
+            return TappSearch.resume(self.checkpoint, library, cluster, simulated, measured, rounds=self.rounds)
+        return TappSearch(library, cluster, self.config(library, cluster, budget), simulated, measured, self.checkpoint)
+
+    def _plan(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        with self._measurer(cluster) as measurer:
+            search = self.search(library, cluster, budget, measurer)
+            for report in search.rounds():
+                if progress:
+                    progress(
+                        SearchProgress(
+                            planner=self.name,
+                            round=report.round,
+                            total_rounds=search.config.rounds,
+                            evaluations=report.evaluations,
+                            best_step_time_s=report.best_step_time_s,
+                            elapsed_s=report.elapsed_s,
+                            reward=report.mean_reward,
+                            entropy=report.entropy,
+                            phase=report.phase,
+                        )
+                    )
+            try:
+                return search.result()
+            except RuntimeError as exc:
+                raise PlannerError(
+                    f"tapp found no plan of {library.model} that runs on {cluster.name!r}: {exc}"
+                ) from None
+
+    @contextlib.contextmanager
+    def _measurer(self, cluster: Cluster) -> Iterator[Measurer | None]:
+        if self.reward == "simulated":
+            yield None
+        elif self.pool is not None:
+            yield self.pool
+        else:
+            from tapp_core.runtime.pool import WorkerPool  # only measured searches need MPI
+
+            with WorkerPool(cluster) as pool:
+                yield pool

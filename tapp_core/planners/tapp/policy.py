@@ -1,0 +1,303 @@
+"""TAPP's policy: both networks and the micro-batch choice, sampled together into valid plans.
+
+One sample is: a group for every layer (partition network), the monotone repair (``repair``), a device for
+every non-empty group in pipeline order and, for every device left over, a group to replicate or none
+(allocation network), and a micro-batch count among those the replica counts divide. ``sample`` returns the
+plans and the log-probability of each sample (with gradients, for REINFORCE) and the policy's entropy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.tapp.features import (
+    DEVICE_FEATURES,
+    METRIC_NAMES,
+    OP_VOCABULARY,
+    device_features,
+    layer_features,
+    log_bandwidth_matrix,
+)
+from tapp_core.planners.tapp.networks import AllocationNetwork, PartitionNetwork
+from tapp_core.planners.tapp.repair import compact, monotone_groups, repair_weights
+
+EMBEDDING_DIM = 16
+NEG_INF = -1e9
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    groups: int
+    hidden: int = 64
+    key_dim: int = 32
+    partition_prior: float = 4.0
+    """How sharply the learned split decides a layer's group (logit drop per mean group share of distance)."""
+    initial_split: str = "speed"
+    """Initial group shares of the work: 'speed' (the devices' speeds, fastest first) or 'uniform'."""
+    allocation_prior: float = 2.0
+    """Strength of the prior matching a group's share of the work to a device's share of the speed."""
+    replica_prior: float = 2.0
+    """Initial preference of every leftover device for replicating no group."""
+
+
+@dataclass(frozen=True)
+class Actions:
+    """The decisions behind a batch of samples (what REINFORCE scores)."""
+
+    labels: np.ndarray
+    """(samples, layers) group of every layer, before the repair."""
+    placed: np.ndarray
+    """(samples, groups) device index of every non-empty group in pipeline order, -1 after the last."""
+    replicas: np.ndarray
+    """(samples, devices) group each left-over device replicates, -1 for none (and for placed devices)."""
+    micro: np.ndarray
+    """(samples,) index into the micro-batch choices."""
+
+
+@dataclass
+class PolicySample:
+    plans: list[Plan]
+    log_prob: torch.Tensor
+    """(samples,) log-probability of every sample's decisions, with gradients."""
+    entropy: torch.Tensor
+    """Mean over the four kinds of decision of the mean entropy per decision, with gradients."""
+
+
+class TappPolicy(nn.Module):
+    def __init__(
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        config: PolicyConfig,
+        micro_batch_choices: Sequence[int],
+        batch_size: int,
+        schedule: str,
+    ) -> None:
+        super().__init__()
+        features = layer_features(library)
+        self.library = library
+        self.config = config
+        self.device_names = cluster.device_names
+        self.micro_batch_choices = tuple(micro_batch_choices)
+        self.batch_size = batch_size
+        self.schedule = schedule
+        groups = config.groups
+        speeds = np.array([d.speed for d in cluster.devices])
+        self.work_fraction = features.work / max(features.work.sum(), 1e-12)
+        self.repair_weights = repair_weights(features.work)
+        self.speed_fraction = speeds / speeds.sum()
+        cut_bytes = LayerCosts.from_library(library).cut_bytes
+        self.cut_size = np.log1p(cut_bytes) / max(np.log1p(cut_bytes).max(), 1e-12)
+        self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
+        self.register_buffer("op_ids", features.op_ids)
+        self.register_buffer("numeric", features.numeric)
+        self.register_buffer("devices", device_features(cluster))
+        self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
+        self.register_buffer("slot_position", torch.eye(groups))
+        if config.initial_split == "speed":
+            shares = sorted(speeds, reverse=True)[:groups]
+            shares += [shares[-1]] * (groups - len(shares))
+        else:
+            shares = [1.0] * groups
+        self.register_buffer("work_position", features.metrics[:, METRIC_NAMES.index("work_position")].clone())
+        self.embedding = nn.Embedding(len(OP_VOCABULARY), EMBEDDING_DIM)
+        layer_dim = EMBEDDING_DIM + self.numeric.shape[1]
+        self.partition = PartitionNetwork(
+            layer_dim, groups, config.hidden, torch.tensor(shares, dtype=torch.float32), config.partition_prior
+        )
+        self.group_layer_dim = EMBEDDING_DIM + len(METRIC_NAMES)
+        group_dim = self.group_layer_dim + 1 + 2 * groups
+        self.allocation = AllocationNetwork(group_dim, len(DEVICE_FEATURES), config.key_dim)
+        self.micro_batch_logits = nn.Parameter(torch.zeros(len(self.micro_batch_choices)))
+
+    # --- sampling and scoring ----------------------------------------------------------------------------------
+
+    def sample(self, count: int, generator: torch.Generator) -> PolicySample:
+        """Sample ``count`` plans."""
+        return self._run(count, generator, None)
+
+    def score(self, plans: Sequence[Plan]) -> PolicySample:
+        """The log-probability of choosing exactly ``plans`` (self-imitation of the best plans seen)."""
+        return self._run(len(plans), None, self.actions_of(plans))
+
+    def actions_of(self, plans: Sequence[Plan]) -> Actions:
+        """Decisions that produce ``plans``: their stages as the groups, each stage's first device placed, the
+        others as replicas."""
+        index = {name: i for i, name in enumerate(self.device_names)}
+        placed = np.full((len(plans), self.config.groups), -1, dtype=np.int64)
+        replicas = np.full((len(plans), len(self.device_names)), -1, dtype=np.int64)
+        for s, plan in enumerate(plans):
+            for g, devices in enumerate(plan.stage_devices):
+                placed[s, g] = index[devices[0]]
+                for name in devices[1:]:
+                    replicas[s, index[name]] = g
+        return Actions(
+            labels=np.array([plan.stage_of_layer for plan in plans], dtype=np.int64),
+            placed=placed,
+            replicas=replicas,
+            micro=np.array([self.micro_batch_choices.index(plan.micro_batches) for plan in plans]),
+        )
+
+    def _run(self, count: int, generator: torch.Generator | None, forced: Actions | None) -> PolicySample:
+        groups = self.config.groups
+        layer_vectors = torch.cat([self.embedding(self.op_ids), self.numeric], dim=1)
+        log_p = F.log_softmax(self.partition(layer_vectors, self.work_position), dim=1)
+        if forced is None:
+            labels = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator).T
+        else:
+            labels = torch.as_tensor(forced.labels)
+        log_prob = log_p.gather(1, labels.T).sum(dim=0)
+        entropies = [-(log_p.exp() * log_p).sum(dim=1).mean()]
+
+        stages = compact(monotone_groups(labels.numpy(), self.repair_weights, groups))
+        n_stages = stages.max(axis=1) + 1
+        slots = self._group_vectors(layer_vectors[:, : self.group_layer_dim], stages)
+        active = torch.arange(groups)[None, :] < torch.as_tensor(n_stages)[:, None]
+
+        placed, place_log_prob, place_entropy = self._place(
+            slots, stages, active, generator, None if forced is None else forced.placed
+        )
+        replicas, replica_log_prob, replica_entropy = self._replicate(
+            slots, placed, active, generator, None if forced is None else forced.replicas
+        )
+        micro, micro_log_prob, micro_entropy = self._micro_batches(
+            replicas, generator, None if forced is None else forced.micro
+        )
+        log_prob = log_prob + place_log_prob + replica_log_prob + micro_log_prob
+        entropies += [place_entropy, replica_entropy, micro_entropy]
+        plans = [self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s]) for s in range(count)]
+        return PolicySample(plans, log_prob, torch.stack(entropies).mean())
+
+    def _group_vectors(self, layer_vectors: torch.Tensor, stages: np.ndarray) -> torch.Tensor:
+        groups = self.config.groups
+        samples = stages.shape[0]
+        member = torch.zeros(samples, groups, stages.shape[1])
+        member.scatter_(1, torch.as_tensor(stages)[:, None, :], 1.0)
+        counts = member.sum(dim=2, keepdim=True).clamp(min=1.0)
+        mean = member @ layer_vectors / counts
+        share = member @ torch.as_tensor(self.work_fraction, dtype=torch.float32)
+        feeds = torch.zeros(samples, groups, groups)
+        if len(self.edges):
+            src, dst = stages[:, self.edges[:, 0]], stages[:, self.edges[:, 1]]
+            rows = np.repeat(np.arange(samples), src.shape[1])
+            crossing = (src != dst).ravel()
+            feeds[rows[crossing], src.ravel()[crossing], dst.ravel()[crossing]] = 1.0
+        position = self.slot_position.expand(samples, groups, groups)
+        return torch.cat([mean, share[:, :, None], feeds, position], dim=2)
+
+    def _place(
+        self,
+        slots: torch.Tensor,
+        stages: np.ndarray,
+        active: torch.Tensor,
+        generator: torch.Generator | None,
+        forced: np.ndarray | None,
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        samples, groups = active.shape
+        share = slots[:, :, self.group_layer_dim].detach().clamp(min=1e-6)
+        speed = torch.as_tensor(self.speed_fraction, dtype=torch.float32)
+        prior = -self.config.allocation_prior * (share.log()[:, :, None] - speed.log()[None, None, :]).abs()
+        scores = self.allocation.placement_scores(slots, self.devices) + prior
+        used = torch.zeros(samples, len(self.device_names), dtype=torch.bool)
+        placed = np.full((samples, groups), -1, dtype=np.int64)
+        starts = np.array([[np.searchsorted(row, g) for g in range(groups)] for row in stages])
+        log_prob = torch.zeros(samples)
+        entropy = torch.zeros(())
+        decisions = active.sum().clamp(min=1)
+        previous = None
+        for g in range(groups):
+            slot_scores = scores[:, g, :]
+            if previous is not None:
+                cut = torch.as_tensor(
+                    self.cut_size[np.minimum(starts[:, g], len(self.cut_size) - 1)], dtype=torch.float32
+                )
+                slot_scores = slot_scores + self.allocation.link_scores(cut, self.log_bandwidth[previous])
+            log_p = F.log_softmax(slot_scores.masked_fill(used, NEG_INF), dim=1)
+            here = active[:, g]
+            if forced is None:
+                chosen = torch.multinomial(log_p.exp().detach(), 1, generator=generator)[:, 0]
+            else:
+                chosen = torch.as_tensor(np.maximum(forced[:, g], 0))
+            log_prob = log_prob + torch.where(here, log_p.gather(1, chosen[:, None])[:, 0], torch.zeros(()))
+            step_entropy = -(log_p.exp() * log_p.masked_fill(used, 0.0)).sum(dim=1)
+            entropy = entropy + (step_entropy * here).sum()
+            used = used | (F.one_hot(chosen, len(self.device_names)).bool() & here[:, None])
+            placed[:, g] = np.where(here.numpy(), chosen.numpy(), -1)
+            previous = chosen
+        return placed, log_prob, entropy / decisions
+
+    def _replicate(
+        self,
+        slots: torch.Tensor,
+        placed: np.ndarray,
+        active: torch.Tensor,
+        generator: torch.Generator | None,
+        forced: np.ndarray | None,
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        samples, groups = active.shape
+        n_devices = len(self.device_names)
+        scores = self.allocation.replica_scores(slots, self.devices)
+        none = torch.zeros(groups + 1)
+        none[groups] = self.config.replica_prior
+        allowed = torch.cat([active, torch.ones(samples, 1, dtype=torch.bool)], dim=1)
+        log_p = F.log_softmax((scores + none).masked_fill(~allowed[:, None, :], NEG_INF), dim=2)
+        if forced is None:
+            flat = log_p.reshape(samples * n_devices, groups + 1).exp().detach()
+            chosen = torch.multinomial(flat, 1, generator=generator)[:, 0].reshape(samples, n_devices)
+        else:
+            chosen = torch.as_tensor(np.where(forced >= 0, forced, groups))
+        free = torch.ones(samples, n_devices, dtype=torch.bool)
+        for g in range(groups):
+            taken = torch.as_tensor(placed[:, g])
+            free[torch.arange(samples)[taken >= 0], taken[taken >= 0]] = False
+        picked = log_p.gather(2, chosen[:, :, None])[:, :, 0]
+        log_prob = (picked * free).sum(dim=1)
+        entropy = -(log_p.exp() * log_p.masked_fill(~allowed[:, None, :], 0.0)).sum(dim=2)
+        entropy = (entropy * free).sum() / free.sum().clamp(min=1)
+        replicas = np.where(free.numpy() & (chosen.numpy() < groups), chosen.numpy(), -1)
+        return replicas, log_prob, entropy
+
+    def _micro_batches(
+        self, replicas: np.ndarray, generator: torch.Generator | None, forced: np.ndarray | None
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        samples = replicas.shape[0]
+        counts = np.ones((samples, self.config.groups), dtype=np.int64)
+        for s in range(samples):
+            for g in replicas[s][replicas[s] >= 0]:
+                counts[s, g] += 1
+        sizes = np.array([self.batch_size // m for m in self.micro_batch_choices])
+        fits = (sizes[None, None, :] % counts[:, :, None] == 0).all(axis=1)
+        fits[~fits.any(axis=1)] = True  # no count fits: sample one anyway and let the plan fail
+        mask = ~torch.as_tensor(fits)
+        log_p = F.log_softmax(self.micro_batch_logits.expand(samples, -1).masked_fill(mask, NEG_INF), dim=1)
+        if forced is None:
+            chosen = torch.multinomial(log_p.exp().detach(), 1, generator=generator)[:, 0]
+        else:
+            chosen = torch.as_tensor(forced)
+        log_prob = log_p.gather(1, chosen[:, None])[:, 0]
+        entropy = -(log_p.exp() * log_p.masked_fill(mask, 0.0)).sum(dim=1).mean()
+        return np.array(self.micro_batch_choices)[chosen.numpy()], log_prob, entropy
+
+    def _plan(self, stages: np.ndarray, n_stages: int, placed: np.ndarray, replicas: np.ndarray, micro: int) -> Plan:
+        devices = []
+        for g in range(n_stages):
+            extra = [self.device_names[d] for d in range(len(self.device_names)) if replicas[d] == g]
+            devices.append((self.device_names[placed[g]], *extra))
+        return Plan(
+            model=self.library.model,
+            batch_size=self.batch_size,
+            micro_batches=int(micro),
+            schedule=self.schedule,  # type: ignore[arg-type]
+            stage_of_layer=tuple(int(s) for s in stages),
+            stage_devices=tuple(devices),
+        )

@@ -1,0 +1,420 @@
+"""TAPP's search (seed 000, section 4.3, Algorithm 1): joint policy-gradient training of both networks.
+
+Every round each policy samples a batch of plans, gets their step times from the reward source, and takes one
+REINFORCE step: reward ``-log(step time / reference)`` (the reference is the median step time of the phase's
+first round, so rewards are relative), advantage against the policy's moving-average baseline scaled by the
+round's spread, plus an entropy bonus. A failed plan is rewarded as if it took ``failure_penalty`` times the
+reference. Self-imitation (Oh et al., 2018) adds the log-probability of the policy's best plans so far,
+weighted by how much they beat the baseline, so what a lucky sample found is learned rather than forgotten.
+
+A small population of policies (different seeds, starting splits alternating between even and
+speed-proportional) shares the reward source; every ``exploit_every`` rounds the policy with the worst best
+plan takes over the weights of the one with the best (population-based training), so that one unlucky start
+does not decide the outcome.
+
+Reward phases: ``simulated`` uses the cost model every round; ``measured`` measures every distinct sample on the
+runtime; ``hybrid`` pre-trains on the cost model and, for its last ``measured_rounds`` rounds, measures only the
+``measured_per_round`` best samples of each policy's round by the cost model and learns from those.
+
+The search is an object, so an orchestrator can run one round per task: ``run_round()`` does one round and, with
+a ``checkpoint`` path, saves every policy, optimizer, baseline and random state, the best plans and every reward
+seen; ``TappSearch.resume(path, ...)`` continues exactly where it stopped. Sampling uses seeded generators and
+the networks are initialised from the seed, so a search is reproducible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
+from tapp_core.planners.tapp.rewards import RewardSource
+
+REWARD_KINDS = ("simulated", "measured", "hybrid")
+PHASES = ("simulated", "measured")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    reward: str = "simulated"
+    rounds: int = 250
+    samples_per_round: int = 16
+    """Samples per policy per round."""
+    population: int = 4
+    exploit_every: int = 50
+    initial_splits: tuple[str, ...] = ("uniform", "speed")
+    """Starting split of each policy in turn (see ``PolicyConfig.initial_split``)."""
+    learning_rate: float = 0.01
+    entropy_weight: float = 0.02
+    baseline_decay: float = 0.9
+    failure_penalty: float = 3.0
+    imitation_weight: float = 1.0
+    """Self-imitation: weight of the pull towards the best plans seen that beat the baseline (0: off)."""
+    imitation_plans: int = 4
+    measured_rounds: int = 5
+    """hybrid: how many final rounds use measurements."""
+    measured_per_round: int = 2
+    """hybrid: how many of each policy's best samples of a round (by the cost model) are measured."""
+    budget: int | None = None
+    """Most distinct reward evaluations (cost model plus measurements); None: no limit."""
+    time_limit_s: float | None = None
+    seed: int = 0
+    batch_size: int = 64
+    micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    schedule: str = "1f1b"
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(groups=1))
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARD_KINDS:
+            raise ValueError(f"reward must be one of {', '.join(REWARD_KINDS)}, got {self.reward!r}")
+        if min(self.rounds, self.samples_per_round, self.population, self.exploit_every) <= 0:
+            raise ValueError("rounds, samples_per_round, population and exploit_every must be positive")
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> SearchConfig:
+        values = dict(data)
+        values["policy"] = PolicyConfig(**values["policy"])  # type: ignore[arg-type]
+        for name in ("micro_batch_choices", "initial_splits"):
+            values[name] = tuple(values[name])  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int
+    """Rounds completed, from 1."""
+    phase: str
+    mean_reward: float
+    entropy: float
+    """Mean policy entropy per decision, over the population."""
+    round_best_step_time_s: float
+    best_step_time_s: float
+    evaluations: int
+    failures: int
+    elapsed_s: float
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """The networks are small: one thread is several times faster than contending for a shared machine's cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Member:
+    """One policy of the population with its optimizer, random stream, baseline and best plans."""
+
+    def __init__(self, search: TappSearch, index: int) -> None:
+        config = search.config
+        seed = config.seed * 1009 + index
+        split = config.initial_splits[index % len(config.initial_splits)]
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.policy = TappPolicy(
+                search.library,
+                search.cluster,
+                dataclasses.replace(config.policy, initial_split=split),
+                config.micro_batch_choices,
+                config.batch_size,
+                config.schedule,
+            )
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.baseline: dict[str, float] = {}
+        self.spread: dict[str, float] = {}
+        self.elite: dict[str, list[tuple[float, Plan]]] = {}
+
+    def best(self, phase: str) -> float:
+        elite = self.elite.get(phase)
+        return elite[0][0] if elite else math.inf
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "baseline": dict(self.baseline),
+            "spread": dict(self.spread),
+            "elite": {k: [(t, p.to_dict()) for t, p in v] for k, v in self.elite.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, object], with_generator: bool = True) -> None:
+        self.policy.load_state_dict(state["policy"])  # type: ignore[arg-type]
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # type: ignore[arg-type]
+        if with_generator:
+            self.generator.set_state(state["generator"])  # type: ignore[arg-type]
+        self.baseline = dict(state["baseline"])  # type: ignore[call-overload]
+        self.spread = dict(state["spread"])  # type: ignore[call-overload]
+        self.elite = {k: [(t, Plan.from_dict(p)) for t, p in v] for k, v in state["elite"].items()}  # type: ignore[union-attr]
+
+
+class TappSearch:
+    def __init__(
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        config: SearchConfig,
+        simulated: RewardSource,
+        measured: RewardSource | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if config.reward != "simulated" and measured is None:
+            raise ValueError(f"a {config.reward} search needs a measured reward source")
+        self.library = library
+        self.cluster = cluster
+        self.config = config
+        self.simulated = simulated
+        self.measured = measured
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.members = [_Member(self, k) for k in range(config.population)]
+        self.round = 0
+        self.elapsed_s = 0.0
+        self.reference: dict[str, float] = {}
+        self.best: dict[str, tuple[float, Plan | None]] = {phase: (math.inf, None) for phase in PHASES}
+        self.history: list[RoundReport] = []
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        c = self.config
+        if c.reward == "simulated" or (c.reward == "hybrid" and self.round < c.rounds - c.measured_rounds):
+            return "simulated"
+        return "measured"
+
+    @property
+    def evaluations(self) -> int:
+        return self.simulated.evaluations + (self.measured.evaluations if self.measured is not None else 0)
+
+    @property
+    def done(self) -> bool:
+        c = self.config
+        out_of_budget = c.budget is not None and self.evaluations >= c.budget
+        out_of_time = c.time_limit_s is not None and self.elapsed_s >= c.time_limit_s
+        return self.round >= c.rounds or out_of_budget or out_of_time
+
+    def rounds(self) -> Iterator[RoundReport]:
+        """Run rounds until the search is done, yielding each round's report."""
+        while not self.done:
+            yield self.run_round()
+
+    def run_round(self) -> RoundReport:
+        started = time.perf_counter()
+        phase = self.phase
+        rewards: list[float] = []
+        entropies: list[float] = []
+        times: list[float] = []
+        with _one_thread():
+            for member in self.members:
+                member_rewards, member_times, entropy = self._step(member, phase)
+                rewards += list(member_rewards)
+                times += member_times
+                entropies.append(entropy)
+        self.round += 1
+        if len(self.members) > 1 and self.round % self.config.exploit_every == 0:
+            self._exploit(phase)
+        self.elapsed_s += time.perf_counter() - started
+        report = RoundReport(
+            round=self.round,
+            phase=phase,
+            mean_reward=float(np.mean(rewards)),
+            entropy=float(np.mean(entropies)),
+            round_best_step_time_s=float(min(times)),
+            best_step_time_s=self.best_step_time,
+            evaluations=self.evaluations,
+            failures=sum(1 for t in times if not math.isfinite(t)),
+            elapsed_s=self.elapsed_s,
+        )
+        self.history.append(report)
+        if self.checkpoint is not None:
+            self.save(self.checkpoint)
+        return report
+
+    def _step(self, member: _Member, phase: str) -> tuple[np.ndarray, list[float], float]:
+        """One REINFORCE step of one policy: (rewards, step times, entropy)."""
+        sample = member.policy.sample(self.config.samples_per_round, member.generator)
+        used, times = self._rewarded(sample.plans, phase)
+        rewards = self._rewards(times, phase)
+        advantages = self._advantages(member, rewards, phase)
+        loss = -(torch.as_tensor(advantages, dtype=torch.float32) * sample.log_prob[used]).mean()
+        loss = loss - self.config.entropy_weight * sample.entropy + self._imitation_loss(member, phase)
+        member.optimizer.zero_grad()
+        loss.backward()
+        member.optimizer.step()
+        for i, t in zip(used, times, strict=True):
+            self._remember(member, sample.plans[i], t, phase)
+        return rewards, times, float(sample.entropy.detach())
+
+    def _rewarded(self, plans: Sequence[Plan], phase: str) -> tuple[list[int], list[float]]:
+        """Indices of the samples the policy learns from this round, and their step times."""
+        simulated = self.simulated.step_times(plans)
+        if phase == "simulated":
+            return list(range(len(plans))), simulated
+        assert self.measured is not None
+        first: dict[str, int] = {}
+        for i, plan in enumerate(plans):
+            first.setdefault(plan.id, i)
+        chosen = sorted(first.values(), key=lambda i: simulated[i])
+        if self.config.reward == "hybrid":
+            chosen = chosen[: self.config.measured_per_round]
+        return chosen, self.measured.step_times([plans[i] for i in chosen])
+
+    def _rewards(self, times: Sequence[float], phase: str) -> np.ndarray:
+        finite = [t for t in times if math.isfinite(t)]
+        if phase not in self.reference and finite:
+            self.reference[phase] = float(np.median(finite))
+        reference = self.reference.get(phase, 1.0)
+        worst = self.config.failure_penalty * reference
+        return np.array([-math.log((t if math.isfinite(t) else worst) / reference) for t in times])
+
+    def _advantages(self, member: _Member, rewards: np.ndarray, phase: str) -> np.ndarray:
+        baseline = member.baseline.get(phase, float(rewards.mean()))
+        spread = max(float(rewards.std()), 0.01)
+        member.spread[phase] = spread
+        decay = self.config.baseline_decay
+        member.baseline[phase] = decay * baseline + (1 - decay) * float(rewards.mean())
+        return (rewards - baseline) / spread
+
+    def _remember(self, member: _Member, plan: Plan, step_time: float, phase: str) -> None:
+        """Track the best plan overall and each policy's ``imitation_plans`` fastest distinct plans."""
+        if not math.isfinite(step_time):
+            return
+        if step_time < self.best[phase][0]:
+            self.best[phase] = (step_time, plan)
+        elite = member.elite.setdefault(phase, [])
+        if any(p.id == plan.id for _, p in elite):
+            return
+        elite.append((step_time, plan))
+        elite.sort(key=lambda item: item[0])
+        del elite[self.config.imitation_plans :]
+
+    def _imitation_loss(self, member: _Member, phase: str) -> torch.Tensor:
+        """Self-imitation learning: raise the probability of the policy's best plans seen, by how much they beat
+        its baseline (plans below it are left alone)."""
+        elite = member.elite.get(phase, [])
+        if not elite or self.config.imitation_weight == 0 or phase not in member.baseline:
+            return torch.zeros(())
+        rewards = self._rewards([t for t, _ in elite], phase)
+        weights = np.maximum(rewards - member.baseline[phase], 0.0) / member.spread[phase]
+        if not weights.any():
+            return torch.zeros(())
+        scored = member.policy.score([p for _, p in elite])
+        return -self.config.imitation_weight * (torch.as_tensor(weights, dtype=torch.float32) * scored.log_prob).mean()
+
+    def _exploit(self, phase: str) -> None:
+        """The policy whose best plan is worst continues from the policy whose best plan is best."""
+        ranked = sorted(self.members, key=lambda m: m.best(phase))
+        best, worst = ranked[0], ranked[-1]
+        if best is not worst and best.best(phase) < worst.best(phase):
+            worst.load_state_dict(best.state_dict(), with_generator=False)
+
+    # --- results --------------------------------------------------------------------------------------------------
+
+    @property
+    def best_step_time(self) -> float:
+        """Best measured step time if anything was measured, else the best simulated one."""
+        measured = self.best["measured"][0]
+        return measured if math.isfinite(measured) else self.best["simulated"][0]
+
+    @property
+    def best_plan(self) -> Plan | None:
+        measured = self.best["measured"][1]
+        return measured if measured is not None else self.best["simulated"][1]
+
+    def result(self) -> Plan:
+        """The best plan found, with the search's statistics in its notes."""
+        plan = self.best_plan
+        if plan is None:
+            raise RuntimeError("the search has not found a plan that runs (every sample failed)")
+        notes = {
+            "reward": self.config.reward,
+            "rounds": self.round,
+            "evaluations": self.evaluations,
+            "simulated_evaluations": self.simulated.evaluations,
+            "measured_evaluations": self.measured.evaluations if self.measured is not None else 0,
+            "best_simulated_step_time_s": self.best["simulated"][0],
+            "best_measured_step_time_s": self.best["measured"][0],
+            "search_rounds_s": self.elapsed_s,
+            "seed": self.config.seed,
+        }
+        return dataclasses.replace(plan, notes=notes)
+
+    # --- checkpoints ----------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "config": self.config.to_dict(),
+            "round": self.round,
+            "elapsed_s": self.elapsed_s,
+            "members": [m.state_dict() for m in self.members],
+            "reference": dict(self.reference),
+            "best": {k: (t, p.to_dict() if p is not None else None) for k, (t, p) in self.best.items()},
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "simulated": self.simulated.state(),
+            "measured": self.measured.state() if self.measured is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.round = int(state["round"])  # type: ignore[call-overload]
+        self.elapsed_s = float(state["elapsed_s"])  # type: ignore[arg-type]
+        for member, saved in zip(self.members, state["members"], strict=True):  # type: ignore[call-overload]
+            member.load_state_dict(saved)
+        self.reference = dict(state["reference"])  # type: ignore[call-overload]
+        self.best = {
+            k: (t, Plan.from_dict(p) if p is not None else None)
+            for k, (t, p) in state["best"].items()  # type: ignore[union-attr]
+        }
+        self.history = [RoundReport(**r) for r in state["history"]]  # type: ignore[union-attr]
+        self.simulated.load_state(state["simulated"])  # type: ignore[arg-type]
+        if self.measured is not None and state["measured"] is not None:
+            self.measured.load_state(state["measured"])  # type: ignore[arg-type]
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the checkpoint atomically (a crash mid-write leaves the previous one)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(out.name + ".partial")
+        torch.save(self.state_dict(), partial)
+        partial.replace(out)
+        return out
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        library: LayerLibrary,
+        cluster: Cluster,
+        simulated: RewardSource,
+        measured: RewardSource | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        rounds: int | None = None,
+    ) -> TappSearch:
+        """The search saved at ``path``, ready to run its next round; it keeps saving to ``checkpoint``
+        (default: ``path``) and, if ``rounds`` is given, runs until that many rounds instead of its own count."""
+        state = torch.load(Path(path), weights_only=False)
+        config = SearchConfig.from_dict(state["config"])
+        if rounds is not None:
+            config = dataclasses.replace(config, rounds=rounds)
+        search = cls(library, cluster, config, simulated, measured, checkpoint if checkpoint is not None else path)
+        search.load_state_dict(state)
+        return search

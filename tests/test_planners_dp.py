@@ -1,0 +1,164 @@
+"""The constructive planners and the oracle against brute force on graphs small enough to enumerate."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tapp_core.costmodel import Calibration, estimate
+from tapp_core.plan import validate
+from tapp_core.planners import get_planner
+from tapp_core.planners.antichain import down_sets
+from tapp_core.planners.bounds import StepTimeBound, device_group
+from tapp_core.planners.costs import LayerCosts, device_classes
+from tapp_core.planners.even import min_max_partition
+from tapp_core.planners.oracle import device_groupings
+from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
+from tests.test_planners_common import branchy_library, chain_library, small_cluster
+
+
+def test_min_max_partition_matches_brute_force() -> None:
+    rng = random.Random(3)
+    for _ in range(30):
+        weights = [rng.uniform(0.1, 5) for _ in range(rng.randint(3, 9))]
+        parts = rng.randint(1, len(weights))
+        cuts = min_max_partition(weights, parts)
+        assert len(cuts) == parts - 1
+
+        best = min(_largest_range(weights, c) for c in itertools.combinations(range(1, len(weights)), parts - 1))
+        assert math.isclose(_largest_range(weights, tuple(cuts)), best)
+
+
+def _largest_range(weights: list[float], cuts: tuple[int, ...]) -> float:
+    bounds = [0, *cuts, len(weights)]
+    return max(sum(weights[a:b]) for a, b in itertools.pairwise(bounds))
+
+
+def test_layer_costs_count_every_tensor_crossing_a_position() -> None:
+    costs = LayerCosts.from_library(branchy_library())
+    # After the stem (position 1) the stem's output crosses alone; inside the branches (after a1, position 2)
+    # the stem's output (to b1 and to the add) and a1's output cross.
+    assert costs.cut_tensors[1] == 1
+    assert costs.cut_tensors[2] == 2
+    assert 1 in costs.clean_cuts() and 2 not in costs.clean_cuts()
+
+
+def test_down_sets_of_the_branchy_graph_are_exactly_the_closed_sets() -> None:
+    library = branchy_library()
+    states = down_sets(library)
+    found = {tuple(np.flatnonzero(row)) for row in states.members}
+    n = len(library.layers)
+    closed = set()
+    for mask in range(1 << n):
+        members = {i for i in range(n) if mask >> i & 1}
+        if all(p in members for i in members for p in library.layers[i].predecessors):
+            closed.add(tuple(sorted(members)))
+    # Chains inside the branchy block are contracted: a1 -> a2 is one unit, so {stem, a1} is not a state.
+    assert found <= closed
+    assert (0, 1) not in found and (0, 1, 2) in found and (0, 3) in found
+    assert states.strict_subset[0, len(states) - 1]
+
+
+def test_pipetorch_finds_the_bottleneck_optimum_of_its_model() -> None:
+    library, cluster = chain_library([4, 1, 6, 2, 8, 1, 5]), small_cluster((1.0, 0.5, 0.25), slow_pair=False)
+    plan = get_planner("pipetorch", micro_batches=(4,), candidates=1).plan(library, cluster)
+    costs = LayerCosts.from_library(library)
+    n = len(library.layers)
+
+    def bottleneck(cuts: tuple[int, ...], order: tuple[str, ...]) -> float:
+        bounds = [0, *cuts, n]
+        worst = max(
+            costs.work(a, b) / cluster.device(d).speed
+            for (a, b), d in zip(itertools.pairwise(bounds), order, strict=True)
+        )
+        links = [
+            costs.cut_bytes[c] / cluster.link(x, y).bandwidth for c, x, y in zip(cuts, order, order[1:], strict=False)
+        ]
+        return max([worst, *links])
+
+    best = min(
+        bottleneck(cuts, order)
+        for k in range(1, 4)
+        for order in itertools.permutations(cluster.device_names, k)
+        for cuts in itertools.combinations(range(1, n), k - 1)
+    )
+    cuts = tuple(plan.stage_of_layer.index(s) for s in range(1, plan.n_stages))
+    assert math.isclose(bottleneck(cuts, tuple(d[0] for d in plan.stage_devices)), best)
+
+
+def test_device_classes_and_groupings_skip_interchangeable_devices() -> None:
+    twins = small_cluster((1.0, 1.0, 0.5), slow_pair=False)
+    assert device_classes(twins) == [["d0", "d1"], ["d2"]]
+    distinct = small_cluster((1.0, 0.5, 0.25))
+    # Ordered sequences of disjoint non-empty groups of 3 distinct devices: 3 + 6 + 6 (k=1, one or more) ...
+    all_groupings = list(device_groupings(distinct, 3))
+    assert len(all_groupings) == len(set(all_groupings)) == 7 + 12 + 6
+    assert len(list(device_groupings(twins, 3))) < len(all_groupings)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async"])
+def test_the_bound_never_exceeds_the_estimate(schedule: str) -> None:
+    rng = random.Random(7)
+    calibration = Calibration(
+        per_message_s=1e-4, per_step_s=2e-3, per_micro_batch_s=3e-4, update_s_per_param_byte=1e-10
+    )
+    for library in (chain_library(), branchy_library()):
+        n = len(library.layers)
+        for cluster in (small_cluster(), small_cluster((1.0, 1.0, 0.5, 0.5), slow_pair=False)):
+            groupings = list(device_groupings(cluster, 2))
+            for _ in range(60):
+                grouping = rng.choice(groupings)
+                m = rng.choice([1, 2, 4, 8])
+                if len(grouping) > n or any((64 // m) % len(g) for g in grouping):
+                    continue
+                cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
+                plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
+                bound = StepTimeBound(library, cluster, calibration, schedule, m)
+                groups = [device_group(cluster, g, 64 // m, calibration) for g in grouping]
+                assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, calibration).step_time * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("make_library", [chain_library, branchy_library])
+def test_the_oracle_is_the_minimum_over_every_contiguous_plan(make_library) -> None:
+    library, cluster = make_library(), small_cluster()
+    choices = (1, 4)
+    plan = get_planner("oracle", micro_batches=choices).plan(library, cluster)
+    assert plan.notes["proved_optimal"] is True and plan.notes["coarsened"] is False
+    n = len(library.layers)
+    best = math.inf
+    for grouping in device_groupings(cluster, 3):
+        for m in choices:
+            if any((64 // m) % len(g) for g in grouping):
+                continue
+            for cuts in itertools.combinations(range(1, n), len(grouping) - 1):
+                candidate = contiguous_plan(library, cuts, grouping, m, "1f1b", 64)
+                best = min(best, estimate(candidate, library, cluster).step_time)
+    assert math.isclose(plan.notes["estimated_step_time_s"], best, rel_tol=1e-12)
+
+
+def test_a_coarsened_oracle_says_so_and_cuts_only_where_allowed() -> None:
+    library, cluster = chain_library(), small_cluster()
+    plan = get_planner("oracle", max_blocks=4, micro_batches=(2,)).plan(library, cluster)
+    allowed = set(coarse_cut_positions(LayerCosts.from_library(library), 4))
+    assert plan.notes["coarsened"] is True and plan.notes["cut_positions"] == len(allowed) == 3
+    assert {plan.stage_of_layer.index(s) for s in range(1, plan.n_stages)} <= allowed
+
+
+def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:
+    library = chain_library([6, 6, 6, 6, 6, 6])
+    cluster = small_cluster((1.0, 1.0, 1.0, 1.0), slow_pair=False)
+    plan = get_planner("pipedream", micro_batches=(1, 2, 4)).plan(library, cluster)
+    validate(plan, library, cluster)
+    assert len(plan.devices) >= 2
+
+
+def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
+    library, cluster = chain_library(), small_cluster()
+    full = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster)
+    capped = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster, budget=5)
+    assert capped.notes["evaluations"] <= 6
+    assert full.notes["estimated_step_time_s"] <= capped.notes["estimated_step_time_s"]

@@ -1,0 +1,188 @@
+"""TAPP: features, the monotone repair, the policy's samples, and the search's rewards, seeds and checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tapp_core.metrics import Measurement
+from tapp_core.plan import Plan, validate
+from tapp_core.planners import get_planner
+from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.tapp import MeasuredReward, SearchConfig, SimulatedReward, TappSearch
+from tapp_core.planners.tapp.features import ABSENT_SUCCESSOR, OP_VOCABULARY, layer_features, op_index
+from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
+from tapp_core.planners.tapp.repair import compact, monotone_groups
+from tests.test_planners_common import branchy_library, chain_library, small_cluster
+
+
+def test_op_dictionary_maps_known_ops_and_falls_back_to_unknown() -> None:
+    assert OP_VOCABULARY[op_index("Conv2d")] == "Convolution"
+    assert OP_VOCABULARY[op_index("relu")] == "Relu"
+    assert OP_VOCABULARY[op_index("AdaptiveAvgPool2d")] == "Pooling"
+    assert OP_VOCABULARY[op_index("Linear")] == "FullyConnected"
+    assert OP_VOCABULARY[op_index("ZeroPad2d")] == "Padding"
+    assert OP_VOCABULARY[op_index("Sigmoid")] == "Unknown"
+
+
+def test_layer_features_are_normalised_and_mark_absent_successors() -> None:
+    library = branchy_library()
+    features = layer_features(library)
+    assert features.metrics.min() >= 0 and features.metrics.max() <= 1
+    n = len(library.layers)
+    assert features.successors[0].tolist() == pytest.approx([2 / n, 4 / n])  # stem feeds layers 1 and 3 (ids 2, 4)
+    assert features.successors[n - 1].tolist() == pytest.approx([ABSENT_SUCCESSOR, ABSENT_SUCCESSOR])
+    assert features.successors[1].tolist() == pytest.approx([3 / n, ABSENT_SUCCESSOR])
+
+
+def test_repair_is_the_cheapest_monotone_relabeling() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n, groups = 6, 3
+        labels = rng.integers(0, groups, (1, n))
+        weights = rng.uniform(0.1, 1.0, n)
+        out = monotone_groups(labels, weights, groups)[0]
+        assert all(a <= b for a, b in itertools.pairwise(out))
+        cost = float(np.sum(weights * (out != labels[0])))
+        best = min(
+            float(np.sum(weights * (np.array(y) != labels[0])))
+            for y in itertools.product(range(groups), repeat=n)
+            if all(a <= b for a, b in itertools.pairwise(y))
+        )
+        assert math.isclose(cost, best)
+    already = np.array([[0, 0, 1, 1, 3, 3]])
+    assert monotone_groups(already, np.ones(6), 4).tolist() == already.tolist()
+    assert compact(already).tolist() == [[0, 0, 1, 1, 2, 2]]
+
+
+@pytest.mark.parametrize("make_library", [chain_library, branchy_library])
+def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library) -> None:
+    library, cluster = make_library(), small_cluster((1.0, 1.0, 0.5, 0.5), slow_pair=False)
+    policy = TappPolicy(library, cluster, PolicyConfig(groups=4, replica_prior=0.0), (1, 2, 4, 8), 64, "1f1b")
+    sample = policy.sample(64, torch.Generator().manual_seed(0))
+    for plan in sample.plans:
+        assert len(set(plan.devices)) == len(plan.devices)
+        assert all((64 // plan.micro_batches) % len(devices) == 0 for devices in plan.stage_devices)
+        validate(plan, library, cluster)
+    assert any(len(devices) > 1 for plan in sample.plans for devices in plan.stage_devices)  # replicas are sampled
+    assert len({plan.n_stages for plan in sample.plans}) > 1
+    assert sample.log_prob.shape == (64,) and sample.log_prob.requires_grad and float(sample.entropy.detach()) > 0
+
+
+def test_scoring_a_plan_reproduces_it_and_gives_gradients() -> None:
+    library, cluster = branchy_library(), small_cluster()
+    policy = TappPolicy(library, cluster, PolicyConfig(groups=3), (1, 2, 4), 64, "gpipe")
+    sample = policy.sample(8, torch.Generator().manual_seed(1))
+    scored = policy.score(sample.plans)
+    assert [p.id for p in scored.plans] == [p.id for p in sample.plans]
+    scored.log_prob.sum().backward()
+    assert policy.partition.share_logits.grad is not None
+
+
+def _search(tmp: Path | None = None, rounds: int = 4, seed: int = 0, **options: object) -> TappSearch:
+    library, cluster = chain_library(), small_cluster()
+    config = SearchConfig(
+        rounds=rounds,
+        samples_per_round=6,
+        population=2,
+        exploit_every=2,
+        seed=seed,
+        micro_batch_choices=(1, 2, 4),
+        policy=PolicyConfig(groups=3),
+        **options,  # type: ignore[arg-type]
+    )
+    simulated = SimulatedReward(PlanEvaluator(library, cluster))
+    return TappSearch(library, cluster, config, simulated, checkpoint=tmp)
+
+
+def _trace(search: TappSearch) -> list[tuple[float, float, int]]:
+    return [(r.mean_reward, r.best_step_time_s, r.evaluations) for r in search.history]
+
+
+def test_a_search_is_reproducible_from_its_seed() -> None:
+    first, second, other = _search(seed=5), _search(seed=5), _search(seed=6)
+    for search in (first, second, other):
+        list(search.rounds())
+    assert _trace(first) == _trace(second)
+    assert first.best_plan == second.best_plan
+    assert _trace(first) != _trace(other)
+
+
+def test_a_resumed_search_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+    straight = _search(rounds=6)
+    list(straight.rounds())
+    interrupted = _search(tmp_path / "search.pt", rounds=6)
+    for _ in range(3):
+        interrupted.run_round()
+    library, cluster = interrupted.library, interrupted.cluster
+    resumed = TappSearch.resume(
+        tmp_path / "search.pt", library, cluster, SimulatedReward(PlanEvaluator(library, cluster))
+    )
+    assert resumed.round == 3
+    list(resumed.rounds())
+    assert _trace(resumed) == _trace(straight)
+    assert resumed.best_plan == straight.best_plan
+
+
+def test_the_planner_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    library, cluster = chain_library(), small_cluster()
+    path = tmp_path / "tapp.pt"
+    options = {"population": 1, "samples_per_round": 4, "checkpoint": path}
+    get_planner("tapp", rounds=2, **options).plan(library, cluster)
+    assert path.is_file()
+    resumed = get_planner("tapp", rounds=4, resume=True, **options).plan(library, cluster)
+    straight = get_planner("tapp", rounds=4, population=1, samples_per_round=4).plan(library, cluster)
+    assert resumed.notes["rounds"] == 4
+    assert resumed == straight and resumed.notes["evaluations"] == straight.notes["evaluations"]
+
+
+class FakePool:
+    """Measures a plan as its estimate times 1.1, and fails every plan with more than two stages."""
+
+    def __init__(self, evaluator: PlanEvaluator) -> None:
+        self.evaluator = evaluator
+        self.measured: list[str] = []
+
+    def measure(self, plan: Plan) -> Measurement:
+        self.measured.append(plan.id)
+        if plan.n_stages > 2:
+            return Measurement.failed(plan.id, "rank 2 was killed")
+        return Measurement(plan_id=plan.id, step_time_s=1.1 * self.evaluator.step_time(plan))
+
+
+def test_failed_measurements_are_penalised_not_fatal() -> None:
+    library, cluster = chain_library(), small_cluster()
+    pool = FakePool(PlanEvaluator(library, cluster))
+    plan = get_planner("tapp", reward="measured", rounds=3, population=1, samples_per_round=6, pool=pool).plan(
+        library, cluster
+    )
+    assert plan.n_stages <= 2
+    assert plan.notes["measured_evaluations"] == len(set(pool.measured)) > 0
+    assert math.isclose(plan.notes["best_measured_step_time_s"], 1.1 * plan.notes["estimated_step_time_s"])
+
+
+def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
+    library, cluster = chain_library(), small_cluster()
+    pool = FakePool(PlanEvaluator(library, cluster))
+    search = get_planner(
+        "tapp", reward="hybrid", rounds=6, measured_rounds=2, measured_per_round=1, population=2, samples_per_round=5
+    ).search(library, cluster, measurer=pool)
+    phases = [r.phase for r in search.rounds()]
+    assert phases == ["simulated"] * 4 + ["measured"] * 2
+    assert 1 <= len(pool.measured) <= 2 * 2 * 1
+    assert search.best_plan is not None and math.isfinite(search.best["measured"][0])
+
+
+def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> None:
+    library, cluster = chain_library(), small_cluster()
+    pool = FakePool(PlanEvaluator(library, cluster))
+    reward = MeasuredReward(pool, library, cluster)
+    plan = get_planner("single").plan(library, cluster)
+    too_big = Plan(**{**plan.__dict__, "stage_devices": (("d0", "d1", "d2"),)})  # 3 replicas do not divide 64
+    assert reward.step_times([too_big]) == [math.inf]
+    assert pool.measured == []
