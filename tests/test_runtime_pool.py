@@ -129,13 +129,12 @@ def test_invalid_plans_fail_before_reaching_the_workers(pool: WorkerPool) -> Non
     assert "plan places 5 layers but the traced model has 6" in error
 
 
-def test_measure_starts_and_ends_its_own_pool_with_emulation_recorded() -> None:
+def test_measure_starts_and_ends_its_own_pool() -> None:
     plan = Plan("mlp", 16, 2, "gpipe", (0, 0, 0, 1, 1, 1), (("d0",), ("d2",)))
-    measurement = measure(plan, cluster3(emulated=True), steps=4, warmup=1)
+    measurement = measure(plan, cluster3(), steps=4, warmup=1)
     assert measurement.ok, measurement.error
-    assert measurement.emulated
-    # d2 has slowdown 3: its stage's compute is emulated as three times the real one, so it dominates.
-    assert measurement.stage_compute_s[1] > measurement.stage_compute_s[0]
+    assert not measurement.emulated
+    assert len(measurement.step_times_s) == 4 and measurement.step_time_s > 0
     assert 0.0 <= measurement.communication_share <= 1.0
     assert set(measurement.device_wait_s) == {"d0", "d2"}
     assert all(v > 0 for v in measurement.peak_memory_bytes.values())
