@@ -260,9 +260,16 @@ class StageFactory:
         self._models: dict[tuple[str, int], tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]] = {}
         self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
 
+    MAX_MODELS = 4
+    MAX_SPLITS = 64
+
     def traced(self, model: str, seed: int) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
         key = (model, seed)
         if key not in self._models:
+            if len(self._models) >= self.MAX_MODELS:
+                oldest = next(iter(self._models))
+                del self._models[oldest]
+                self._splits = {k: v for k, v in self._splits.items() if k[:2] != oldest}
             graph_module = build_traced_model(model, num_classes=self.num_classes, seed=seed)
             initial = {name: t.detach().clone() for name, t in graph_module.state_dict(keep_vars=True).items()}
             self._models[key] = (graph_module, initial)
@@ -273,6 +280,8 @@ class StageFactory:
     ) -> tuple[torch.fx.GraphModule, PipelineGraph]:
         key = (model, seed, tuple(stage_of_layer), n_stages)
         if key not in self._splits:
+            if len(self._splits) >= self.MAX_SPLITS:
+                del self._splits[next(iter(self._splits))]
             graph_module, _ = self.traced(model, seed)
             self._splits[key] = split_stages(graph_module, stage_of_layer, n_stages, self.input_shape)
         return self._splits[key]
