@@ -196,10 +196,7 @@ class Worker:
             )
             result.setup_s = now() - start
             if job["kind"] == "measure":
-                batches = SyntheticBatches(plan.batch_size, seed=int(job["seed"]), input_shape=self.factory.input_shape)
-                record = engine.train(int(job["steps"]), batches)
-                result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
-                result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
+                self._measure(engine, plan, job, result)
             else:
                 self._train(engine, plan, job, result)
             if job.get("collect_parameters") and result.replica == 0:
@@ -240,6 +237,12 @@ class Worker:
             result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
         result.setup_s = now() - start
         return result
+
+    def _measure(self, engine: StageEngine, plan: Plan, job: dict[str, Any], result: RankResult) -> None:
+        batches = SyntheticBatches(plan.batch_size, seed=int(job["seed"]), input_shape=self.factory.input_shape)
+        record = engine.train(int(job["steps"]), batches)
+        result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
+        result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
 
     def _train(self, engine: StageEngine, plan: Plan, job: dict[str, Any], result: RankResult) -> None:
         train_set = open_dataset(job["dataset"], job.get("data_dir"), train=True, augment=job.get("augment", False))
