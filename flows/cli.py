@@ -225,6 +225,98 @@ def _print_estimate(chosen: Any, predicted: Any) -> None:
 # --- Orchestrated experiments: Prefect flows tracked in MLflow ----------------------------------------------
 
 
+def _load_plan_for(model: str, plan_file: Path, cluster: str, library: Path | None) -> tuple[Any, Any]:
+    """The plan and cluster to run; the plan is validated against the library when one is given."""
+    from tapp_core.cluster import load_cluster
+    from tapp_core.plan import Plan, validate
+
+    chosen = Plan.load(plan_file)
+    if chosen.model != model:
+        raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
+    target = load_cluster(cluster)
+    missing = sorted(set(chosen.devices) - set(target.device_names))
+    if missing:
+        raise TappError(f"plan {plan_file} uses device(s) {', '.join(missing)} that cluster {target.name!r} lacks")
+    if library is not None:
+        validate(chosen, library_for(model, chosen.batch_size, library), target)
+    return chosen, target
+
+
+@app.command()
+@reports_user_errors
+def measure(
+    model: ModelOpt = "alexnet",
+    cluster: ClusterOpt = "local",
+    plan_file: Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")] = Path("plan.json"),
+    steps: Annotated[int, typer.Option(min=1, help="timed steps after the warm-up")] = 5,
+    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps, not counted")] = 2,
+    library: LibraryOpt = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    emulate: Annotated[bool | None, typer.Option("--emulate/--no-emulate", help="default: the cluster file's")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds before the plan is abandoned")] = 600.0,
+) -> None:
+    """Run a plan on MPI workers (one rank per device, launched with mpiexec) and print its Measurement as JSON."""
+    from tapp_core.runtime import measure as run_measure
+
+    chosen, target = _load_plan_for(model, plan_file, cluster, library)
+    with error_console.status(f"measuring plan {chosen.id} on {target.name} ({len(target.devices)} MPI ranks)"):
+        result = run_measure(
+            chosen, target, model, steps=warmup + steps, warmup=warmup, seed=seed, emulate=emulate, timeout_s=timeout
+        )
+    typer.echo(result.to_json())
+    if not result.ok:
+        error_console.print(f"[bold red]error:[/] plan {chosen.id} failed: {result.error}", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+@reports_user_errors
+def train(
+    model: ModelOpt = "alexnet",
+    cluster: ClusterOpt = "local",
+    plan_file: Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")] = Path("plan.json"),
+    data_dir: Annotated[
+        Path | None, typer.Option(help="CIFAR-10 folder (cifar-10-batches-py); default $TAPP_DATA_DIR")
+    ] = None,
+    dataset: Annotated[str, typer.Option(help="cifar10 | fashion-mnist | synthetic")] = "cifar10",
+    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    steps_per_epoch: Annotated[int | None, typer.Option(min=1, help="cut each epoch short (smoke runs)")] = None,
+    augment: Annotated[bool, typer.Option(help="random crop and flip")] = False,
+    library: LibraryOpt = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    emulate: Annotated[bool | None, typer.Option("--emulate/--no-emulate", help="default: the cluster file's")] = None,
+) -> None:
+    """Train a plan for real on MPI workers and report test accuracy."""
+    from tapp_core.data import open_dataset
+    from tapp_core.runtime import train as run_train
+
+    chosen, target = _load_plan_for(model, plan_file, cluster, library)
+    directory = str(data_dir) if data_dir is not None else None
+    test_set = open_dataset(dataset, directory, train=False)  # fails here, before any rank starts, if data is missing
+    with error_console.status(f"training plan {chosen.id} on {target.name} for {epochs} epoch(s)"):
+        result = run_train(
+            chosen,
+            target,
+            model,
+            dataset=dataset,
+            data_dir=directory,
+            epochs=epochs,
+            seed=seed,
+            emulate=emulate,
+            steps_per_epoch=steps_per_epoch,
+            augment=augment,
+        )
+    if not result.ok:
+        error_console.print(f"[bold red]error:[/] training plan {chosen.id} failed: {result.error}", highlight=False)
+        raise typer.Exit(1)
+    for epoch, (loss, accuracy, seconds) in enumerate(
+        zip(result.epoch_losses, result.epoch_test_accuracy, result.epoch_times_s, strict=False), start=1
+    ):
+        console.print(f"epoch {epoch}: train loss {loss:.4f}, test accuracy {accuracy:.2%}, {seconds:.1f} s")
+    note = " (synthetic data: accuracy means nothing)" if getattr(test_set, "synthetic", False) else ""
+    console.print(f"test accuracy {result.test_accuracy:.2%} on {result.test_samples} samples{note}")
+
+
 @app.command()
 @reports_user_errors
 def run(
@@ -260,6 +352,8 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's log lines")] = False,
 ) -> None:
     """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, report (Prefect + MLflow)."""
+    # Prefect's local server would otherwise post anonymous usage data at start (and log an error when offline).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.experiment import DEFAULT_METHODS, check_inputs, tapp_experiment
 
     chosen_dataset = dataset or ("cifar10" if data_dir else "synthetic")
@@ -317,15 +411,13 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the paper's tables (Markdown, CSV, LaTeX) and figures (PNG) from an MLflow experiment alone."""
-    from rich.markdown import Markdown
-
     from reports.paper import write_report
     from tasks.tracking import check_tracking
 
     uri = check_tracking(tracking_uri)
     with console.status(f"reading experiment {experiment!r} from {uri}"):
         written = write_report(experiment, out, uri)
-    console.print(Markdown(written.tables.step_time.to_markdown()))
+    _print_markdown(written.tables.step_time.to_markdown())
     console.print(f"wrote {len(written.table_files)} table files and {len(written.figure_files)} figures to {out}/")
 
 
@@ -361,13 +453,15 @@ def _stage_progress(verbose: bool) -> Any:
     return bars()
 
 
-def _print_report(out: Path, uri: str, experiment: str) -> None:
-    from rich.markdown import Markdown
+def _print_markdown(text: str) -> None:
+    """Tables as their Markdown text: readable at any terminal width, and pastes as it is."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    table = out / "step_time.md"
-    if table.is_file():
-        console.print(Markdown(table.read_text()))
-        console.print(Markdown((out / "communication_share.md").read_text()))
+
+def _print_report(out: Path, uri: str, experiment: str) -> None:
+    for name in ("step_time.md", "communication_share.md"):
+        if (out / name).is_file():
+            _print_markdown((out / name).read_text())
     ui = f"mlflow ui --backend-store-uri {uri}" if not uri.startswith("http") else f"open {uri}"
     console.print(
         f"MLflow:  [bold]{ui}[/]  (experiment {experiment!r}; one parent run, nested runs per stage and method)"
