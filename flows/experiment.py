@@ -6,6 +6,7 @@ per evaluated method. Inputs are checked before any run exists, so a typo costs 
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,8 +129,9 @@ def tapp_experiment(
             calibration = load_fitted_calibration()
             parent.log_dict(calibration.to_dict(), "calibration.json")
             library = profile_stage(parent.ref, tags, target)
-            search = search_stage(parent.ref, tags, library, target, budget, runtime, calibration)
-            tapp_plan = sampling_stage(parent.ref, tags, search, library, target, runtime)
+            with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
+                search = search_stage(parent.ref, tags, library, target, budget, runtime, calibration, Path(workdir))
+                tapp_plan = sampling_stage(parent.ref, tags, search, library, target, runtime)
             chosen_methods = methods_for(target, methods)
             evaluations, failed = _evaluate(
                 parent, tags, library, target, chosen_methods, tapp_plan, runtime, calibration
@@ -201,8 +203,9 @@ def _train(
 
 def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation]) -> None:
     """Headline numbers on the parent run, and every chosen plan under ``plans/``."""
+    headline = {f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()}
+    if "tapp" in evaluations and "bsp" in evaluations:
+        headline["speedup_bsp_over_tapp"] = evaluations["bsp"].step_time_s / evaluations["tapp"].step_time_s
+    parent.log_metrics(headline)
     for method, evaluation in evaluations.items():
         parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
-        parent.log_metrics({f"{method}_step_time_s": evaluation.step_time_s})
-    if "tapp" in evaluations and "bsp" in evaluations:
-        parent.log_metrics({"speedup_bsp_over_tapp": evaluations["bsp"].step_time_s / evaluations["tapp"].step_time_s})

@@ -14,7 +14,7 @@ checkpoint, and every sampled plan with its estimate and, if measured, its measu
 from __future__ import annotations
 
 import math
-import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +29,8 @@ from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
+from tapp_core.planners import get_planner
 from tapp_core.planners.evaluation import PlanEvaluator
-from tapp_core.planners.tapp.policy import PolicyConfig
 from tapp_core.planners.tapp.rewards import MeasuredReward, RewardSource, SimulatedReward
 from tapp_core.planners.tapp.search import RoundReport, SearchConfig, TappSearch
 from tasks.measure import RuntimeSettings, pool_for
@@ -49,21 +49,25 @@ class SearchBudget:
     samples_per_round: int = 16
     measured_rounds: int = 2
     """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
-    measured_per_round: int = 2
-    """Best samples of a measured round (by the cost model) that are measured."""
+    measured_per_round: int = 1
+    """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
 
-    def config(self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int) -> SearchConfig:
-        return SearchConfig(
+    def config(
+        self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration
+    ) -> SearchConfig:
+        """The TAPP planner's own search configuration (its defaults for everything but the budget)."""
+        planner = get_planner(
+            "tapp",
             reward="hybrid" if self.measured_rounds > 0 else "simulated",
             rounds=self.rounds + self.measured_rounds,
             samples_per_round=self.samples_per_round,
             measured_rounds=self.measured_rounds,
             measured_per_round=self.measured_per_round,
-            seed=seed,
             batch_size=batch_size,
-            micro_batch_choices=tuple(m for m in (1, 2, 4, 8, 16, 32) if batch_size % m == 0),
-            policy=PolicyConfig(groups=len(cluster.devices)),
+            seed=seed,
+            calibration=calibration,
         )
+        return planner.config(library, cluster, None)  # type: ignore[attr-defined]
 
 
 class RecordingReward:
@@ -116,6 +120,12 @@ class SearchState:
     history: tuple[RoundReport, ...] = ()
 
 
+_Opened = tuple[TappSearch, RecordingReward, RecordingReward | None]
+_live: dict[Path, _Opened] = {}
+"""Searches kept in memory between rounds of this process: resuming from the checkpoint costs more than a round."""
+_live_lock = threading.Lock()
+
+
 def _open_search(
     checkpoint: Path,
     config: SearchConfig,
@@ -124,7 +134,13 @@ def _open_search(
     cluster: Cluster,
     model: str,
     runtime: RuntimeSettings,
-) -> tuple[TappSearch, RecordingReward, RecordingReward | None]:
+    at_round: int | None = None,
+) -> _Opened:
+    """The search at ``checkpoint``: the live one if it is at ``at_round``, else resumed from the file, else new."""
+    with _live_lock:
+        live = _live.get(checkpoint)
+    if live is not None and (at_round is None or live[0].round == at_round):
+        return live
     simulated = RecordingReward(SimulatedReward(PlanEvaluator(library, cluster, calibration)))
     measured = None
     if config.reward != "simulated":  # the pool starts only when a measured round first needs it
@@ -133,7 +149,15 @@ def _open_search(
         search = TappSearch.resume(checkpoint, library, cluster, simulated, measured)  # type: ignore[arg-type]
     else:
         search = TappSearch(library, cluster, config, simulated, measured, checkpoint)  # type: ignore[arg-type]
-    return search, simulated, measured
+    opened = (search, simulated, measured)
+    with _live_lock:
+        _live[checkpoint] = opened
+    return opened
+
+
+def _forget(checkpoint: Path) -> None:
+    with _live_lock:
+        _live.pop(checkpoint, None)
 
 
 def _search_failed(task: object, task_run: object, state: object) -> bool:
@@ -168,10 +192,14 @@ def search_round(
     runtime: RuntimeSettings,
 ) -> RoundReport:
     """One policy-gradient round, resumed from ``checkpoint`` (or a new search), saved back to it."""
-    search, _, _ = _open_search(checkpoint, config, calibration, library, cluster, model, runtime)
+    search, _, _ = _open_search(checkpoint, config, calibration, library, cluster, model, runtime, round_number - 1)
     if search.round != round_number - 1:
         raise RuntimeError(f"checkpoint {checkpoint} is at round {search.round}, not {round_number - 1}")
-    return search.run_round()
+    try:
+        return search.run_round()
+    except BaseException:
+        _forget(checkpoint)  # half a round may have changed it: a retry resumes from the last checkpoint
+        raise
 
 
 def round_metrics(report: RoundReport) -> dict[str, float]:
@@ -215,13 +243,12 @@ def search_stage(
     cluster: Cluster,
     budget: SearchBudget,
     runtime: RuntimeSettings,
-    calibration: Calibration = DEFAULT_CALIBRATION,
-    workdir: Path | None = None,
+    calibration: Calibration,
+    workdir: Path,
 ) -> SearchState:
-    """The cost-model rounds, one task each, in the ``search`` stage run."""
-    config = budget.config(library, cluster, tags.batch_size, tags.seed)
-    folder = workdir or Path(tempfile.mkdtemp(prefix="tapp-search-"))
-    state = SearchState(folder / "search.pt", config, calibration)
+    """The cost-model rounds, one task each, in the ``search`` stage run; the checkpoint lives in ``workdir``."""
+    config = budget.config(library, cluster, tags.batch_size, tags.seed, calibration)
+    state = SearchState(workdir / "search.pt", config, calibration)
     with tracked_run("search", tags.child(parent, runs.STAGE_RUN, stage="search"), parent=parent) as run:
         run.log_params({f"search_{k}": v for k, v in config.to_dict().items() if k != "policy"})
         run.log_params({f"policy_{k}": v for k, v in config.policy.__dict__.items()})
@@ -254,6 +281,7 @@ def sampling_stage(
         search, simulated, measured = _open_search(
             state.checkpoint, config, state.calibration, library, cluster, tags.model, runtime
         )
+        _forget(state.checkpoint)
         chosen = search.result()
         table = sampled_plans(simulated, measured, library, cluster, chosen, state.calibration)
         run.log_table(table, "search/sampled_plans.csv")

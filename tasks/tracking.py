@@ -28,7 +28,7 @@ import httpx
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from reports import runs
@@ -163,8 +163,9 @@ class TrackedRun:
         return self.ref.run_id
 
     def set_tags(self, tags: Mapping[str, object]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value)[:MAX_TAG_LENGTH])
+        items = [RunTag(k, str(v)[:MAX_TAG_LENGTH]) for k, v in tags.items()]
+        if items:
+            self.client.log_batch(self.run_id, tags=items, synchronous=True)
 
     def log_params(self, params: Mapping[str, object]) -> None:
         if params:

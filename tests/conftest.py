@@ -21,6 +21,7 @@ PREFECT_STARTUP_TIMEOUT_S = 180
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Real flows run against a temporary Prefect server (one per session); cached results stay in a temp dir."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_TIMEOUT_S))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here, and none needed
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
