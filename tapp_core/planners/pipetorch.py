@@ -40,10 +40,10 @@ class _OrderTree:
         self.calibration = planner.calibration
         work = costs.work_prefix
         n = costs.n_layers
-        # stage_work[i, j]: work per sample of layers [i, j); inf where the stage would be empty.
-        self.stage_work = np.where(
-            np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1), work[None, :] - work[:, None], np.inf
-        )
+        # stage_work[j, i]: work per sample of layers [i, j); inf where the stage would be empty. Rows are the
+        # stage ends, so the DP's minimum over stage starts runs along contiguous memory.
+        earlier = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)
+        self.stage_work = np.where(earlier, work[:, None] - work[None, :], np.inf)
         self.cut_bytes = costs.cut_bytes
         self.n = n
         self.columns = np.arange(n + 1)
@@ -52,7 +52,7 @@ class _OrderTree:
 
     def run(self) -> list[_Partition]:
         for first in self._candidates(()):
-            self._extend((first,), self._stage_time(first)[0], [])
+            self._extend((first,), self._stage_time(first)[:, 0], [])
         return self.found
 
     def _candidates(self, used: tuple[str, ...]) -> list[str]:
@@ -68,9 +68,9 @@ class _OrderTree:
         for device in self._candidates(order):
             link = self.cluster.link(previous, device)
             transfer = self.cut_bytes / (link.bandwidth * self.calibration.bandwidth_scale)
-            candidates = np.maximum(np.maximum(best, transfer)[:, None], self._stage_time(device))
-            argmin = np.argmin(candidates, axis=0)
-            self._extend((*order, device), candidates[argmin, self.columns], [*choices, argmin])
+            candidates = np.maximum(self._stage_time(device), np.maximum(best, transfer)[None, :])
+            argmin = np.argmin(candidates, axis=1)
+            self._extend((*order, device), candidates[self.columns, argmin], [*choices, argmin])
 
     def _stage_time(self, device: str) -> np.ndarray:
         factor = compute_factor(self.cluster, device, self.calibration)

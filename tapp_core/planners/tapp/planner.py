@@ -24,8 +24,9 @@ class TappPlanner(PlannerBase):
     reward: str = "simulated"
     """'simulated' (cost model), 'measured' (worker pool) or 'hybrid' (cost model, then measurements)."""
     rounds: int = 250
-    samples_per_round: int = 16
-    population: int = 4
+    samples_per_round: int = 8
+    """Samples per policy per round."""
+    population: int = 8
     learning_rate: float = 0.01
     entropy_weight: float = 0.02
     imitation_weight: float = 1.0

@@ -43,7 +43,8 @@ class PolicyConfig:
     partition_prior: float = 4.0
     """How sharply the learned split decides a layer's group (logit drop per mean group share of distance)."""
     initial_split: str = "speed"
-    """Initial group shares of the work: 'speed' (the devices' speeds, fastest first) or 'uniform'."""
+    """Initial group shares of the work: 'uniform', 'speed' (the devices' speeds, fastest first) or
+    'shuffled:<seed>' (the devices' speeds in a random order)."""
     allocation_prior: float = 2.0
     """Strength of the prior matching a group's share of the work to a device's share of the speed."""
     replica_prior: float = 2.0
@@ -71,6 +72,20 @@ class PolicySample:
     """(samples,) log-probability of every sample's decisions, with gradients."""
     entropy: torch.Tensor
     """Mean over the four kinds of decision of the mean entropy per decision, with gradients."""
+
+
+def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
+    """The share of the work each group starts with (see ``PolicyConfig.initial_split``)."""
+    ranked = sorted(speeds.tolist(), reverse=True)[:groups]
+    ranked += [ranked[-1]] * (groups - len(ranked))
+    if split == "uniform":
+        return [1.0] * groups
+    if split == "speed":
+        return ranked
+    if split.startswith("shuffled:"):
+        order = np.random.default_rng(int(split.split(":", 1)[1])).permutation(groups)
+        return [ranked[i] for i in order]
+    raise ValueError(f"unknown initial split {split!r}: use 'uniform', 'speed' or 'shuffled:<seed>'")
 
 
 class TappPolicy(nn.Module):
@@ -104,11 +119,7 @@ class TappPolicy(nn.Module):
         self.register_buffer("devices", device_features(cluster))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
-        if config.initial_split == "speed":
-            shares = sorted(speeds, reverse=True)[:groups]
-            shares += [shares[-1]] * (groups - len(shares))
-        else:
-            shares = [1.0] * groups
+        shares = initial_shares(config.initial_split, speeds, groups)
         self.register_buffer("work_position", features.metrics[:, METRIC_NAMES.index("work_position")].clone())
         self.embedding = nn.Embedding(len(OP_VOCABULARY), EMBEDDING_DIM)
         layer_dim = EMBEDDING_DIM + self.numeric.shape[1]

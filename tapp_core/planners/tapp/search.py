@@ -51,12 +51,13 @@ PHASES = ("simulated", "measured")
 class SearchConfig:
     reward: str = "simulated"
     rounds: int = 250
-    samples_per_round: int = 16
+    samples_per_round: int = 8
     """Samples per policy per round."""
-    population: int = 4
+    population: int = 8
     exploit_every: int = 50
-    initial_splits: tuple[str, ...] = ("uniform", "speed")
-    """Starting split of each policy in turn (see ``PolicyConfig.initial_split``)."""
+    initial_splits: tuple[str, ...] = ("uniform", "speed", "shuffled")
+    """Starting split of each policy in turn (see ``PolicyConfig.initial_split``; 'shuffled' takes the policy's
+    seed)."""
     learning_rate: float = 0.01
     entropy_weight: float = 0.02
     baseline_decay: float = 0.9
@@ -128,6 +129,8 @@ class _Member:
         config = search.config
         seed = config.seed * 1009 + index
         split = config.initial_splits[index % len(config.initial_splits)]
+        if split == "shuffled":
+            split = f"shuffled:{seed}"
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.policy = TappPolicy(
