@@ -118,6 +118,7 @@ def tapp_experiment(
                     "samples_per_round": samples_per_round,
                     "measured_rounds": budget.measured_rounds,
                     "measured_per_round": budget.measured_per_round,
+                    "measured_steps": budget.measured_steps,
                     "measure": measure,
                     "steps": steps,
                     "warmup": warmup,
@@ -130,8 +131,9 @@ def tapp_experiment(
             parent.log_dict(calibration.to_dict(), "calibration.json")
             library = profile_stage(parent.ref, tags, target)
             with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
-                search = search_stage(parent.ref, tags, library, target, budget, runtime, calibration, Path(workdir))
-                tapp_plan = sampling_stage(parent.ref, tags, search, library, target, runtime)
+                sampling = budget.sampling_runtime(runtime)
+                search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
+                tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
             chosen_methods = methods_for(target, methods)
             evaluations, failed = _evaluate(
                 parent, tags, library, target, chosen_methods, tapp_plan, runtime, calibration

@@ -13,6 +13,7 @@ checkpoint, and every sampled plan with its estimate and, if measured, its measu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from reports import runs
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
@@ -47,10 +49,16 @@ class SearchBudget:
     rounds: int = 30
     """Rounds rewarded by the cost model."""
     samples_per_round: int = 16
-    measured_rounds: int = 2
+    measured_rounds: int = 1
     """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
     measured_per_round: int = 1
     """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
+    measured_steps: int = 4
+    """Training steps per sampled measurement, the first a warm-up. A reward needs fewer than a reported number:
+    the chosen plan is measured again, with the full steps, in the final evaluation."""
+
+    def sampling_runtime(self, runtime: RuntimeSettings) -> RuntimeSettings:
+        return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1)
 
     def config(
         self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration
@@ -316,7 +324,7 @@ def sampled_plans(
         try:
             predicted = estimate(plan, library, cluster, calibration)
             estimated, share, estimate_error = predicted.step_time, predicted.communication_share, ""
-        except Exception as exc:  # a sampled plan that does not fit: it was penalised, not estimated
+        except TappError as exc:  # a sampled plan that does not fit: it was penalised, not estimated
             estimated, share, estimate_error = math.inf, math.nan, str(exc)
         result = measurements.get(plan.id)
         rows.append(

@@ -48,6 +48,8 @@ def measured(
         state = tapp_experiment(
             model="tiny_cnn",
             batch_size=16,
+            train_epochs=1,  # on synthetic data: a 512-sample test set keeps it quick; the plumbing is what is tested
+            train_steps=3,
             measured_rounds=1,
             measured_per_round=1,
             experiment="flows-measured",
@@ -74,7 +76,8 @@ def test_experiment_records_every_stage_and_method(measured: tuple[ExperimentRes
     assert parent.data.params["search_rounds"] == "3"
 
     nested = children(client, result.run_id)
-    assert set(nested) == {"profile", "search", "sampling", "report", *PAPER_METHODS}
+    trained = {f"train {m}" for m in PAPER_METHODS}
+    assert set(nested) == {"profile", "search", "sampling", "report", *PAPER_METHODS, *trained}
     assert all(run.info.status == "FINISHED" for run in nested.values())
     for method in PAPER_METHODS:
         run = nested[method]
@@ -129,6 +132,21 @@ def test_report_numbers_equal_the_mlflow_metrics(measured: tuple[ExperimentResul
     for method, column in labels.items():
         assert table.loc[0, column] == nested[method].data.metrics[runs.STEP_TIME]
     assert result.step_time_table == (result.report_dir / "step_time.md").read_text()
+
+
+def test_accuracy_table_holds_the_trained_plans_accuracy(measured: tuple[ExperimentResult, object, Path]) -> None:
+    result, _, _ = measured
+    client = MlflowClient(result.tracking_uri)
+    nested = children(client, result.run_id)
+    table = pd.read_csv(result.report_dir / "accuracy.csv")
+    assert list(table["dataset"]) == ["synthetic"]
+    assert "synthetic dataset are random labels" in (result.report_dir / "accuracy.md").read_text()
+    labels = {"tapp": "TAPP", "single-cpu": "SingleCPU", "bsp": "BSP", "pipetorch": "Pipe-Torch"}
+    for method, column in labels.items():
+        run = nested[f"train {method}"]
+        assert run.data.tags[runs.KIND] == runs.TRAIN
+        assert 0.0 <= run.data.metrics[runs.TEST_ACCURACY] <= 1.0
+        assert table.loc[0, column] == run.data.metrics[runs.TEST_ACCURACY]
 
 
 def test_search_progress_is_a_prefect_artifact(measured: tuple[ExperimentResult, object, Path]) -> None:

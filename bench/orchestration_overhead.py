@@ -1,0 +1,259 @@
+"""What Prefect and MLflow cost in the default experiment (``tapp run``): their share of the wall time (bar: < 10%).
+
+    .venv/bin/python bench/orchestration_overhead.py [--model alexnet --cluster local --bare]
+
+The default experiment runs once, as ``tapp run`` runs it, in a fresh folder with a fresh MLflow SQLite store
+and fresh Prefect result storage, so nothing is cached. Each piece of orchestration is timed where it happens:
+
+- MLflow: every ``MlflowClient`` call (outermost calls only), store creation and migration included;
+- Prefect: the flow call minus its body (the local server's start, the flow run's states), every task call minus
+  its body (task states, the profile cache, result persistence), and the progress-artifact calls;
+- imports of prefect and mlflow.
+
+Everything else is the experiment's own work: profiling, search rounds, measurements on the MPI workers,
+planners, the cost model, tables and figures. With ``--bare`` the same work then runs again with tapp_core alone
+(no Prefect, no MLflow), same seed and budget, and the two wall times are printed side by side as a cross-check
+(measured step times vary between the runs, so the difference is noisier than the accounting).
+
+The last line is the overhead share of the orchestrated run's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# The experiment's own imports (torch, the planners, the runtime) are work, not orchestration: done up front.
+for _module in ("tapp_core.profiler", "tapp_core.planners.tapp.search", "tapp_core.runtime", "pandas", "matplotlib"):
+    importlib.import_module(_module)
+
+
+class Clock:
+    """Seconds per category: outermost calls for plain categories; call minus own body for Prefect's runs."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._local = threading.local()
+
+    def wrap(self, category: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Time ``function`` under ``category``; a call made inside another of the same category is not counted."""
+
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._local, category, 0)
+            setattr(self._local, category, depth + 1)
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                setattr(self._local, category, depth)
+                if depth == 0:
+                    self.seconds[category] += time.perf_counter() - started
+                    self.calls[category] += 1
+
+        return timed
+
+    def _frames(self) -> list[list[float]]:
+        if not hasattr(self._local, "frames"):
+            self._local.frames = []
+        return self._local.frames
+
+    def wrap_run(self, category: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        """A Prefect flow or task call: its time minus its body's (``wrap_body``) is Prefect's, at every nesting level."""
+
+        @functools.wraps(call)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            frames = self._frames()
+            frames.append([0.0])
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                body = frames.pop()[0]
+                self.seconds[category] += time.perf_counter() - started - body
+                self.calls[category] += 1
+
+        return timed
+
+    def wrap_body(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                frames = self._frames()
+                if frames:
+                    frames[-1][0] += time.perf_counter() - started
+
+        return timed
+
+
+def instrument(clock: Clock) -> None:
+    """Time MLflow client calls, Prefect task and flow calls against their bodies, and progress artifacts."""
+    from mlflow import MlflowClient
+    from prefect import Flow, Task
+
+    import tasks.progress
+    from flows import experiment as experiment_flow
+    from tasks import evaluate, measure, profile, report, search, train
+
+    for name in dir(MlflowClient):
+        member = getattr(MlflowClient, name)
+        if not name.startswith("_") and callable(member):
+            setattr(MlflowClient, name, clock.wrap("mlflow", member))
+    MlflowClient.__init__ = clock.wrap("mlflow", MlflowClient.__init__)
+    Task.__call__ = clock.wrap_run("prefect tasks", Task.__call__)
+    Flow.__call__ = clock.wrap_run("prefect flow", Flow.__call__)
+    # A task imported into several modules is one object: wrap it once.
+    found = {id(v): v for m in (evaluate, measure, profile, report, search, train) for v in vars(m).values()}
+    for value in found.values():
+        if isinstance(value, Task):
+            value.fn = clock.wrap_body(value.fn)
+    flow = experiment_flow.tapp_experiment
+    flow.fn = clock.wrap_body(flow.fn)
+    for name in ("create_progress_artifact", "update_progress_artifact"):
+        setattr(tasks.progress, name, clock.wrap("progress artifacts", getattr(tasks.progress, name)))
+
+
+def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock]:
+    clock = Clock()
+    started = time.perf_counter()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    import mlflow  # noqa: F401
+    import prefect  # noqa: F401
+
+    from flows.experiment import tapp_experiment
+
+    clock.seconds["imports"] = time.perf_counter() - started
+    instrument(clock)
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: folder / "prefect-results"}):
+        started = time.perf_counter()
+        tapp_experiment(model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report"))
+        wall = time.perf_counter() - started
+    return wall + clock.seconds["imports"], clock
+
+
+def bare(args: argparse.Namespace, folder: Path) -> float:
+    """The same work on tapp_core alone: profile, search rounds, measured rounds, evaluations, tables and figures."""
+    from flows.experiment import DEFAULT_METHODS
+    from reports.figures import gantt, reward_curve, step_time_bars
+    from tapp_core.cluster import load_cluster
+    from tapp_core.costmodel import estimate
+    from tapp_core.plan import validate
+    from tapp_core.planners.evaluation import PlanEvaluator
+    from tapp_core.planners.tapp.rewards import MeasuredReward, SimulatedReward
+    from tapp_core.planners.tapp.search import TappSearch
+    from tapp_core.profiler import profile_model
+    from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.calibration import load_fitted_calibration
+    from tasks.evaluate import baseline_plan
+    from tasks.measure import RuntimeSettings
+    from tasks.profile import profiling_threads
+    from tasks.search import SearchBudget
+
+    started = time.perf_counter()
+    cluster = load_cluster(args.cluster)
+    calibration = load_fitted_calibration()
+    runtime = RuntimeSettings()
+    library = profile_model(args.model, args.batch_size, threads=profiling_threads(cluster))
+    budget = SearchBudget()
+    config = budget.config(library, cluster, args.batch_size, 0, calibration)
+    sampling = budget.sampling_runtime(runtime)
+
+    def run(plan: Any, pool: WorkerPool, settings: RuntimeSettings = runtime) -> Any:
+        return pool.measure(
+            plan, args.model, steps=settings.steps, warmup=settings.warmup, timeout_s=settings.timeout_s
+        )
+
+    with WorkerPool(cluster) as pool:
+
+        class Measurer:
+            def measure(self, plan: Any) -> Any:
+                return run(plan, pool, sampling)
+
+        simulated = SimulatedReward(PlanEvaluator(library, cluster, calibration))
+        measured = MeasuredReward(Measurer(), library, cluster)
+        search = TappSearch(library, cluster, config, simulated, measured, folder / "bare-search.pt")
+        history = [search.run_round() for _ in range(config.rounds)]
+        tapp_plan = search.result()
+        rows = []
+        for method in DEFAULT_METHODS:
+            plan = (
+                tapp_plan
+                if method == "tapp"
+                else baseline_plan(method, library, cluster, args.batch_size, 0, calibration)
+            )
+            validate(plan, library, cluster)
+            predicted = estimate(plan, library, cluster, calibration)
+            rows.append({"group": args.model, "method": method, "step_time_s": run(plan, pool).step_time_s})
+            if method == "tapp":
+                gantt(predicted, folder / "bare" / "gantt.png")
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    step_time_bars(frame, folder / "bare" / "step_time.png")
+    reward_curve(
+        pd.DataFrame({"round": [r.round for r in history], "reward_mean": [r.mean_reward for r in history]}),
+        folder / "bare" / "reward_curve.png",
+    )
+    frame.to_csv(folder / "bare" / "step_time.csv", index=False)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--cluster", default="local")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--bare", action="store_true", help="also run the same work without Prefect and MLflow")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tapp-overhead-") as tmp:
+        folder = Path(tmp)
+        os.chdir(folder)
+        wall, clock = orchestrated(args, folder)
+        parts = {
+            "imports (prefect, mlflow, flows)": clock.seconds["imports"],
+            "Prefect: server start and flow run": clock.seconds["prefect flow"],
+            f"Prefect: {clock.calls['prefect tasks']} task runs (states, cache, results)": clock.seconds[
+                "prefect tasks"
+            ],
+            f"Prefect: {clock.calls['progress artifacts']} progress-artifact calls": clock.seconds[
+                "progress artifacts"
+            ],
+            f"MLflow: {clock.calls['mlflow']} client calls (store, runs, metrics, artifacts)": clock.seconds["mlflow"],
+        }
+        overhead = sum(parts.values())
+        print(f"default experiment: {args.model} on {args.cluster}, batch {args.batch_size}, measured on the workers")
+        print(f"{'orchestrated wall time':<62} {wall:8.1f} s")
+        for name, seconds in parts.items():
+            print(f"  {name:<60} {seconds:8.2f} s  {seconds / wall:6.1%}")
+        print(f"  {'experiment work (everything else)':<60} {wall - overhead:8.2f} s  {(wall - overhead) / wall:6.1%}")
+        if args.bare:
+            bare_wall = bare(args, folder)
+            print(f"{'same work without Prefect and MLflow (bare) wall time':<62} {bare_wall:8.1f} s")
+            print(f"{'side by side: (orchestrated - bare) / orchestrated':<62} {(wall - bare_wall) / wall:8.1%}")
+    print(f"orchestration overhead (Prefect + MLflow) share of the default experiment: {overhead / wall:.1%}")
+
+
+if __name__ == "__main__":
+    main()
