@@ -152,10 +152,15 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: each final plan measured ``--repeats`` times
     on the worker pool, in turns so that load drift touches all alike; medians side by side."""
+    from tapp_core.runtime.calibration import load_fitted_calibration
     from tapp_core.runtime.pool import WorkerPool
 
     cluster = load_cluster("local")
-    table = Table(title=f"Measured on the local cluster ({cluster.name}): median of {args.repeats} measurements")
+    calibration = load_fitted_calibration()
+    table = Table(
+        title=f"Measured on the local cluster: median of {args.repeats} measurements per plan; "
+        f"estimates with the fitted calibration ({calibration.note or 'ideal'})"
+    )
     for column in ("model", "planner", "measured s", "estimated s", "search s", "plan"):
         table.add_column(column)
     bars = []
@@ -171,12 +176,13 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                 measured_rounds=args.measured_rounds,
                 measured_per_round=1,
                 seed=args.seed,
+                calibration=calibration,
             ).plan(library, cluster)
             searched = {"tapp (hybrid)": time.perf_counter() - started, "pipetorch": 0.0, "bsp": 0.0}
             plans = {
                 "tapp (hybrid)": tapp,
-                "pipetorch": get_planner("pipetorch").plan(library, cluster),
-                "bsp": get_planner("bsp").plan(library, cluster),
+                "pipetorch": get_planner("pipetorch", calibration=calibration).plan(library, cluster),
+                "bsp": get_planner("bsp", calibration=calibration).plan(library, cluster),
             }
             samples: dict[str, list[float]] = {name: [] for name in plans}
             for _ in range(args.repeats):
@@ -185,7 +191,7 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                     samples[name].append(measurement.step_time_s if measurement.ok else math.inf)
             medians = {name: statistics.median(values) for name, values in samples.items()}
             for name, plan in plans.items():
-                predicted = estimate(plan, library, cluster).step_time
+                predicted = estimate(plan, library, cluster, calibration).step_time
                 layout = Row(model, cluster.name, name, predicted, 0.0, 0, plan).layout
                 table.add_row(model, name, f"{medians[name]:.4f}", f"{predicted:.4f}", f"{searched[name]:.0f}", layout)
             table.add_section()
