@@ -12,7 +12,7 @@ import torch
 
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
-from tapp_core.planners import get_planner
+from tapp_core.planners import PlannerError, get_planner
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp import MeasuredReward, SearchConfig, SimulatedReward, TappSearch
 from tapp_core.planners.tapp.features import ABSENT_SUCCESSOR, OP_VOCABULARY, layer_features, op_index
@@ -139,6 +139,8 @@ def test_the_planner_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     straight = get_planner("tapp", rounds=4, population=1, samples_per_round=4).plan(library, cluster)
     assert resumed.notes["rounds"] == 4
     assert resumed == straight and resumed.notes["evaluations"] == straight.notes["evaluations"]
+    with pytest.raises(PlannerError, match=r"cannot resume, checkpoint .* does not exist"):
+        get_planner("tapp", resume=True, checkpoint=tmp_path / "missing.pt").plan(library, cluster)
 
 
 class FakePool:

@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
@@ -79,6 +80,8 @@ class TappPlanner(PlannerBase):
         measured = MeasuredReward(measurer, library, cluster) if measurer is not None else None
         if self.resume:
             assert self.checkpoint is not None
+            if not Path(self.checkpoint).is_file():
+                raise PlannerError(f"tapp planner: cannot resume, checkpoint {self.checkpoint} does not exist")
             return TappSearch.resume(self.checkpoint, library, cluster, simulated, measured, rounds=self.rounds)
         return TappSearch(library, cluster, self.config(library, cluster, budget), simulated, measured, self.checkpoint)
 
