@@ -173,7 +173,7 @@ def _evaluate(
     for done, method in enumerate(methods, start=1):
         plan = tapp_plan if method == "tapp" else None
         state = evaluate_method(
-            method, library, cluster, parent.ref, tags, plan=plan, runtime=runtime, return_state=True
+            method, library, cluster, parent.ref, tags, plan, runtime, calibration, return_state=True
         )
         if state.is_completed():
             evaluations[method] = state.result()

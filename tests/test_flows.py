@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import filecmp
 import io
+import json
 import math
 import textwrap
 from collections.abc import Iterator
@@ -110,6 +111,16 @@ def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
     assert table["estimated_step_time_s"].notna().all()
     assert table["chosen"].sum() == 1
     assert table.loc[table["chosen"], "plan_id"].item() == result.evaluations["tapp"].plan.id
+    # One cost model (the fitted calibration, logged on the parent) for the search and the final evaluation.
+    assert table.loc[table["chosen"], "estimated_step_time_s"].item() == pytest.approx(
+        nested["tapp"].data.metrics[runs.ESTIMATED_STEP_TIME]
+    )
+    calibration = json.loads(
+        Path(client.download_artifacts(result.run_id, "calibration.json", str(tmp_path))).read_text()
+    )
+    for method in PAPER_METHODS:
+        logged = client.download_artifacts(nested[method].info.run_id, runs.ESTIMATE_ARTIFACT, str(tmp_path / method))
+        assert json.loads(Path(logged).read_text())["calibration"] == calibration
 
     artifacts = {
         "profile": "layer_library",
