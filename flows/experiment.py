@@ -17,6 +17,7 @@ from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costmodel import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
 from tapp_core.errors import TappError
+from tapp_core.metrics import Measurement
 from tapp_core.models import build_traced_model
 from tapp_core.runtime.calibration import load_fitted_calibration
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
@@ -169,15 +170,18 @@ def _evaluate(
     """Each method in turn (measurements must not share the cores); a failed one is noted and the rest go on."""
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
+    measured: dict[str, tuple[str, Measurement]] = {}
     progress = StageProgress("evaluation", len(methods), "final evaluation: methods")
     for done, method in enumerate(methods, start=1):
         plan = tapp_plan if method == "tapp" else None
         state = evaluate_method(
-            method, library, cluster, parent.ref, tags, plan, runtime, calibration, return_state=True
+            method, library, cluster, parent.ref, tags, plan, runtime, calibration, measured, return_state=True
         )
         if state.is_completed():
-            evaluations[method] = state.result()
-            progress.update(done, f"{method} {evaluations[method].step_time_s:.4f} s")
+            result = evaluations[method] = state.result()
+            if result.measured:
+                measured.setdefault(result.plan.id, (method, result.measurement))  # type: ignore[arg-type]
+            progress.update(done, f"{method} {result.step_time_s:.4f} s")
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED")

@@ -9,6 +9,7 @@ measurement fails) ends that run FAILED and fails the task, and the flow goes on
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prefect import task
@@ -27,6 +28,8 @@ PAPER_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch")
 OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle")
 SINGLE_DEVICE = {"single-cpu": "cpu", "single-gpu": "cuda"}
 KNOWN_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu", *OTHER_METHODS)
+MEASUREMENT_FROM = "measurement_from"
+"""Tag of an evaluation whose plan is another method's: the method whose measurement it shares."""
 
 
 class EvaluationFailed(RuntimeError):
@@ -150,8 +153,12 @@ def evaluate_method(
     plan: Plan | None = None,
     runtime: RuntimeSettings | None = None,
     calibration: Calibration = DEFAULT_CALIBRATION,
+    measured_plans: Mapping[str, tuple[str, Measurement]] | None = None,
 ) -> Evaluation:
-    """Plan (unless ``plan`` is given), estimate and measure ``method``; one nested MLflow run holds it all."""
+    """Plan (unless ``plan`` is given), estimate and measure ``method``; one nested MLflow run holds it all.
+
+    ``measured_plans`` (plan id -> (method, measurement)) are measurements this experiment already took.
+    """
     with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
         started = time.perf_counter()
         chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed, calibration)
@@ -164,7 +171,12 @@ def evaluate_method(
         run.log_metrics(estimate_metrics(predicted))
         measured = None
         if runtime is not None and runtime.enabled:
-            (measured,) = measure_plans([chosen], cluster, tags.model, runtime)
+            if chosen.id in (measured_plans or {}):
+                # The same plan as an earlier method (planners often agree): one measurement serves both.
+                source, measured = measured_plans[chosen.id]  # type: ignore[index]
+                run.set_tags({MEASUREMENT_FROM: source})
+            else:
+                (measured,) = measure_plans([chosen], cluster, tags.model, runtime)
             run.log_text(measured.to_json(), "measurement.json")
             if not measured.ok:
                 raise EvaluationFailed(f"{method}: plan {chosen.id} failed on the runtime: {measured.error}")

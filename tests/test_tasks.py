@@ -12,10 +12,12 @@ from mlflow import MlflowClient
 from reports import runs
 from tapp_core.cluster import load_cluster, parse_cluster
 from tapp_core.library import LayerLibrary
+from tapp_core.metrics import Measurement
 from tapp_core.plan import PlanError, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.profiler import profile_model
-from tasks.evaluate import evaluate_method, methods_for, single_device_plan
+from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, single_device_plan
+from tasks.measure import RuntimeSettings
 from tasks.profile import profile_cache_key, record_library
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, tracked_run
 
@@ -151,3 +153,25 @@ def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None
     assert methods_for(cluster, ("tapp", "single-cpu", "bsp", "pipetorch", "even")) == (
         "tapp", "single-cpu", "bsp", "pipetorch", "single-gpu", "even",
     )  # fmt: skip
+
+
+def test_a_plan_already_measured_for_another_method_is_not_measured_again(
+    tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
+) -> None:
+    cluster = load_cluster("local")
+    tags = experiment_tags()
+    plan = single_device_plan(tiny_library, cluster, "cpu", 16)
+    earlier = Measurement(plan_id=plan.id, step_time_s=0.25, communication_share=0.0, emulated=True)
+    with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
+        result = evaluate_method.fn(
+            "single-cpu",
+            tiny_library,
+            cluster,
+            parent.ref,
+            tags,
+            runtime=RuntimeSettings(),  # measuring is on, but the plan's measurement is already known
+            measured_plans={plan.id: ("pipetorch", earlier)},
+        )
+    stored = MlflowClient().get_run(result.run_id).data
+    assert stored.tags[MEASUREMENT_FROM] == "pipetorch"
+    assert stored.metrics[runs.STEP_TIME] == stored.metrics[runs.MEASURED_STEP_TIME] == 0.25
