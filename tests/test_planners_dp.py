@@ -9,12 +9,14 @@ import random
 import numpy as np
 import pytest
 
+from tapp_core.cluster import parse_cluster
 from tapp_core.costmodel import Calibration, estimate
-from tapp_core.plan import validate
+from tapp_core.plan import SCHEDULES, PlanError, validate
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
 from tapp_core.planners.bounds import StepTimeBound, device_group
 from tapp_core.planners.costs import LayerCosts, device_classes
+from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
@@ -162,3 +164,34 @@ def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
     capped = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster, budget=5)
     assert capped.notes["evaluations"] <= 6
     assert full.notes["estimated_step_time_s"] <= capped.notes["estimated_step_time_s"]
+
+
+def test_the_memory_screen_agrees_with_validate() -> None:
+    library = chain_library()
+    cluster = parse_cluster(
+        {
+            "name": "tight",
+            "devices": [{"name": f"d{i}", "memory": f"{m}MiB"} for i, m in enumerate((4, 8, 16))],
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
+        }
+    )
+    screen = MemoryScreen(library, cluster)
+    rng = random.Random(11)
+    outcomes = set()
+    for _ in range(300):
+        devices = list(cluster.device_names)
+        rng.shuffle(devices)
+        k = rng.randint(1, 3)
+        grouping = [devices[:1], *[[d] for d in devices[1:k]]]
+        if rng.random() < 0.3 and k < 3:
+            grouping[0].append(devices[k])
+        cuts = sorted(rng.sample(range(1, len(library.layers)), len(grouping) - 1))
+        plan = contiguous_plan(library, cuts, grouping, rng.choice([1, 2, 4, 8]), rng.choice(SCHEDULES), 64)
+        try:
+            validate(plan, library, cluster)
+            valid = True
+        except PlanError:
+            valid = False
+        assert screen.fits(plan) == valid
+        outcomes.add(valid)
+    assert outcomes == {True, False}

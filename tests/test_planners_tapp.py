@@ -188,3 +188,24 @@ def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> N
     too_big = Plan(**{**plan.__dict__, "stage_devices": (("d0", "d1", "d2"),)})  # 3 replicas do not divide 64
     assert reward.step_times([too_big]) == [math.inf]
     assert pool.measured == []
+
+
+def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -> None:
+    search = _search(rounds=2)
+    list(search.rounds())
+    before = search.best["simulated"][0]
+    gain = search.polish(span=1)
+    after, plan = search.best["simulated"]
+    assert after <= before and math.isclose(gain, 1 - after / before)
+    evaluator = search.simulated
+    cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
+    n = len(plan.stage_of_layer)
+    for m in (1, 2, 4):
+        assert evaluator.step_times([Plan(**{**plan.__dict__, "micro_batches": m})])[0] >= after
+    for j, cut in enumerate(cuts):
+        for moved in (cut - 1, cut + 1):
+            others = cuts[:j] + cuts[j + 1 :]
+            if 0 < moved < n and moved not in others:
+                stages = tuple(int(x) for x in np.searchsorted(sorted([*others, moved]), np.arange(n), side="right"))
+                if len(set(stages)) == plan.n_stages:
+                    assert evaluator.step_times([Plan(**{**plan.__dict__, "stage_of_layer": stages})])[0] >= after

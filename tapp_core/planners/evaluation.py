@@ -1,17 +1,46 @@
 """Step times of candidate plans on the cost model, memoised by plan id, with the best plan kept.
 
 A plan the cost model or ``validate`` rejects (memory exceeded, a replica count that does not divide the
-micro-batch...) costs ``inf``: searches treat it as the worst possible plan rather than crashing.
+micro-batch...) costs ``inf``: searches treat it as the worst possible plan rather than crashing. Searches
+estimate thousands of candidates, so the checks that can fail for a structurally sound candidate (memory,
+replica counts) are screened in one vectorised pass, and the full ``validate`` runs on every plan that would
+become the best, so the best plan is always fully validated.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, validate
+from tapp_core.plan import STATE_PER_PARAM_BYTE, Plan, PlanError, in_flight_micro_batches, validate
+
+
+class MemoryScreen:
+    """``validate``'s replica and memory checks, vectorised over layers (``plan.stage_memory_bytes``)."""
+
+    def __init__(self, library: LayerLibrary, cluster: Cluster) -> None:
+        self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
+        self.activations = np.array([layer.activation_bytes for layer in library.layers], dtype=np.float64)
+        self.memory = {d.name: d.memory for d in cluster.devices}
+
+    def fits(self, plan: Plan) -> bool:
+        stages = np.asarray(plan.stage_of_layer)
+        params = np.bincount(stages, self.params, plan.n_stages)
+        activations = np.bincount(stages, self.activations, plan.n_stages)
+        for stage, devices in enumerate(plan.stage_devices):
+            if plan.micro_batch_size % len(devices):
+                return False
+            samples = plan.micro_batch_size // len(devices)
+            in_flight = in_flight_micro_batches(plan, stage)
+            versions = in_flight if plan.schedule == "async" else 0
+            need = (STATE_PER_PARAM_BYTE + versions) * params[stage] + in_flight * activations[stage] * samples
+            if need > min(self.memory.get(d, 0) for d in devices):
+                return False
+        return True
 
 
 class PlanEvaluator:
@@ -30,6 +59,7 @@ class PlanEvaluator:
         self.lazy_validation = lazy_validation
         """Check memory only for plans that would be the new best: for searches that use nothing but the best
         (the oracle); a slower plan's cached time may then belong to a plan that does not fit."""
+        self.screen = MemoryScreen(library, cluster)
         self.evaluations = 0
         """Distinct plans evaluated (cache hits are free)."""
         self.failures = 0
@@ -51,10 +81,10 @@ class PlanEvaluator:
             return cached
         self.evaluations += 1
         try:
-            if not self.lazy_validation:
-                validate(plan, self.library, self.cluster)
+            if not self.lazy_validation and not self.screen.fits(plan):
+                raise PlanError("does not fit")
             value = estimate(plan, self.library, self.cluster, self.calibration).step_time
-            if self.lazy_validation and value < self.best_time:
+            if value < self.best_time:
                 validate(plan, self.library, self.cluster)
         except PlanError:
             self.failures += 1

@@ -34,8 +34,11 @@ class TappPlanner(PlannerBase):
     groups: int | None = None
     """Most pipeline stages; None: one per device."""
     time_limit_s: float | None = None
-    measured_rounds: int = 5
-    measured_per_round: int = 2
+    polish: bool = True
+    """After the rounds, search around the best simulated plan (stage boundaries +-2 layers, every micro-batch
+    count); its gain is in the plan's notes as ``polish_gain``."""
+    measured_rounds: int = 3
+    measured_per_round: int = 1
     pool: Measurer | None = None
     """measured / hybrid: what measures plans (a started ``WorkerPool``); None: start one on the cluster."""
     checkpoint: str | os.PathLike[str] | None = None
@@ -105,6 +108,8 @@ class TappPlanner(PlannerBase):
                             phase=report.phase,
                         )
                     )
+            if self.polish and search.best["measured"][1] is None:
+                search.polish()
             try:
                 return search.result()
             except RuntimeError as exc:

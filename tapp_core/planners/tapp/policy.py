@@ -66,6 +66,20 @@ class Actions:
 
 
 @dataclass
+class PartitionDraw:
+    labels: np.ndarray
+    """(samples, layers) sampled group of every layer, before the repair."""
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    layer_vectors: torch.Tensor
+
+
+def repaired_stages(labels: np.ndarray, weights: np.ndarray, groups: int) -> np.ndarray:
+    """Sampled groups made monotone (``repair.monotone_groups``) and renumbered as stages 0..k-1."""
+    return compact(monotone_groups(labels, weights, groups))
+
+
+@dataclass
 class PolicySample:
     plans: list[Plan]
     log_prob: torch.Tensor
@@ -135,11 +149,32 @@ class TappPolicy(nn.Module):
 
     def sample(self, count: int, generator: torch.Generator) -> PolicySample:
         """Sample ``count`` plans."""
-        return self._run(count, generator, None)
+        draw = self.draw_partition(count, generator)
+        return self.complete(draw, repaired_stages(draw.labels, self.repair_weights, self.config.groups), generator)
 
     def score(self, plans: Sequence[Plan]) -> PolicySample:
-        """The log-probability of choosing exactly ``plans`` (self-imitation of the best plans seen)."""
-        return self._run(len(plans), None, self.actions_of(plans))
+        """The log-probability of choosing exactly ``plans`` (self-imitation of the best plans seen). Their
+        stages are already monotone, so they are their own repair."""
+        actions = self.actions_of(plans)
+        draw = self.draw_partition(len(plans), None, actions.labels)
+        return self.complete(draw, compact(actions.labels), None, actions)
+
+    def draw_partition(
+        self, count: int, generator: torch.Generator | None, labels: np.ndarray | None = None
+    ) -> PartitionDraw:
+        """The partition network's decisions: a group for every layer of ``count`` samples (or ``labels``)."""
+        layer_vectors = torch.cat([self.embedding(self.op_ids), self.numeric], dim=1)
+        log_p = F.log_softmax(self.partition(layer_vectors, self.work_position), dim=1)
+        if labels is None:
+            chosen = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator).T
+        else:
+            chosen = torch.as_tensor(labels)
+        return PartitionDraw(
+            labels=chosen.numpy(),
+            log_prob=log_p.gather(1, chosen.T).sum(dim=0),
+            entropy=-(log_p.exp() * log_p).sum(dim=1).mean(),
+            layer_vectors=layer_vectors,
+        )
 
     def actions_of(self, plans: Sequence[Plan]) -> Actions:
         """Decisions that produce ``plans``: their stages as the groups, each stage's first device placed, the
@@ -159,22 +194,19 @@ class TappPolicy(nn.Module):
             micro=np.array([self.micro_batch_choices.index(plan.micro_batches) for plan in plans]),
         )
 
-    def _run(self, count: int, generator: torch.Generator | None, forced: Actions | None) -> PolicySample:
+    def complete(
+        self,
+        draw: PartitionDraw,
+        stages: np.ndarray,
+        generator: torch.Generator | None,
+        forced: Actions | None = None,
+    ) -> PolicySample:
+        """The allocation network's and the micro-batch decisions for repaired ``stages`` (one row per sample)."""
         groups = self.config.groups
-        layer_vectors = torch.cat([self.embedding(self.op_ids), self.numeric], dim=1)
-        log_p = F.log_softmax(self.partition(layer_vectors, self.work_position), dim=1)
-        if forced is None:
-            labels = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator).T
-        else:
-            labels = torch.as_tensor(forced.labels)
-        log_prob = log_p.gather(1, labels.T).sum(dim=0)
-        entropies = [-(log_p.exp() * log_p).sum(dim=1).mean()]
-
-        stages = compact(monotone_groups(labels.numpy(), self.repair_weights, groups))
+        count = stages.shape[0]
         n_stages = stages.max(axis=1) + 1
-        slots = self._group_vectors(layer_vectors[:, : self.group_layer_dim], stages)
+        slots = self._group_vectors(draw.layer_vectors[:, : self.group_layer_dim], stages)
         active = torch.arange(groups)[None, :] < torch.as_tensor(n_stages)[:, None]
-
         placed, place_log_prob, place_entropy = self._place(
             slots, stages, active, generator, None if forced is None else forced.placed
         )
@@ -184,10 +216,10 @@ class TappPolicy(nn.Module):
         micro, micro_log_prob, micro_entropy = self._micro_batches(
             replicas, generator, None if forced is None else forced.micro
         )
-        log_prob = log_prob + place_log_prob + replica_log_prob + micro_log_prob
-        entropies += [place_entropy, replica_entropy, micro_entropy]
+        log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob
+        entropy = torch.stack([draw.entropy, place_entropy, replica_entropy, micro_entropy]).mean()
         plans = [self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s]) for s in range(count)]
-        return PolicySample(plans, log_prob, torch.stack(entropies).mean())
+        return PolicySample(plans, log_prob, entropy)
 
     def _group_vectors(self, layer_vectors: torch.Tensor, stages: np.ndarray) -> torch.Tensor:
         groups = self.config.groups

@@ -27,22 +27,22 @@ def monotone_groups(labels: np.ndarray, weights: np.ndarray, groups: int) -> np.
     """(samples, layers) sampled groups -> the cheapest non-decreasing relabeling of each sample."""
     samples, n = labels.shape
     choices = np.arange(groups)
+    mismatch = weights[:, None, None] * (labels.T[:, :, None] != choices[None, None, :])
+    # reach[i, s, g]: cheapest labeling of layers < i that lets layer i take group g (its group <= g).
+    reach = np.empty((n, samples, groups))
     cost = np.zeros((samples, groups))
-    # came_from[i, s, g]: group of layer i - 1 on the cheapest path that puts layer i in group g.
-    came_from = np.zeros((n, samples, groups), dtype=np.int16)
-    rows = np.arange(samples)
     for i in range(n):
-        # Cheapest way to reach group g from any group <= g; on ties the lowest such group.
-        running = np.minimum.accumulate(cost, axis=1)
-        starts_new_min = np.ones_like(cost, dtype=bool)
-        starts_new_min[:, 1:] = cost[:, 1:] < running[:, :-1]
-        came_from[i] = np.maximum.accumulate(np.where(starts_new_min, choices[None, :], 0), axis=1)
-        cost = running + weights[i] * (labels[:, i][:, None] != choices[None, :])
-    out = np.zeros((samples, n), dtype=np.int64)
+        reach[i] = np.minimum.accumulate(cost, axis=1)
+        cost = reach[i] + mismatch[i]
+    out = np.empty((samples, n), dtype=np.int64)
     current = np.argmin(cost, axis=1)
-    for i in range(n - 1, -1, -1):
+    for i in range(n - 1, 0, -1):
         out[:, i] = current
-        current = came_from[i][rows, current]
+        # The previous layer's group: the lowest g' <= current whose path cost is the prefix minimum.
+        before = reach[i - 1] + mismatch[i - 1]
+        before = np.where(choices[None, :] <= current[:, None], before, np.inf)
+        current = np.argmin(before, axis=1)
+    out[:, 0] = current
     return out
 
 

@@ -7,10 +7,11 @@ round's spread, plus an entropy bonus. A failed plan is rewarded as if it took `
 reference. Self-imitation (Oh et al., 2018) adds the log-probability of the policy's best plans so far,
 weighted by how much they beat the baseline, so what a lucky sample found is learned rather than forgotten.
 
-A small population of policies (different seeds, starting splits alternating between even and
-speed-proportional) shares the reward source; every ``exploit_every`` rounds the policy with the worst best
-plan takes over the weights of the one with the best (population-based training), so that one unlucky start
-does not decide the outcome.
+A small population of policies (different seeds; starting splits even, speed-proportional, or
+speed-proportional in a random device order) shares the reward source. Every ``exploit_every`` rounds the
+policy with the worst best plan takes over the weights of the one with the best (population-based training),
+and a policy that has not improved for ``restart_after`` rounds starts afresh from a new random split, so
+that one unlucky start does not decide the outcome and other basins keep being explored.
 
 Reward phases: ``simulated`` uses the cost model every round; ``measured`` measures every distinct sample on the
 runtime; ``hybrid`` pre-trains on the cost model and, for its last ``measured_rounds`` rounds, measures only the
@@ -40,7 +41,7 @@ import torch
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
-from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
+from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolicy, repaired_stages
 from tapp_core.planners.tapp.rewards import RewardSource
 
 REWARD_KINDS = ("simulated", "measured", "hybrid")
@@ -55,6 +56,8 @@ class SearchConfig:
     """Samples per policy per round."""
     population: int = 8
     exploit_every: int = 50
+    restart_after: int = 40
+    """Rounds without improvement after which a policy (not the leader) restarts from a new random split; 0: never."""
     initial_splits: tuple[str, ...] = ("uniform", "speed", "shuffled")
     """Starting split of each policy in turn (see ``PolicyConfig.initial_split``; 'shuffled' takes the policy's
     seed)."""
@@ -65,9 +68,9 @@ class SearchConfig:
     imitation_weight: float = 1.0
     """Self-imitation: weight of the pull towards the best plans seen that beat the baseline (0: off)."""
     imitation_plans: int = 4
-    measured_rounds: int = 5
+    measured_rounds: int = 3
     """hybrid: how many final rounds use measurements."""
-    measured_per_round: int = 2
+    measured_per_round: int = 1
     """hybrid: how many of each policy's best samples of a round (by the cost model) are measured."""
     budget: int | None = None
     """Most distinct reward evaluations (cost model plus measurements); None: no limit."""
@@ -125,10 +128,16 @@ def _one_thread() -> Iterator[None]:
 class _Member:
     """One policy of the population with its optimizer, random stream, baseline and best plans."""
 
-    def __init__(self, search: TappSearch, index: int) -> None:
+    def __init__(self, search: TappSearch, index: int, generation: int = 0) -> None:
         config = search.config
-        seed = config.seed * 1009 + index
-        split = config.initial_splits[index % len(config.initial_splits)]
+        self.generation = generation
+        """How many times this policy was restarted."""
+        self.stale = 0
+        """Rounds since its best plan last improved."""
+        self.age = 0
+        """Rounds since it started."""
+        seed = config.seed * 1009 + index + 100003 * generation
+        split = config.initial_splits[index % len(config.initial_splits)] if generation == 0 else "shuffled"
         if split == "shuffled":
             split = f"shuffled:{seed}"
         with torch.random.fork_rng():
@@ -153,6 +162,9 @@ class _Member:
 
     def state_dict(self) -> dict[str, object]:
         return {
+            "generation": self.generation,
+            "stale": self.stale,
+            "age": self.age,
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
@@ -162,6 +174,8 @@ class _Member:
         }
 
     def load_state_dict(self, state: dict[str, object], with_generator: bool = True) -> None:
+        self.stale = int(state["stale"])  # type: ignore[call-overload]
+        self.age = int(state["age"])  # type: ignore[call-overload]
         self.policy.load_state_dict(state["policy"])  # type: ignore[arg-type]
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # type: ignore[arg-type]
         if with_generator:
@@ -195,6 +209,7 @@ class TappSearch:
         self.reference: dict[str, float] = {}
         self.best: dict[str, tuple[float, Plan | None]] = {phase: (math.inf, None) for phase in PHASES}
         self.history: list[RoundReport] = []
+        self.polish_gain = 0.0
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -228,14 +243,27 @@ class TappSearch:
         entropies: list[float] = []
         times: list[float] = []
         with _one_thread():
-            for member in self.members:
-                member_rewards, member_times, entropy = self._step(member, phase)
+            # All the policies' partitions are repaired in one pass: the repair's cost is per call, not per sample.
+            draws = [m.policy.draw_partition(self.config.samples_per_round, m.generator) for m in self.members]
+            policy = self.members[0].policy
+            stages = repaired_stages(
+                np.concatenate([d.labels for d in draws]), policy.repair_weights, policy.config.groups
+            )
+            for k, (member, draw) in enumerate(zip(self.members, draws, strict=True)):
+                before = member.best(phase)
+                size = self.config.samples_per_round
+                sample = member.policy.complete(draw, stages[k * size : (k + 1) * size], member.generator)
+                member_rewards, member_times, entropy = self._step(member, sample, phase)
+                member.stale = 0 if member.best(phase) < before else member.stale + 1
+                member.age += 1
                 rewards += list(member_rewards)
                 times += member_times
                 entropies.append(entropy)
         self.round += 1
         if len(self.members) > 1 and self.round % self.config.exploit_every == 0:
             self._exploit(phase)
+        if phase == "simulated" and self.config.restart_after:
+            self._restart_stale(phase)
         self.elapsed_s += time.perf_counter() - started
         report = RoundReport(
             round=self.round,
@@ -253,9 +281,8 @@ class TappSearch:
             self.save(self.checkpoint)
         return report
 
-    def _step(self, member: _Member, phase: str) -> tuple[np.ndarray, list[float], float]:
-        """One REINFORCE step of one policy: (rewards, step times, entropy)."""
-        sample = member.policy.sample(self.config.samples_per_round, member.generator)
+    def _step(self, member: _Member, sample: PolicySample, phase: str) -> tuple[np.ndarray, list[float], float]:
+        """One REINFORCE step of one policy on its ``sample``: (rewards, step times, entropy)."""
         used, times = self._rewarded(sample.plans, phase)
         rewards = self._rewards(times, phase)
         advantages = self._advantages(member, rewards, phase)
@@ -305,7 +332,9 @@ class TappSearch:
         if step_time < self.best[phase][0]:
             self.best[phase] = (step_time, plan)
         elite = member.elite.setdefault(phase, [])
-        if any(p.id == plan.id for _, p in elite):
+        if len(elite) >= self.config.imitation_plans and step_time >= elite[-1][0]:
+            return
+        if any(p == plan for _, p in elite):
             return
         elite.append((step_time, plan))
         elite.sort(key=lambda item: item[0])
@@ -324,12 +353,49 @@ class TappSearch:
         scored = member.policy.score([p for _, p in elite])
         return -self.config.imitation_weight * (torch.as_tensor(weights, dtype=torch.float32) * scored.log_prob).mean()
 
+    def _restart_stale(self, phase: str) -> None:
+        """A policy whose best has not improved for ``restart_after`` rounds starts afresh from a new random split
+        (unless it holds the population's best plan): the population keeps exploring other basins."""
+        leader = min(self.members, key=lambda m: m.best(phase))
+        for k, member in enumerate(self.members):
+            if member is not leader and member.stale >= self.config.restart_after:
+                self.members[k] = _Member(self, k, member.generation + 1)
+
     def _exploit(self, phase: str) -> None:
-        """The policy whose best plan is worst continues from the policy whose best plan is best."""
-        ranked = sorted(self.members, key=lambda m: m.best(phase))
+        """The policy whose best plan is worst continues from the policy whose best plan is best (among those
+        that have run ``exploit_every`` rounds since they started, so a restart gets its chance)."""
+        ranked = sorted((m for m in self.members if m.age >= self.config.exploit_every), key=lambda m: m.best(phase))
+        if len(ranked) < 2:
+            return
         best, worst = ranked[0], ranked[-1]
         if best is not worst and best.best(phase) < worst.best(phase):
             worst.load_state_dict(best.state_dict(), with_generator=False)
+
+    def polish(self, span: int = 2) -> float:
+        """Search around the best simulated plan: move each stage boundary by up to ``span`` layers and try every
+        micro-batch count, keeping any improvement, until none is left. Returns the relative gain."""
+        start, plan = self.best["simulated"]
+        if plan is None or list(plan.stage_of_layer) != sorted(plan.stage_of_layer):
+            return 0.0
+        best_time = start
+        while True:
+            neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.config.micro_batch_choices]
+            cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
+            bounds = [0, *cuts, len(plan.stage_of_layer)]
+            for j in range(len(cuts)):
+                for shift in range(-span, span + 1):
+                    if shift and bounds[j] < cuts[j] + shift < bounds[j + 2]:
+                        moved = [*cuts[:j], cuts[j] + shift, *cuts[j + 1 :]]
+                        stages = np.searchsorted(moved, np.arange(len(plan.stage_of_layer)), side="right")
+                        neighbours.append(dataclasses.replace(plan, stage_of_layer=tuple(int(x) for x in stages)))
+            times = self.simulated.step_times(neighbours)
+            i = int(np.argmin(times))
+            if times[i] >= best_time:
+                break
+            best_time, plan = times[i], neighbours[i]
+        self.best["simulated"] = (best_time, plan)
+        self.polish_gain = 1 - best_time / start if math.isfinite(start) else 0.0
+        return self.polish_gain
 
     # --- results --------------------------------------------------------------------------------------------------
 
@@ -358,6 +424,7 @@ class TappSearch:
             "best_simulated_step_time_s": self.best["simulated"][0],
             "best_measured_step_time_s": self.best["measured"][0],
             "search_rounds_s": self.elapsed_s,
+            "polish_gain": self.polish_gain,
             "seed": self.config.seed,
         }
         return dataclasses.replace(plan, notes=notes)
@@ -380,8 +447,11 @@ class TappSearch:
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.round = int(state["round"])  # type: ignore[call-overload]
         self.elapsed_s = float(state["elapsed_s"])  # type: ignore[arg-type]
-        for member, saved in zip(self.members, state["members"], strict=True):  # type: ignore[call-overload]
+        self.members = []
+        for k, saved in enumerate(state["members"]):  # type: ignore[arg-type]
+            member = _Member(self, k, int(saved["generation"]))
             member.load_state_dict(saved)
+            self.members.append(member)
         self.reference = dict(state["reference"])  # type: ignore[call-overload]
         self.best = {
             k: (t, Plan.from_dict(p) if p is not None else None)
