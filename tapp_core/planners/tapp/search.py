@@ -373,12 +373,14 @@ class TappSearch:
 
     def polish(self, span: int = 2) -> float:
         """Search around the best simulated plan: move each stage boundary by up to ``span`` layers and try every
-        micro-batch count, keeping any improvement, until none is left. Returns the relative gain."""
+        micro-batch count, keeping any improvement, until none is left or the budget is spent. Returns the
+        relative gain."""
         start, plan = self.best["simulated"]
         if plan is None or list(plan.stage_of_layer) != sorted(plan.stage_of_layer):
             return 0.0
         best_time = start
-        while True:
+        budget = self.config.budget
+        while budget is None or self.evaluations < budget:
             neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.config.micro_batch_choices]
             cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
             bounds = [0, *cuts, len(plan.stage_of_layer)]
