@@ -103,6 +103,7 @@ def tapp_experiment(
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
     budget = SearchBudget(search_rounds, samples_per_round, measured_rounds if measure else 0, measured_per_round)
     runtime = RuntimeSettings(enabled=measure, steps=steps, warmup=warmup, seed=seed)
+    chosen_methods = methods_for(target, methods)
     name = f"{model} on {target.name}, batch {batch_size}"
     try:
         with tracked_run(name, tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment, uri=uri) as parent:
@@ -114,7 +115,7 @@ def tapp_experiment(
                     "batch_size": batch_size,
                     "dataset": dataset,
                     "data_dir": data_dir,
-                    "methods": ",".join(methods_for(target, methods)),
+                    "methods": ",".join(chosen_methods),
                     "search_rounds": search_rounds,
                     "samples_per_round": samples_per_round,
                     "measured_rounds": budget.measured_rounds,
@@ -135,7 +136,6 @@ def tapp_experiment(
                 sampling = budget.sampling_runtime(runtime)
                 search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
                 tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
-            chosen_methods = methods_for(target, methods)
             evaluations, failed = _evaluate(
                 parent, tags, library, target, chosen_methods, tapp_plan, runtime, calibration
             )

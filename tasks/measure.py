@@ -11,12 +11,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import Estimate
+from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
 from tapp_core.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
@@ -29,9 +28,13 @@ class RuntimeSettings:
     enabled: bool = True
     steps: int = DEFAULT_WARMUP + MIN_STEPS
     warmup: int = DEFAULT_WARMUP
-    timeout_s: float = 120.0
-    """Per plan; a plan past it comes back as a failed Measurement."""
+    timeout_s: float = 600.0
+    """Per plan: a guard against hangs, not a speed limit; a plan past it comes back as a failed Measurement."""
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.steps <= self.warmup:
+            raise TappError(f"measuring needs more steps ({self.steps}) than warm-up steps ({self.warmup})")
 
 
 _pools: dict[str, WorkerPool] = {}
@@ -83,28 +86,3 @@ def measure_plans(plans: list[Plan], cluster: Cluster, model: str, settings: Run
         )
         for plan in plans
     ]
-
-
-def sampled_plans_table(
-    plans: list[Plan], estimates: list[Estimate], measurements: list[Measurement | None], origin: list[str]
-) -> pd.DataFrame:
-    """One row per plan: where it came from, its shape, its estimate and (if taken) its measurement."""
-    rows = []
-    for plan, predicted, measured, source in zip(plans, estimates, measurements, origin, strict=True):
-        rows.append(
-            {
-                "plan_id": plan.id,
-                "origin": source,
-                "stages": plan.n_stages,
-                "stage_devices": " | ".join("+".join(d) for d in plan.stage_devices),
-                "micro_batches": plan.micro_batches,
-                "schedule": plan.schedule,
-                "estimated_step_time_s": predicted.step_time,
-                "estimated_communication_share": predicted.communication_share,
-                "measured_step_time_s": measured.step_time_s if measured else float("nan"),
-                "measured_step_time_spread_s": measured.step_time_spread_s if measured else float("nan"),
-                "measured_communication_share": measured.communication_share if measured else float("nan"),
-                "error": (measured.error or "") if measured else "not measured",
-            }
-        )
-    return pd.DataFrame(rows)

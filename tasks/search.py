@@ -31,7 +31,7 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
-from tapp_core.planners import get_planner
+from tapp_core.planners import PlannerError, get_planner
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp.rewards import MeasuredReward, RewardSource, SimulatedReward
 from tapp_core.planners.tapp.search import RoundReport, SearchConfig, TappSearch
@@ -56,9 +56,23 @@ class SearchBudget:
     measured_steps: int = 4
     """Training steps per sampled measurement, the first a warm-up. A reward needs fewer than a reported number:
     the chosen plan is measured again, with the full steps, in the final evaluation."""
+    measured_timeout_s: float = 120.0
+    """A sampled plan slower than this is failed and penalised: the search learns it is bad without waiting."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.samples_per_round < 1 or self.measured_per_round < 1:
+            raise PlannerError(
+                f"search rounds ({self.rounds}), samples per round ({self.samples_per_round}) and measured plans "
+                f"per round ({self.measured_per_round}) must be at least 1"
+            )
+        if self.measured_rounds < 0 or self.measured_steps < 2:
+            raise PlannerError(
+                f"measured rounds ({self.measured_rounds}) cannot be negative, and a sampled measurement needs at "
+                f"least 2 steps, one of them a warm-up (got {self.measured_steps})"
+            )
 
     def sampling_runtime(self, runtime: RuntimeSettings) -> RuntimeSettings:
-        return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1)
+        return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1, timeout_s=self.measured_timeout_s)
 
     def config(
         self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration

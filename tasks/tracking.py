@@ -16,7 +16,6 @@ import io
 import json
 import math
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -234,17 +233,6 @@ def tracked_run(
         client.set_terminated(run.run_id, status)
         raise
     client.set_terminated(run.run_id, "FINISHED")
-
-
-def run_status(ref: RunRef) -> str:
-    return MlflowClient(ref.tracking_uri).get_run(ref.run_id).info.status
-
-
-def download_artifact(ref: RunRef, artifact_path: str, dest: str | Path | None = None) -> Path:
-    """A run's artifact as a local path (a fresh temporary folder unless ``dest`` is given)."""
-    target = Path(dest) if dest else Path(tempfile.mkdtemp(prefix="tapp-artifact-"))
-    client = MlflowClient(ref.tracking_uri)
-    return Path(client.download_artifacts(ref.run_id, artifact_path, str(target)))
 
 
 def _param_text(value: object) -> str:

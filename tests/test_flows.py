@@ -211,6 +211,7 @@ def test_profiling_is_cached_by_its_inputs(prefect_harness: None) -> None:
             "MLflow tracking server http://127.0.0.1:9 is unreachable",
         ),
         ({"methods": ("tapp", "magic")}, TappError, "unknown method"),
+        ({"search_rounds": 0}, TappError, r"search rounds \(0\)"),
     ],
 )
 def test_bad_input_fails_before_any_run(
