@@ -71,8 +71,10 @@ def library_for(model: str, batch_size: int) -> LayerLibrary:
 
 def run_planner(name: str, library: LayerLibrary, cluster: Cluster, args: argparse.Namespace) -> Row:
     options: dict[str, object] = {"schedule": args.schedule, "seed": args.seed}
-    if name == "tapp" and args.tapp_rounds:
-        options["rounds"] = args.tapp_rounds
+    if name == "tapp":
+        options["time_limit_s"] = args.tapp_time_limit or None
+        if args.tapp_rounds:
+            options["rounds"] = args.tapp_rounds
     started = time.perf_counter()
     plan = get_planner(name, **options).plan(library, cluster)
     wall = time.perf_counter() - started
@@ -90,7 +92,10 @@ def reference_for(rows: list[Row]) -> tuple[str, float]:
 
 
 def print_table(rows: list[Row]) -> None:
-    table = Table(title="Planners: estimated step time (cost model, default calibration), schedule 1f1b, batch 64")
+    table = Table(
+        title="Planners: estimated step time (cost model, default calibration), schedule 1f1b, batch 64; "
+        "TAPP: simulated reward, 250 rounds or the time limit"
+    )
     for column in ("model", "cluster", "planner", "step time s", "gap to best", "wall s", "evaluations", "plan"):
         table.add_column(
             column, justify="right" if column in ("step time s", "gap to best", "wall s", "evaluations") else "left"
@@ -213,6 +218,12 @@ def main() -> None:
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tapp-rounds", type=int, default=0, help="override TAPP's rounds (0: its default)")
+    parser.add_argument(
+        "--tapp-time-limit",
+        type=float,
+        default=100.0,
+        help="stop TAPP's rounds after this many seconds (0: none); the final polish comes after",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--measured", action="store_true", help="add the measured check on the local cluster")
     parser.add_argument("--measured-only", action="store_true", help="only the measured check")

@@ -253,7 +253,7 @@ class TappPolicy(nn.Module):
         scores = self.allocation.placement_scores(slots, self.devices) + prior
         used = torch.zeros(samples, len(self.device_names), dtype=torch.bool)
         placed = np.full((samples, groups), -1, dtype=np.int64)
-        starts = np.array([[np.searchsorted(row, g) for g in range(groups)] for row in stages])
+        starts = np.stack([np.searchsorted(row, np.arange(groups)) for row in stages])
         log_prob = torch.zeros(samples)
         entropy = torch.zeros(())
         decisions = active.sum().clamp(min=1)
@@ -341,6 +341,6 @@ class TappPolicy(nn.Module):
             batch_size=self.batch_size,
             micro_batches=int(micro),
             schedule=self.schedule,  # type: ignore[arg-type]
-            stage_of_layer=tuple(int(s) for s in stages),
+            stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
         )
