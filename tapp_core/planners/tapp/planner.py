@@ -1,4 +1,5 @@
-"""TAPP as a planner: build the search from the options, run its rounds, return the best plan."""
+"""TAPP as a planner: build the search from the options, run its rounds, polish the best simulated plan (its
+stage boundaries and micro-batch count, see ``TappSearch.polish``), return it with the search's statistics."""
 
 from __future__ import annotations
 
