@@ -8,12 +8,16 @@ and fresh Prefect result storage, so nothing is cached. Each piece of orchestrat
 - MLflow: every ``MlflowClient`` call (outermost calls only), store creation and migration included;
 - Prefect: the flow call minus its body (the local server's start, the flow run's states), every task call minus
   its body (task states, the profile cache, result persistence), and the progress-artifact calls;
-- imports of prefect and mlflow.
+- imports of prefect and mlflow;
+- the CPU Prefect's local server (a separate process) uses while the flow runs: on 2 cores it competes with the
+  MPI ranks, so it is counted in full, as if every second of it had delayed the experiment.
 
 Everything else is the experiment's own work: profiling, search rounds, measurements on the MPI workers,
 planners, the cost model, tables and figures. With ``--bare`` the same work then runs again with tapp_core alone
 (no Prefect, no MLflow), same seed and budget, and the two wall times are printed side by side as a cross-check
-(measured step times vary between the runs, so the difference is noisier than the accounting).
+(measured step times vary between the runs, and more when other work shares the machine, so the difference is
+noisier than the accounting; the bare run also measures a plan twice where the flow measures it once for two
+methods).
 
 The last line is the overhead share of the orchestrated run's wall time.
 """
@@ -126,9 +130,30 @@ def instrument(clock: Clock) -> None:
         if isinstance(value, Task):
             value.fn = clock.wrap_body(value.fn)
     flow = experiment_flow.tapp_experiment
-    flow.fn = clock.wrap_body(flow.fn)
+    body = flow.fn
+
+    @functools.wraps(body)
+    def body_with_server_cpu(*args: Any, **kwargs: Any) -> Any:
+        clock.seconds["server cpu at start"] = server_cpu_s()  # its start-up is already in the flow's overhead
+        return body(*args, **kwargs)
+
+    flow.fn = clock.wrap_body(body_with_server_cpu)
     for name in ("create_progress_artifact", "update_progress_artifact"):
         setattr(tasks.progress, name, clock.wrap("progress artifacts", getattr(tasks.progress, name)))
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process and its waited-for children, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s() -> float:
+    """CPU used so far by Prefect's local server: it runs beside the experiment, on the same cores."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    servers = [s.server_process for s in SubprocessASGIServer._instances.values() if s.server_process is not None]
+    return sum(process_cpu_s(p.pid) for p in servers if p.poll() is None)
 
 
 def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock]:
@@ -149,6 +174,8 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock]:
         started = time.perf_counter()
         tapp_experiment(model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report"))
         wall = time.perf_counter() - started
+        # The server stays up until this process exits: its CPU while the flow's body ran.
+        clock.seconds["server cpu"] = server_cpu_s() - clock.seconds["server cpu at start"]
     return wall + clock.seconds["imports"], clock
 
 
@@ -241,6 +268,8 @@ def main() -> None:
                 "progress artifacts"
             ],
             f"MLflow: {clock.calls['mlflow']} client calls (store, runs, metrics, artifacts)": clock.seconds["mlflow"],
+            # Counted as if every CPU second of it had delayed the experiment: an upper bound on 2 shared cores.
+            "Prefect: its local server's CPU while the flow ran": clock.seconds["server cpu"],
         }
         overhead = sum(parts.values())
         print(f"default experiment: {args.model} on {args.cluster}, batch {args.batch_size}, measured on the workers")
