@@ -289,7 +289,8 @@ def sampling_stage(
 ) -> Plan:
     """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
 
-    The chosen plan is the best measured one when anything was measured, else the best by the cost model.
+    The chosen plan is the best measured one when anything was measured, else the best by the cost model after
+    the planner's polish (stage boundaries and micro-batch count moved around it).
     Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
     """
     config = state.config
@@ -304,6 +305,8 @@ def sampling_stage(
             state.checkpoint, config, state.calibration, library, cluster, tags.model, runtime
         )
         _forget(state.checkpoint)
+        if search.best["measured"][1] is None:  # as the TAPP planner does when nothing was measured
+            run.log_metrics({"polish_gain": search.polish()})
         chosen = search.result()
         table = sampled_plans(simulated, measured, library, cluster, chosen, state.calibration)
         run.log_table(table, "search/sampled_plans.csv")
