@@ -155,7 +155,7 @@ def server_cpu_s() -> float:
     return sum(process_cpu_s(p.pid) for p in servers if p.poll() is None)
 
 
-def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock]:
+def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, dict[str, float]]:
     clock = Clock()
     started = time.perf_counter()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -171,14 +171,17 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock]:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
     with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: folder / "prefect-results"}):
         started = time.perf_counter()
-        tapp_experiment(model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report"))
+        result = tapp_experiment(
+            model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report")
+        )
         wall = time.perf_counter() - started
         # The server stays up until this process exits: its CPU while the flow's body ran.
         clock.seconds["server cpu"] = server_cpu_s() - clock.seconds["server cpu at start"]
-    return wall + clock.seconds["imports"], clock
+    step_times = {method: evaluation.step_time_s for method, evaluation in result.evaluations.items()}
+    return wall + clock.seconds["imports"], clock, step_times
 
 
-def bare(args: argparse.Namespace, folder: Path) -> float:
+def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float]]:
     """The same work on tapp_core alone: profile, search rounds, measured rounds, evaluations, tables and figures."""
     from flows.experiment import DEFAULT_METHODS
     from reports.figures import gantt, reward_curve, step_time_bars
@@ -245,7 +248,7 @@ def bare(args: argparse.Namespace, folder: Path) -> float:
         folder / "bare" / "reward_curve.png",
     )
     frame.to_csv(folder / "bare" / "step_time.csv", index=False)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, {row["method"]: row["step_time_s"] for row in rows}
 
 
 def main() -> None:
@@ -259,7 +262,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tapp-overhead-") as tmp:
         folder = Path(tmp)
         os.chdir(folder)
-        wall, clock = orchestrated(args, folder)
+        wall, clock, step_times = orchestrated(args, folder)
         parts = {
             "imports (prefect, mlflow, flows)": clock.seconds["imports"],
             "Prefect: server start and flow run": clock.seconds["prefect flow"],
@@ -280,7 +283,13 @@ def main() -> None:
             print(f"  {name:<60} {seconds:8.2f} s  {seconds / wall:6.1%}")
         print(f"  {'experiment work (everything else)':<60} {wall - overhead:8.2f} s  {(wall - overhead) / wall:6.1%}")
         if args.bare:
-            bare_wall = bare(args, folder)
+            bare_wall, bare_step_times = bare(args, folder)
+            # Where the difference lies: the measured step times themselves (contention), or outside them.
+            for method, seconds in step_times.items():
+                other = bare_step_times.get(method, float("nan"))
+                print(
+                    f"  measured step time {method:<12} orchestrated {seconds:7.3f} s  bare {other:7.3f} s  {seconds / other:5.2f}x"
+                )
             print(f"{'same work without Prefect and MLflow (bare) wall time':<62} {bare_wall:8.1f} s")
             print(f"{'side by side: (orchestrated - bare) / orchestrated':<62} {(wall - bare_wall) / wall:8.1%}")
     print(f"orchestration overhead (Prefect + MLflow) share of the default experiment: {overhead / wall:.1%}")
