@@ -1,10 +1,12 @@
 """Predicted against measured: the cost model's error on the even-split plans of AlexNet, VGG-16 and Inception-V3.
 
-    .venv/bin/python bench/costmodel_error.py [--fit] [--batch-size 32 --micro-batches 4 --cluster local]
+    .venv/bin/python bench/costmodel_error.py [--fit] [--batch-size 64 --micro-batches 4 --cluster local]
 
-Each model is profiled at the micro-batch size with one thread (the local devices' threads), split into
-stages of equal profiled time, one stage per device (the ``even`` planner), and measured on the cluster's MPI
-workers (emulated slowdowns 1, 2, 3; 1 Gbit/s, 100 us links). The cost model predicts every plan with the ideal
+Each model is profiled at the batch size with one thread (the local devices' threads), as the experiments
+profile it (so micro-batches are costed by the library's fixed and per-sample parts), split into stages of equal
+profiled time, one stage per device (the ``even`` planner), and measured on the cluster's MPI workers (emulated
+slowdowns 1, 2, 3; 1 Gbit/s, 100 us links). The same splits under other schedules and micro-batch counts are
+held out of the fit. The cost model predicts every plan with the ideal
 constants and with the fitted calibration (``tapp_core/calibration.json``); the last line is the median absolute
 error of the calibrated model (bar: < 15%).
 
@@ -36,7 +38,7 @@ from tapp_core.library import LayerLibrary, LibraryError  # noqa: E402
 from tapp_core.metrics import Measurement  # noqa: E402
 from tapp_core.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profiler import profile_model  # noqa: E402
+from tapp_core.profiler import PROFILE_VERSION, profile_model  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
 from tapp_core.runtime.calibration import FITTED_CALIBRATION_PATH, load_fitted_calibration  # noqa: E402
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer  # noqa: E402
@@ -44,12 +46,12 @@ from tapp_core.runtime.optim import OptimizerConfig, make_optimizer  # noqa: E40
 MODELS = ("alexnet", "vgg16", "inception_v3")
 
 
-def library_for(model: str, micro_batch: int, threads: int, cache: Path) -> LayerLibrary:
-    folder = cache / f"{model}_b{micro_batch}_t{threads}"
+def library_for(model: str, batch_size: int, threads: int, cache: Path) -> LayerLibrary:
+    folder = cache / f"{model}_b{batch_size}_t{threads}_v{PROFILE_VERSION}"
     try:
         return LayerLibrary.load(folder)
     except LibraryError:
-        library = profile_model(model, batch_size=micro_batch, threads=threads, repeats=5, warmup=2)
+        library = profile_model(model, batch_size=batch_size, threads=threads, repeats=5, warmup=2)
         library.save(folder)
         return library
 
@@ -114,7 +116,7 @@ def report(
 ) -> list[float]:
     """Print measured against predicted for ``runs``; returns the calibrated model's absolute errors."""
     print(f"\n{title}")
-    header = f"{'model':13s} {'sched':5s} {'measured':>9s} {'ideal':>9s} {'error':>7s} {'calibr.':>9s} {'error':>7s}"
+    header = f"{'model':13s} {'sched':5s} {'mb':>3s} {'measured':>9s} {'ideal':>9s} {'error':>7s} {'calibr.':>9s} {'error':>7s}"
     print(header + "   per-stage compute measured/calibrated (s)")
     errors = []
     for plan, library, measurement in runs:
@@ -126,7 +128,7 @@ def report(
             for measured, devices in zip(measurement.stage_compute_s, plan.stage_devices, strict=True)
         )
         print(
-            f"{library.model:13s} {plan.schedule:5s} {measurement.step_time_s:9.3f} {ideal.step_time:9.3f} "
+            f"{library.model:13s} {plan.schedule:5s} {plan.micro_batches:3d} {measurement.step_time_s:9.3f} {ideal.step_time:9.3f} "
             f"{error(ideal, measurement):+7.1%} {fitted.step_time:9.3f} {error(fitted, measurement):+7.1%}   {stages}"
         )
     return errors
@@ -136,7 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--cluster", default="local")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--schedule", default="gpipe")
     parser.add_argument("--steps", type=int, default=6)
@@ -149,11 +151,17 @@ def main() -> int:
         default=["1f1b", "async"],
         help="also measure the same splits under these schedules: runs the calibration was not fitted on",
     )
+    parser.add_argument(
+        "--holdout-micro-batches",
+        nargs="*",
+        type=int,
+        default=[2, 8],
+        help="also measure the same splits (fitted schedule) with these micro-batch counts: held out too",
+    )
     args = parser.parse_args()
 
     cluster = load_cluster(args.cluster)
     threads = cluster.devices[0].threads
-    micro_batch = args.batch_size // args.micro_batches
     planner = get_planner(
         "even", by="time", batch_size=args.batch_size, micro_batches=(args.micro_batches,), schedule=args.schedule
     )
@@ -161,19 +169,25 @@ def main() -> int:
     holdout: list[tuple[Plan, LayerLibrary, Measurement]] = []
     with WorkerPool(cluster) as pool:
         for model in args.models:
-            library = library_for(model, micro_batch, threads, args.library_dir)
+            library = library_for(model, args.batch_size, threads, args.library_dir)
             plan = planner.plan(library, cluster)
             pool.prepare(model)
-            for schedule in [args.schedule, *args.holdout_schedules]:
-                variant = dataclasses.replace(plan, schedule=schedule)
+            variants = [(args.schedule, args.micro_batches)]
+            variants += [(schedule, args.micro_batches) for schedule in args.holdout_schedules]
+            variants += [(args.schedule, m) for m in args.holdout_micro_batches if args.batch_size % m == 0]
+            for schedule, micro_batches in variants:
+                variant = dataclasses.replace(plan, schedule=schedule, micro_batches=micro_batches)
                 measurement = pool.measure(variant, steps=args.steps, warmup=args.warmup, timeout_s=900)
                 if not measurement.ok:
                     print(f"{model}: measuring plan {variant.id} failed: {measurement.error}", file=sys.stderr)
                     return 1
-                (runs if schedule == args.schedule else holdout).append((variant, library, measurement))
+                fitted_on = (schedule, micro_batches) == variants[0]
+                (runs if fitted_on else holdout).append((variant, library, measurement))
                 layers = [len(plan.stage_layers(s)) for s in range(plan.n_stages)]
                 print(
-                    f"{model} {schedule}: plan {variant.id}, stages of {layers} layers, measured {measurement.step_time_s:.3f} s"
+                    f"{model} {schedule} x{micro_batches}: plan {variant.id}, stages of {layers} layers, "
+                    f"measured {measurement.step_time_s:.3f} s",
+                    flush=True,
                 )
 
     if args.fit:
@@ -184,7 +198,9 @@ def main() -> int:
 
     print(f"calibration: {', '.join(f'{k}={v:.3g}' for k, v in calibration.to_dict().items() if k != 'note')}")
     if holdout:
-        held = report(holdout, cluster, calibration, "held out (same splits, other schedules; not fitted on)")
+        held = report(
+            holdout, cluster, calibration, "held out (same splits, other schedules or micro-batches; not fitted on)"
+        )
         print(f"median absolute error on the held-out runs: {statistics.median(held):.1%}")
     errors = report(
         runs, cluster, calibration, f"even-split plans ({args.schedule}, {args.micro_batches} micro-batches)"

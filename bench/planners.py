@@ -60,13 +60,17 @@ class Row:
 
 
 def library_for(model: str, batch_size: int) -> LayerLibrary:
-    directory = LIBRARIES / f"{model}_b{batch_size}"
-    if not (directory / "layers.csv").is_file():
-        from tapp_core.profiler import profile_model
+    from tapp_core.profiler import PROFILE_VERSION, profile_model
 
-        console.print(f"profiling {model} at batch {batch_size} once into {directory} ...")
-        profile_model(model, batch_size, threads=1).save(directory)
-    return LayerLibrary.load(directory)
+    directory = LIBRARIES / f"{model}_b{batch_size}"
+    if (directory / "layers.csv").is_file():
+        library = LayerLibrary.load(directory)
+        if library.extra.get("profile_version") == PROFILE_VERSION:
+            return library
+    console.print(f"profiling {model} at batch {batch_size} once into {directory} ...")
+    library = profile_model(model, batch_size, threads=1)
+    library.save(directory)
+    return library
 
 
 def run_planner(name: str, library: LayerLibrary, cluster: Cluster, args: argparse.Namespace) -> Row:

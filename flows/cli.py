@@ -71,11 +71,12 @@ def library_for(model: str, batch_size: int, library: Path | None, device: str =
         if loaded.model != model:
             raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
         return loaded
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}_b{batch_size}_{device}")
+    from tapp_core.profiler import PROFILE_VERSION, profile_model
+
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}_b{batch_size}_{device}_v{PROFILE_VERSION}")
     cached = cache_dir() / "libraries" / key
     if (cached / "library.json").is_file():
         return LayerLibrary.load(cached)
-    from tapp_core.profiler import profile_model
 
     with console.status(f"profiling {model} at batch {batch_size} on {device} (cached in {cached})"):
         profiled = profile_model(model, batch_size, device=device)

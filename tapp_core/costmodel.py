@@ -9,8 +9,9 @@ Workers
     contiguous sample ranges (``plan.replica_slices``); each replica computes only its range.
 
 Compute
-    A worker's forward (backward) of one micro-batch takes the sum of its stage's layer forward (backward) times,
-    scaled by ``samples / library.batch_size``, times ``slowdown ** calibration.slowdown_exponent`` (``slowdown =
+    A worker's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers, the
+    layer's fixed time plus its per-sample time times ``samples`` (``Layer.forward_fixed_s`` and the rest of
+    ``forward_s`` over ``library.batch_size``; a library without fixed parts scales linearly), times ``slowdown ** calibration.slowdown_exponent`` (``slowdown =
     1 / device.speed``), times ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s``.
 
 Cut traffic
@@ -364,8 +365,11 @@ def _per_step(
 @dataclass(frozen=True)
 class _StageAggregates:
     forward_s: np.ndarray
-    """Per stage: forward time per sample on the profiling device."""
+    """Per stage: forward time per sample on the profiling device, beyond the fixed part."""
     backward_s: np.ndarray
+    forward_fixed_s: np.ndarray
+    """Per stage: forward time per call that does not depend on the number of samples."""
+    backward_fixed_s: np.ndarray
     param_bytes: np.ndarray
     cut_bytes: np.ndarray
     """``cut_bytes[a, b]``: bytes per sample stage ``a`` sends to stage ``b`` in the forward pass."""
@@ -379,6 +383,8 @@ class _LayerArrays:
     """The layers these arrays were read from."""
     forward_s: np.ndarray
     backward_s: np.ndarray
+    forward_fixed_s: np.ndarray
+    backward_fixed_s: np.ndarray
     param_bytes: np.ndarray
     activation_bytes: np.ndarray
     edge_sources: np.ndarray
@@ -397,10 +403,14 @@ def _layer_arrays(library: LayerLibrary) -> _LayerArrays:
     if cached is not None and cached.snapshot == snapshot:
         return cached
     table = np.array(
-        [(x.forward_s, x.backward_s, x.param_bytes, x.activation_bytes) for x in snapshot], dtype=float
-    ).reshape(-1, 4)
+        [
+            (x.forward_s, x.backward_s, x.forward_fixed_s, x.backward_fixed_s, x.param_bytes, x.activation_bytes)
+            for x in snapshot
+        ],
+        dtype=float,
+    ).reshape(-1, 6)
     edges = np.array([(x.index, succ) for x in snapshot for succ in x.successors], dtype=np.int64).reshape(-1, 2)
-    arrays = _LayerArrays(snapshot, table[:, 0], table[:, 1], table[:, 2], table[:, 3], edges[:, 0], edges[:, 1])
+    arrays = _LayerArrays(snapshot, *table.T, edges[:, 0], edges[:, 1])
     if len(_LAYER_ARRAYS_CACHE) >= _LAYER_ARRAYS_CACHE_SIZE:
         _LAYER_ARRAYS_CACHE.pop(next(iter(_LAYER_ARRAYS_CACHE), None), None)
     _LAYER_ARRAYS_CACHE[id(library.layers)] = arrays
@@ -420,9 +430,13 @@ def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     pair = stage[sent_layer] * n_stages + sent_to
     square = n_stages * n_stages
     per_sample = 1.0 / library.batch_size
+    forward_fixed = np.bincount(stage, arrays.forward_fixed_s, n_stages)
+    backward_fixed = np.bincount(stage, arrays.backward_fixed_s, n_stages)
     return _StageAggregates(
-        forward_s=np.bincount(stage, arrays.forward_s, n_stages) * per_sample,
-        backward_s=np.bincount(stage, arrays.backward_s, n_stages) * per_sample,
+        forward_s=(np.bincount(stage, arrays.forward_s, n_stages) - forward_fixed) * per_sample,
+        backward_s=(np.bincount(stage, arrays.backward_s, n_stages) - backward_fixed) * per_sample,
+        forward_fixed_s=forward_fixed,
+        backward_fixed_s=backward_fixed,
         param_bytes=np.bincount(stage, arrays.param_bytes, n_stages),
         cut_bytes=np.bincount(pair, arrays.activation_bytes[sent_layer], square).reshape(n_stages, n_stages),
         cut_tensors=np.bincount(pair, minlength=square).reshape(n_stages, n_stages),
@@ -491,10 +505,17 @@ def _make_workers(
         for replica, (first, stop) in enumerate(replica_slices(plan.micro_batch_size, len(devices))):
             name = devices[replica]
             slowdown = (1.0 / cluster.device(name).speed) ** calibration.slowdown_exponent
-            compute_factor = (stop - first) * slowdown * calibration.compute_scale
+            samples = stop - first
+            compute_factor = slowdown * calibration.compute_scale
             update_s = calibration.update_s_per_param_byte * float(aggregates.param_bytes[stage]) * slowdown
-            forward_s = float(aggregates.forward_s[stage]) * compute_factor + calibration.per_micro_batch_s
-            backward_s = float(aggregates.backward_s[stage]) * compute_factor + calibration.per_micro_batch_s
+            forward_s = (
+                float(aggregates.forward_fixed_s[stage] + aggregates.forward_s[stage] * samples) * compute_factor
+                + calibration.per_micro_batch_s
+            )
+            backward_s = (
+                float(aggregates.backward_fixed_s[stage] + aggregates.backward_s[stage] * samples) * compute_factor
+                + calibration.per_micro_batch_s
+            )
             workers.append(
                 _Worker(
                     index=len(workers),

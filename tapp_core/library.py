@@ -4,6 +4,12 @@ A *layer* is one compute node of the model's torch.fx graph (a leaf module, a fu
 numbered in topological order from 0. Times are measured at the library's batch size on one device kind and
 scale to other batch sizes and devices in the cost model. Sizes are per *sample* so that any micro-batch size
 can be costed: multiply by the number of samples.
+
+A layer's time is affine in the samples it processes: a fixed part per call (reading a fully connected layer's
+weights, dispatching an op) and a part per sample. On a CPU the fixed part dominates small micro-batches (AlexNet
+at micro-batch 2 costs about 9x per sample what it costs at 64), so costing micro-batches by scaling the batch's
+time linearly makes deep pipelines look far cheaper than they run. The profiler fits both parts from two batch
+sizes; a library without the fit has fixed parts of 0, which is the linear model.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class Layer:
     forward_s: float
     backward_s: float
     """Median forward / backward time at the library's batch size on the library's device, seconds."""
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+    """The part of ``forward_s`` / ``backward_s`` that one call costs whatever its number of samples."""
 
 
 @dataclass
@@ -151,6 +160,9 @@ def _layer_from_row(row: dict[str, object]) -> Layer:
         output_shape=_ints(row["output_shape"], "x"),
         forward_s=float(row["forward_s"]),  # type: ignore[arg-type]
         backward_s=float(row["backward_s"]),  # type: ignore[arg-type]
+        # Libraries written before the affine fit have no fixed parts: the linear model.
+        forward_fixed_s=float(row.get("forward_fixed_s") or 0.0),  # type: ignore[arg-type]
+        backward_fixed_s=float(row.get("backward_fixed_s") or 0.0),  # type: ignore[arg-type]
     )
 
 

@@ -440,6 +440,23 @@ def _instrumented_step(
 # Public API.
 
 
+PROFILE_VERSION = 2
+"""Bumped when a library's contents change meaning (2: fixed per-call parts fitted); caches key on it."""
+
+
+def small_batch_size(batch_size: int) -> int | None:
+    """The second batch size the affine time model is fitted at (None: too small a batch to fit)."""
+    small = batch_size // 8
+    return small if small >= 2 else None
+
+
+def fixed_part(time_s: float, small_time_s: float, batch_size: int, small: int) -> float:
+    """The per-call part of a time measured at ``batch_size`` (``time_s``) and at ``small`` samples: the
+    intercept of the line through both points, clipped to [0, time_s] against timing noise."""
+    per_sample = (time_s - small_time_s) / (batch_size - small)
+    return min(max(time_s - per_sample * batch_size, 0.0), time_s)
+
+
 def profile_graph(
     graph_module: torch.fx.GraphModule,
     name: str,
@@ -455,7 +472,8 @@ def profile_graph(
 
     The module is moved to ``device`` and left there in training mode with gradients set. Inputs are random
     (seeded) images of ``input_shape`` and random labels; the loss is cross-entropy. Times are medians over
-    ``repeats`` steps after ``warmup`` steps. ``threads`` sets torch's intra-op threads for the duration of
+    ``repeats`` steps after ``warmup`` steps; the layers are timed again at ``small_batch_size(batch_size)`` samples
+    to fit the part of each time that does not scale with the samples (``Layer.forward_fixed_s``). ``threads`` sets torch's intra-op threads for the duration of
     the call only.
     """
     if batch_size < 1:
@@ -514,6 +532,24 @@ def _profile(
     whole_forward = [forward for forward, _ in whole_steps]
     whole_backward = [backward for _, backward in whole_steps]
     whole_s = statistics.median(f + b for f, b in zip(whole_forward, whole_backward, strict=True))
+    forward_s = [statistics.median(step.forward_s[i] for step in steps) for i in range(len(nodes))]
+    backward_s = [statistics.median(step.backward_s[i] for step in steps) for i in range(len(nodes))]
+
+    small = small_batch_size(batch_size)
+    forward_fixed_s = [0.0] * len(nodes)
+    backward_fixed_s = [0.0] * len(nodes)
+    if small is not None:
+        small_steps = [
+            _instrumented_step(graph_module, index, inputs[:small], labels[:small], clock)
+            for _ in range(warmup + repeats)
+        ][warmup:]
+        for i in range(len(nodes)):
+            forward_fixed_s[i] = fixed_part(
+                forward_s[i], statistics.median(step.forward_s[i] for step in small_steps), batch_size, small
+            )
+            backward_fixed_s[i] = fixed_part(
+                backward_s[i], statistics.median(step.backward_s[i] for step in small_steps), batch_size, small
+            )
 
     layers = []
     for i, node in enumerate(nodes):
@@ -529,8 +565,10 @@ def _profile(
                 param_bytes=param_bytes[i],
                 activation_bytes=fact.activation_bytes,
                 output_shape=fact.output_shape,
-                forward_s=statistics.median(step.forward_s[i] for step in steps),
-                backward_s=statistics.median(step.backward_s[i] for step in steps),
+                forward_s=forward_s[i],
+                backward_s=backward_s[i],
+                forward_fixed_s=forward_fixed_s[i],
+                backward_fixed_s=backward_fixed_s[i],
             )
         )
     element_size = inputs.element_size()
@@ -560,6 +598,8 @@ def _profile(
             "loss_s": statistics.median(step.loss_s for step in steps),
             "flops_per_sample": sum(layer.flops for layer in layers),
             "ops_without_flop_rule": sorted(facts_pass.unknown_ops),
+            "profile_version": PROFILE_VERSION,
+            "small_batch_size": small,
             "timing": "in place: fx Interpreter per node (forward), autograd pre-hooks per node (backward)",
             "profiling_wall_s": time.perf_counter() - wall_start,
         },
@@ -592,4 +632,12 @@ def profile_model(
     )
 
 
-__all__ = ["ProfileError", "node_flops", "profile_graph", "profile_model"]
+__all__ = [
+    "PROFILE_VERSION",
+    "ProfileError",
+    "fixed_part",
+    "node_flops",
+    "profile_graph",
+    "profile_model",
+    "small_batch_size",
+]

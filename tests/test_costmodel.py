@@ -5,6 +5,7 @@ Units in the hand-built clusters: bandwidth in bytes/s, latency in seconds, memo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -267,6 +268,20 @@ def test_replicated_stage_allreduce() -> None:
     assert_breakdown(result, "d2", compute=24.0, communication=6.0, idle=12.0)
     # Replica memory: 3 * 1000 B + 1 micro-batch * 10 B * 2 samples.  d0: 1 * 100 B * 4 samples.
     assert result.peak_memory == {"d0": 400, "d1": 3020, "d2": 3020}
+
+
+def test_fixed_parts_are_paid_once_per_call_whatever_the_samples() -> None:
+    # One layer profiled at batch 8: forward 1.0 s of which 0.6 s fixed (0.05 s per sample beyond it), backward
+    # 2.0 s of which 1.2 s fixed (0.1 s per sample). A replica's call pays the whole fixed part too.
+    lib = library(chain(1), [1.0], [2.0], [10], batch_size=8)
+    lib.layers[0] = dataclasses.replace(lib.layers[0], forward_fixed_s=0.6, backward_fixed_s=1.2)
+    cl = cluster([1.0, 1.0])
+    # 4 micro-batches of 2 samples on d0: F = 0.6 + 2 * 0.05 = 0.7, B = 1.2 + 2 * 0.1 = 1.4; 4 * 2.1 = 8.4.
+    assert_close(estimate(plan([0], [["d0"]], batch_size=8, micro_batches=4), lib, cl).step_time, 8.4)
+    # The whole batch in one call costs what was profiled: 1 + 2 = 3.
+    assert_close(estimate(plan([0], [["d0"]], batch_size=8, micro_batches=1), lib, cl).step_time, 3.0)
+    # BSP over two devices: each takes 4 samples, F = 0.6 + 0.2 = 0.8, B = 1.2 + 0.4 = 1.6 -> 2.4 (no params).
+    assert_close(estimate(plan([0], [["d0", "d1"]], batch_size=8, micro_batches=1), lib, cl).step_time, 2.4)
 
 
 def test_bsp_is_one_stage_on_every_device() -> None:

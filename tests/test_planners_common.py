@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -61,6 +62,15 @@ def branchy_library() -> LayerLibrary:
     """stem(0) -> a1(1) -> a2(2) ; stem -> b1(3) ; cat(4) of a2, b1 ; mix(5) ; add(6) of mix and stem ; head 7..9."""
     edges = [(0, 1), (1, 2), (0, 3), (2, 4), (3, 4), (4, 5), (5, 6), (0, 6), (6, 7), (7, 8), (8, 9)]
     return synthetic_library(edges, [5, 3, 4, 6, 1, 7, 1, 4, 6, 2], "branchy")
+
+
+def with_fixed_parts(library: LayerLibrary, share: float) -> LayerLibrary:
+    """The library with ``share`` of every layer's time made per call (independent of the samples)."""
+    layers = [
+        dataclasses.replace(layer, forward_fixed_s=share * layer.forward_s, backward_fixed_s=share * layer.backward_s)
+        for layer in library.layers
+    ]
+    return dataclasses.replace(library, layers=layers)
 
 
 def small_cluster(speeds: tuple[float, ...] = (1.0, 0.5, 0.25), slow_pair: bool = True) -> Cluster:

@@ -20,7 +20,7 @@ from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
-from tests.test_planners_common import branchy_library, chain_library, small_cluster
+from tests.test_planners_common import branchy_library, chain_library, small_cluster, with_fixed_parts
 
 
 def test_min_max_partition_matches_brute_force() -> None:
@@ -92,6 +92,23 @@ def test_pipetorch_finds_the_bottleneck_optimum_of_its_model() -> None:
     assert math.isclose(bottleneck(cuts, tuple(d[0] for d in plan.stage_devices)), best)
 
 
+def test_layer_costs_spread_fixed_parts_over_the_micro_batch() -> None:
+    library = with_fixed_parts(chain_library(), 0.5)
+    whole = LayerCosts.from_library(library)
+    assert math.isclose(whole.work(0, 12) * 64, library.layer_time_sum_s)
+    # At 8 samples a call still pays the whole fixed half: 8 samples cost half the batch's time plus 8/64 of the rest.
+    eight = LayerCosts.from_library(library, 8)
+    assert math.isclose(eight.work(0, 12) * 8, library.layer_time_sum_s * (0.5 + 0.5 * 8 / 64))
+
+
+def test_pipetorch_takes_fewer_micro_batches_when_calls_cost_more_than_samples() -> None:
+    cluster = small_cluster((1.0, 1.0), slow_pair=False)
+    linear = get_planner("pipetorch", micro_batches=(1, 8)).plan(chain_library(), cluster)
+    fixed = get_planner("pipetorch", micro_batches=(1, 8)).plan(with_fixed_parts(chain_library(), 0.9), cluster)
+    assert linear.micro_batches == 8  # more micro-batches only shrink the bubble when time scales with samples
+    assert fixed.micro_batches == 1
+
+
 def test_device_classes_and_groupings_skip_interchangeable_devices() -> None:
     twins = small_cluster((1.0, 1.0, 0.5), slow_pair=False)
     assert device_classes(twins) == [["d0", "d1"], ["d2"]]
@@ -102,13 +119,14 @@ def test_device_classes_and_groupings_skip_interchangeable_devices() -> None:
     assert len(list(device_groupings(twins, 3))) < len(all_groupings)
 
 
+@pytest.mark.parametrize("fixed_share", [0.0, 0.6])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async"])
-def test_the_bound_never_exceeds_the_estimate(schedule: str) -> None:
+def test_the_bound_never_exceeds_the_estimate(schedule: str, fixed_share: float) -> None:
     rng = random.Random(7)
     calibration = Calibration(
         per_message_s=1e-4, per_step_s=2e-3, per_micro_batch_s=3e-4, update_s_per_param_byte=1e-10
     )
-    for library in (chain_library(), branchy_library()):
+    for library in (with_fixed_parts(chain_library(), fixed_share), with_fixed_parts(branchy_library(), fixed_share)):
         n = len(library.layers)
         for cluster in (small_cluster(), small_cluster((1.0, 1.0, 0.5, 0.5), slow_pair=False)):
             groupings = list(device_groupings(cluster, 2))
@@ -124,9 +142,10 @@ def test_the_bound_never_exceeds_the_estimate(schedule: str) -> None:
                 assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, calibration).step_time * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("fixed_share", [0.0, 0.6])
 @pytest.mark.parametrize("make_library", [chain_library, branchy_library])
-def test_the_oracle_is_the_minimum_over_every_contiguous_plan(make_library) -> None:
-    library, cluster = make_library(), small_cluster()
+def test_the_oracle_is_the_minimum_over_every_contiguous_plan(make_library, fixed_share: float) -> None:
+    library, cluster = with_fixed_parts(make_library(), fixed_share), small_cluster()
     choices = (1, 4)
     plan = get_planner("oracle", micro_batches=choices).plan(library, cluster)
     assert plan.notes["proved_optimal"] is True and plan.notes["coarsened"] is False

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -12,7 +14,14 @@ from torch import nn
 from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.library import LayerLibrary
 from tapp_core.models import build_model, build_traced_model
-from tapp_core.profiler import ProfileError, profile_graph, profile_model
+from tapp_core.profiler import (
+    PROFILE_VERSION,
+    ProfileError,
+    fixed_part,
+    profile_graph,
+    profile_model,
+    small_batch_size,
+)
 
 BATCH = 4
 FAST = {"repeats": 2, "warmup": 1}
@@ -185,6 +194,33 @@ def test_time_is_charged_to_the_layer_that_spends_it() -> None:
     # Both sleeps happen in the whole-model step too, so the layers cannot add up to much less or more.
     assert 0.7 < library.layer_time_sum_s / library.whole_model_s < 1.3
     assert library.extra["ops_without_flop_rule"] == ["sleep_identity"]
+
+
+def test_a_sleep_is_a_fixed_cost_and_the_fit_says_so() -> None:
+    library = profile_graph(trace_model(SleepyNet()), "sleepy", 16, **FAST)
+    assert library.extra["small_batch_size"] == 2 and library.extra["profile_version"] == PROFILE_VERSION
+    sleeper = next(layer for layer in library.layers if layer.op == "sleep_identity")
+    # The sleep takes as long for 2 samples as for 16: nearly all of it is per call.
+    assert sleeper.forward_fixed_s >= 0.8 * sleeper.forward_s
+    assert sleeper.backward_fixed_s >= 0.8 * sleeper.backward_s
+    assert all(0.0 <= layer.forward_fixed_s <= layer.forward_s for layer in library.layers)
+    assert all(0.0 <= layer.backward_fixed_s <= layer.backward_s for layer in library.layers)
+
+
+def test_the_fixed_part_is_the_intercept_clipped_to_the_time() -> None:
+    assert small_batch_size(64) == 8 and small_batch_size(16) == 2 and small_batch_size(8) is None
+    # 10 s at 64 samples, 3 s at 8: 0.125 s per sample, intercept 2 s.
+    assert math.isclose(fixed_part(10.0, 3.0, 64, 8), 2.0)
+    assert fixed_part(10.0, 0.5, 64, 8) == 0.0  # noise below the line through the origin
+    assert fixed_part(10.0, 12.0, 64, 8) == 10.0  # noise above the whole time
+
+
+def test_a_library_without_fixed_parts_loads_as_linear(branchy: LayerLibrary, tmp_path) -> None:
+    branchy.save(tmp_path)
+    frame = pd.read_csv(tmp_path / "layers.csv").drop(columns=["forward_fixed_s", "backward_fixed_s"])
+    frame.to_csv(tmp_path / "layers.csv", index=False)
+    loaded = LayerLibrary.load(tmp_path)
+    assert all(layer.forward_fixed_s == layer.backward_fixed_s == 0.0 for layer in loaded.layers)
 
 
 def test_batchnorm_inplace_relu_and_dropout_profile() -> None:

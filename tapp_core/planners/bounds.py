@@ -94,9 +94,17 @@ class StepTimeBound:
     """Lower bounds for contiguous plans of one library, cluster, schedule and micro-batch count."""
 
     def __init__(
-        self, library: LayerLibrary, cluster: Cluster, calibration: Calibration, schedule: str, micro_batches: int
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        calibration: Calibration,
+        schedule: str,
+        micro_batches: int,
+        batch_size: int | None = None,
     ) -> None:
-        self.costs = LayerCosts.from_library(library)
+        # Costed at the micro-batch size: exact for one replica, a lower bound for several (see costs).
+        samples = max(1, (batch_size or library.batch_size) // micro_batches)
+        self.costs = LayerCosts.from_library(library, samples)
         self.cluster = cluster
         self.calibration = calibration
         self.schedule = schedule

@@ -2,8 +2,11 @@
 
 Layers are in topological (library) order, so any contiguous range of them is a valid stage and a *position*
 ``p`` (0..n) cuts the model between layer ``p - 1`` and layer ``p``. Times follow ``tapp_core.costmodel``
-exactly (per-sample layer times scaled by samples, slowdown and calibration; transfers as latency plus bytes
-over bandwidth; ring allreduce), so a planner's stage arithmetic agrees with the estimate of the plan it builds.
+(per-sample layer times scaled by samples, slowdown and calibration; transfers as latency plus bytes over
+bandwidth; ring allreduce), so a planner's stage arithmetic agrees with the estimate of the plan it builds.
+Layer times are costed at one micro-batch size (``LayerCosts.from_library(library, samples)``): each layer's
+fixed part is spread over those samples. That is exact for a stage on one device; a replica computes fewer
+samples, so for replicated stages the same arithmetic is a lower bound (each replica pays the whole fixed part).
 """
 
 from __future__ import annotations
@@ -33,11 +36,24 @@ class LayerCosts:
     """``cut_tensors[p]``: how many tensors cross position ``p``."""
 
     @classmethod
-    def from_library(cls, library: LayerLibrary) -> LayerCosts:
+    def from_library(cls, library: LayerLibrary, samples: int | None = None) -> LayerCosts:
+        """Per-sample costs of micro-batches of ``samples`` samples (default: the library's batch size)."""
         n = len(library.layers)
-        per_sample = 1.0 / library.batch_size
-        forward = np.array([layer.forward_s for layer in library.layers]) * per_sample
-        backward = np.array([layer.backward_s for layer in library.layers]) * per_sample
+        samples = samples or library.batch_size
+        if samples < 1:
+            raise ValueError(f"samples must be at least 1, got {samples}")
+
+        def per_sample(total: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+            return (total - fixed) / library.batch_size + fixed / samples
+
+        forward = per_sample(
+            np.array([layer.forward_s for layer in library.layers]),
+            np.array([layer.forward_fixed_s for layer in library.layers]),
+        )
+        backward = per_sample(
+            np.array([layer.backward_s for layer in library.layers]),
+            np.array([layer.backward_fixed_s for layer in library.layers]),
+        )
         params = np.array([layer.param_bytes for layer in library.layers], dtype=float)
         byte_delta = np.zeros(n + 2)
         tensor_delta = np.zeros(n + 2, dtype=np.int64)
@@ -77,16 +93,6 @@ def compute_factor(cluster: Cluster, device: str, calibration: Calibration) -> f
     """Seconds on ``device`` per second of work on the profiling device."""
     slowdown = 1.0 / cluster.device(device).speed
     return slowdown**calibration.slowdown_exponent * calibration.compute_scale
-
-
-def replica_compute_s(
-    work_per_sample: float, samples: int, devices: Sequence[str], cluster: Cluster, calibration: Calibration
-) -> float:
-    """Forward plus backward time of one micro-batch of ``samples`` on a stage replicated over ``devices``:
-    each replica takes an equal share and the slowest one decides."""
-    share = samples // len(devices)
-    slowest = max(compute_factor(cluster, d, calibration) for d in devices)
-    return work_per_sample * share * slowest + 2 * calibration.per_micro_batch_s
 
 
 def transfer_s(cluster: Cluster, a: str, b: str, nbytes: float, tensors: int, calibration: Calibration) -> float:

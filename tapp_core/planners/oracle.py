@@ -150,7 +150,7 @@ class OraclePlanner(PlannerBase):
         deadline = started + self.time_limit_s if self.time_limit_s else math.inf
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
-        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m) for m in choices}
+        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
         groupings = [

@@ -4,8 +4,8 @@ For an ordered sequence of devices (one stage each), the DP finds the cut positi
 bottleneck per sample: the largest of every stage's compute time on its device and every cut's transfer time
 over the link between consecutive devices. Orders are enumerated as a prefix tree (every DP step extends the
 one of its prefix), trying one device per class of interchangeable devices at every level, so every subset
-and order of devices is covered exactly once. The best orders' partitions are then built with every
-micro-batch choice and the cost model picks the fastest.
+and order of devices is covered exactly once. Layer times are costed at the micro-batch size, so the DP runs
+once per micro-batch choice; the best partitions of each are built and the cost model picks the fastest.
 """
 
 from __future__ import annotations
@@ -92,24 +92,25 @@ class PipeTorchPlanner(PlannerBase):
     name = "pipetorch"
 
     candidates: int = 3
-    """How many of the best DP partitions are costed with every micro-batch choice."""
+    """How many of the best DP partitions of each micro-batch choice are costed."""
 
     def _plan(
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
-        partitions = sorted(
-            _OrderTree(LayerCosts.from_library(library), cluster, self).run(), key=lambda p: p.bottleneck
-        )
         evaluator = PlanEvaluator(library, cluster, self.calibration)
         batch = self.resolved_batch_size(library)
-        choices = self.micro_batch_choices(library)
-        for tried, partition in enumerate(partitions):
-            if tried >= self.candidates and evaluator.best_plan is not None:
-                break
-            for m in choices:
+        orders = 0
+        # Layer times depend on the micro-batch size (fixed costs per call), so each choice gets its own DP.
+        for m in self.micro_batch_choices(library):
+            costs = LayerCosts.from_library(library, batch // m)
+            partitions = sorted(_OrderTree(costs, cluster, self).run(), key=lambda p: p.bottleneck)
+            orders = max(orders, len(partitions))
+            for tried, partition in enumerate(partitions):
+                if tried >= self.candidates and evaluator.best_plan is not None:
+                    break
                 devices = [[d] for d in partition.devices]
                 evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule, batch))
         if evaluator.best_plan is None:
             raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
-        notes = {"evaluations": evaluator.evaluations, "orders": len(partitions)}
+        notes = {"evaluations": evaluator.evaluations, "orders": orders}
         return dataclasses.replace(evaluator.best_plan, notes=notes)
