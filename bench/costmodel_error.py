@@ -11,8 +11,8 @@ constants and with the fitted calibration (``tapp_core/calibration.json``); the 
 error of the calibrated model (bar: < 15%).
 
 ``--fit`` derives the calibration from these runs and writes it: the optimiser's cost per parameter byte is timed
-directly; compute scale and the fixed cost of a forward/backward come from a least-squares fit of the measured
-per-stage compute; the fixed per-message cost from the measured communication wait; the fixed per-step cost is
+directly; the compute scale comes from a least-squares fit (through the origin) of the measured per-stage
+compute; the fixed per-message cost from the measured communication wait; the fixed per-step cost is
 the median step time still unexplained.
 """
 
@@ -73,21 +73,21 @@ def update_seconds_per_param_byte(threads: int) -> float:
 
 def fit(runs: list[tuple[Plan, LayerLibrary, Measurement]], cluster: Cluster, update_per_byte: float) -> Calibration:
     base = Calibration(update_s_per_param_byte=update_per_byte)
-    # Per-stage compute: measured = compute_scale * (profiled fwd+bwd, slowed down) + ops * per_micro_batch_s
-    # + update. The ideal estimate with per-op cost 0 and scale 1 gives the first term per device.
-    rows, targets = [], []
+    # Per-stage compute: measured = compute_scale * (profiled fwd+bwd, slowed down) + update. The library's fixed
+    # per-call parts already carry what a micro-batch costs whatever its size, so there is no intercept to fit
+    # (fitting one per micro-batch made it soak up the slow devices' contention: 43 ms per call, worse held out).
+    predicted, targets = [], []
     for plan, library, measurement in runs:
         ideal = estimate(plan, library, cluster, base)
         no_update = estimate(plan, library, cluster, dataclasses.replace(base, update_s_per_param_byte=0.0))
         for stage, devices in enumerate(plan.stage_devices):
             device = devices[0]
             update = ideal.compute[device] - no_update.compute[device]
-            rows.append([no_update.compute[device], 2 * plan.micro_batches])
+            predicted.append(no_update.compute[device])
             targets.append(measurement.stage_compute_s[stage] - update)
-    (scale, per_op), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
-    calibration = dataclasses.replace(
-        base, compute_scale=max(float(scale), 0.05), per_micro_batch_s=max(float(per_op), 0.0)
-    )
+    x, y = np.array(predicted), np.array(targets)
+    scale = float(x @ y / (x @ x))
+    calibration = dataclasses.replace(base, compute_scale=max(scale, 0.05))
     # Per message: the smallest fixed cost whose predicted communication reaches the measured wait.
     measured_wait = sum(sum(m.device_wait_s.values()) for _, _, m in runs)
     per_message = 0.0
