@@ -182,6 +182,7 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                 reward="hybrid",
                 pool=pool,
                 rounds=args.tapp_rounds or 250,
+                time_limit_s=args.tapp_time_limit or None,
                 measured_rounds=args.measured_rounds,
                 measured_per_round=1,
                 seed=args.seed,
@@ -198,6 +199,9 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                 for name, plan in plans.items():
                     measurement = pool.measure(plan)
                     samples[name].append(measurement.step_time_s if measurement.ok else math.inf)
+            console.log(
+                f"{model}: measured {', '.join(f'{n} {statistics.median(v):.3f} s' for n, v in samples.items())}"
+            )
             medians = {name: statistics.median(values) for name, values in samples.items()}
             for name, plan in plans.items():
                 predicted = estimate(plan, library, cluster, calibration).step_time

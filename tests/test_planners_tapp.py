@@ -180,6 +180,17 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     assert search.best_plan is not None and math.isfinite(search.best["measured"][0])
 
 
+def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements() -> None:
+    library, cluster = chain_library(), small_cluster()
+    pool = FakePool(PlanEvaluator(library, cluster))
+    search = get_planner(
+        "tapp", reward="hybrid", rounds=50, measured_rounds=2, population=1, samples_per_round=4, time_limit_s=1e-9
+    ).search(library, cluster, measurer=pool)
+    phases = [r.phase for r in search.rounds()]
+    assert phases == ["simulated", "measured", "measured"]
+    assert pool.measured
+
+
 def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FakePool(PlanEvaluator(library, cluster))

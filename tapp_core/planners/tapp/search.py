@@ -75,6 +75,7 @@ class SearchConfig:
     budget: int | None = None
     """Most distinct reward evaluations (cost model plus measurements); None: no limit."""
     time_limit_s: float | None = None
+    """Stop the rounds after this many seconds (None: no limit); a hybrid search still runs its measured rounds."""
     seed: int = 0
     batch_size: int = 64
     micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -216,9 +217,16 @@ class TappSearch:
     @property
     def phase(self) -> str:
         c = self.config
-        if c.reward == "simulated" or (c.reward == "hybrid" and self.round < c.rounds - c.measured_rounds):
+        if c.reward == "simulated":
+            return "simulated"
+        # A hybrid search out of time skips what is left of its pre-training, not its measured fine-tuning.
+        if c.reward == "hybrid" and self.round < c.rounds - c.measured_rounds and not self._out_of_time:
             return "simulated"
         return "measured"
+
+    @property
+    def _out_of_time(self) -> bool:
+        return self.config.time_limit_s is not None and self.elapsed_s >= self.config.time_limit_s
 
     @property
     def evaluations(self) -> int:
@@ -228,7 +236,9 @@ class TappSearch:
     def done(self) -> bool:
         c = self.config
         out_of_budget = c.budget is not None and self.evaluations >= c.budget
-        out_of_time = c.time_limit_s is not None and self.elapsed_s >= c.time_limit_s
+        out_of_time = self._out_of_time
+        if c.reward == "hybrid" and out_of_time:
+            out_of_time = sum(report.phase == "measured" for report in self.history) >= c.measured_rounds
         return self.round >= c.rounds or out_of_budget or out_of_time
 
     def rounds(self) -> Iterator[RoundReport]:
