@@ -225,7 +225,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tapp-rounds", type=int, default=0, help="override TAPP's rounds (0: its default)")
+    parser.add_argument(
+        "--tapp-rounds",
+        type=int,
+        default=600,
+        help="TAPP's rounds (0: the planner's default, 250); the time limit stops them sooner on a slow machine",
+    )
     parser.add_argument(
         "--tapp-time-limit",
         type=float,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -41,6 +42,8 @@ import torch
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
+from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.space import balanced_cuts, stages_from_cuts
 from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolicy, repaired_stages
 from tapp_core.planners.tapp.rewards import RewardSource
 
@@ -381,33 +384,87 @@ class TappSearch:
         if best is not worst and best.best(phase) < worst.best(phase):
             worst.load_state_dict(best.state_dict(), with_generator=False)
 
-    def polish(self, span: int = 2) -> float:
-        """Search around the best simulated plan: move each stage boundary by up to ``span`` layers and try every
-        micro-batch count, keeping any improvement, until none is left or the budget is spent. Returns the
-        relative gain."""
+    def polish(self, span: int = 32, tries: int = 4) -> float:
+        """Local search around the best simulated plan, while it improves and the budget lasts. A *descent*
+        keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved by 1, 2,
+        4, ... up to ``span`` layers either way. Each pass descends from the plan and from the ``tries`` most
+        promising device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused
+        device; each also with its stages re-balanced to the new speeds), because a device move pays off only once
+        the boundaries follow it. Returns the relative gain."""
         start, plan = self.best["simulated"]
-        if plan is None or list(plan.stage_of_layer) != sorted(plan.stage_of_layer):
+        if plan is None:
             return 0.0
         best_time = start
-        budget = self.config.budget
-        while budget is None or self.evaluations < budget:
-            neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.config.micro_batch_choices]
-            cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
-            bounds = [0, *cuts, len(plan.stage_of_layer)]
-            for j in range(len(cuts)):
-                for shift in range(-span, span + 1):
-                    if shift and bounds[j] < cuts[j] + shift < bounds[j + 2]:
-                        moved = [*cuts[:j], cuts[j] + shift, *cuts[j + 1 :]]
-                        stages = np.searchsorted(moved, np.arange(len(plan.stage_of_layer)), side="right")
-                        neighbours.append(dataclasses.replace(plan, stage_of_layer=tuple(int(x) for x in stages)))
+        while not self._out_of_budget:
+            candidates = [(best_time, plan)]
+            moves = self._device_moves(plan)
+            times = self.simulated.step_times(moves)
+            order = np.argsort(times)[:tries]
+            candidates += [(float(times[i]), moves[i]) for i in order if math.isfinite(times[i])]
+            descended = [self._descend(time_s, candidate, span) for time_s, candidate in candidates]
+            time_s, found = min(descended, key=lambda item: item[0])
+            if time_s >= best_time:
+                break
+            best_time, plan = time_s, found
+        self.best["simulated"] = (best_time, plan)
+        self.polish_gain = 1 - best_time / start if math.isfinite(start) else 0.0
+        return self.polish_gain
+
+    @property
+    def _out_of_budget(self) -> bool:
+        return self.config.budget is not None and self.evaluations >= self.config.budget
+
+    def _descend(self, best_time: float, plan: Plan, span: int) -> tuple[float, Plan]:
+        while not self._out_of_budget:
+            neighbours = self._shifts(plan, span)
             times = self.simulated.step_times(neighbours)
             i = int(np.argmin(times))
             if times[i] >= best_time:
                 break
-            best_time, plan = times[i], neighbours[i]
-        self.best["simulated"] = (best_time, plan)
-        self.polish_gain = 1 - best_time / start if math.isfinite(start) else 0.0
-        return self.polish_gain
+            best_time, plan = float(times[i]), neighbours[i]
+        return best_time, plan
+
+    def _shifts(self, plan: Plan, span: int) -> list[Plan]:
+        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``."""
+        neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.config.micro_batch_choices]
+        n = len(plan.stage_of_layer)
+        if list(plan.stage_of_layer) != sorted(plan.stage_of_layer):
+            return neighbours
+        cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
+        bounds = [0, *cuts, n]
+        sizes = sorted({*(2**k for k in range(span.bit_length()) if 2**k <= span), span} - {0})
+        for j in range(len(cuts)):
+            for shift in (sign * size for size in sizes for sign in (-1, 1)):
+                if bounds[j] < cuts[j] + shift < bounds[j + 2]:
+                    moved = [*cuts[:j], cuts[j] + shift, *cuts[j + 1 :]]
+                    stages = np.searchsorted(moved, np.arange(n), side="right")
+                    neighbours.append(dataclasses.replace(plan, stage_of_layer=tuple(int(x) for x in stages)))
+        return neighbours
+
+    def _device_moves(self, plan: Plan) -> list[Plan]:
+        devices = list(plan.stage_devices)
+        moves = []
+        for a, b in itertools.combinations(range(len(devices)), 2):
+            swapped = devices.copy()
+            swapped[a], swapped[b] = devices[b], devices[a]
+            moves.append(dataclasses.replace(plan, stage_devices=tuple(swapped)))
+        unused = [d for d in self.cluster.device_names if d not in plan.devices]
+        for stage in range(len(devices)):
+            for device in unused:
+                moved_to, replicated = devices.copy(), devices.copy()
+                moved_to[stage] = (device,)
+                replicated[stage] = (*devices[stage], device)
+                moves.append(dataclasses.replace(plan, stage_devices=tuple(moved_to)))
+                moves.append(dataclasses.replace(plan, stage_devices=tuple(replicated)))
+        return moves + [self._rebalanced(move) for move in moves]
+
+    def _rebalanced(self, plan: Plan) -> Plan:
+        """The plan's devices with contiguous stages whose work matches each stage's speed (its slowest replica's
+        speed times its replicas), costed at the plan's micro-batch size."""
+        work = np.diff(LayerCosts.from_library(self.library, plan.micro_batch_size).work_prefix)
+        shares = [len(group) * min(self.cluster.device(d).speed for d in group) for group in plan.stage_devices]
+        cuts = balanced_cuts(work, shares)
+        return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
 
     # --- results --------------------------------------------------------------------------------------------------
 
