@@ -49,8 +49,9 @@ class SearchBudget:
     rounds: int = 30
     """Rounds rewarded by the cost model."""
     samples_per_round: int = 16
-    measured_rounds: int = 1
-    """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
+    measured_rounds: int = 3
+    """Final rounds rewarded by measurements on the workers (0: a purely simulated search), as the planner's
+    hybrid default."""
     measured_per_round: int = 1
     """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
     measured_steps: int = 4
