@@ -214,6 +214,7 @@ class TappSearch:
         self.best: dict[str, tuple[float, Plan | None]] = {phase: (math.inf, None) for phase in PHASES}
         self.history: list[RoundReport] = []
         self.polish_gain = 0.0
+        self._work_by_samples: dict[int, np.ndarray] = {}
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -461,10 +462,16 @@ class TappSearch:
     def _rebalanced(self, plan: Plan) -> Plan:
         """The plan's devices with contiguous stages whose work matches each stage's speed (its slowest replica's
         speed times its replicas), costed at the plan's micro-batch size."""
-        work = np.diff(LayerCosts.from_library(self.library, plan.micro_batch_size).work_prefix)
+        work = self._layer_work(plan.micro_batch_size)
         shares = [len(group) * min(self.cluster.device(d).speed for d in group) for group in plan.stage_devices]
         cuts = balanced_cuts(work, shares)
         return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
+
+    def _layer_work(self, samples: int) -> np.ndarray:
+        """Per-layer work per sample at micro-batches of ``samples`` (what a polish re-balances by), cached."""
+        if samples not in self._work_by_samples:
+            self._work_by_samples[samples] = np.diff(LayerCosts.from_library(self.library, samples).work_prefix)
+        return self._work_by_samples[samples]
 
     # --- results --------------------------------------------------------------------------------------------------
 
