@@ -11,8 +11,9 @@ Workers
 Compute
     A worker's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers, the
     layer's fixed time plus its per-sample time times ``samples`` (``Layer.forward_fixed_s`` and the rest of
-    ``forward_s`` over ``library.batch_size``; a library without fixed parts scales linearly), times ``slowdown ** calibration.slowdown_exponent`` (``slowdown =
-    1 / device.speed``), times ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s``.
+    ``forward_s`` over ``library.batch_size``; a library without fixed parts scales linearly), times
+    ``slowdown ** calibration.slowdown_exponent`` (``slowdown = 1 / device.speed``), times
+    ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s``.
 
 Cut traffic
     For every layer ``u`` of stage ``a`` and every later stage ``b`` holding one of ``u``'s successors, ``u``'s

@@ -472,9 +472,9 @@ def profile_graph(
 
     The module is moved to ``device`` and left there in training mode with gradients set. Inputs are random
     (seeded) images of ``input_shape`` and random labels; the loss is cross-entropy. Times are medians over
-    ``repeats`` steps after ``warmup`` steps; the layers are timed again at ``small_batch_size(batch_size)`` samples
-    to fit the part of each time that does not scale with the samples (``Layer.forward_fixed_s``). ``threads`` sets torch's intra-op threads for the duration of
-    the call only.
+    ``repeats`` steps after ``warmup`` steps; the layers are timed again at ``small_batch_size(batch_size)``
+    samples to fit the part of each time that does not scale with the samples (``Layer.forward_fixed_s``).
+    ``threads`` sets torch's intra-op threads for the duration of the call only.
     """
     if batch_size < 1:
         raise ProfileError(f"batch_size must be at least 1, got {batch_size}")

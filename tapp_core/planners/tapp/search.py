@@ -239,11 +239,10 @@ class TappSearch:
     @property
     def done(self) -> bool:
         c = self.config
-        out_of_budget = c.budget is not None and self.evaluations >= c.budget
         out_of_time = self._out_of_time
         if c.reward == "hybrid" and out_of_time:
             out_of_time = sum(report.phase == "measured" for report in self.history) >= c.measured_rounds
-        return self.round >= c.rounds or out_of_budget or out_of_time
+        return self.round >= c.rounds or self._out_of_budget or out_of_time
 
     def rounds(self) -> Iterator[RoundReport]:
         """Run rounds until the search is done, yielding each round's report."""
