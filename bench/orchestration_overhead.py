@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/orchestration_overhead.py [--model alexnet --cluster local --bare]
 
-The default experiment runs once, as ``tapp run`` runs it, in a fresh folder with a fresh MLflow SQLite store
-and fresh Prefect result storage, so nothing is cached. Each piece of orchestration is timed where it happens:
+The default experiment runs once, as ``tapp run`` runs it (Prefect's local server started first, in its own
+process, while the command imports, checks its inputs and opens the MLflow store), in a fresh folder with a fresh
+MLflow SQLite store and fresh Prefect result storage, so nothing is cached. Each piece of orchestration is timed
+where it happens:
 
 - MLflow: every ``MlflowClient`` call (outermost calls only), store creation and migration included;
-- Prefect: the flow call minus its body (the local server's start, the flow run's states), every task call minus
-  its body (task states, the profile cache, result persistence), and the progress-artifact calls;
-- imports of prefect and mlflow;
+- Prefect: the wait for its local server to answer, the flow call minus its body (the flow run's states), every
+  task call minus its body (task states, the profile cache, result persistence), the progress-artifact calls, and
+  at the end sending the pending logs and events and stopping the server;
+- imports of prefect, mlflow and the flows (the first of them while the server starts);
 - the CPU Prefect's local server (a separate process) uses while the flow runs: on 2 cores it competes with the
   MPI ranks, so it is counted in full, as if every second of it had delayed the experiment.
 
@@ -107,7 +110,7 @@ class Clock:
         return timed
 
 
-def instrument(clock: Clock) -> None:
+def instrument(clock: Clock, server_cpu_s: Callable[[], float]) -> None:
     """Time MLflow client calls, Prefect task and flow calls against their bodies, and progress artifacts."""
     from mlflow import MlflowClient
     from prefect import Flow, Task
@@ -133,7 +136,7 @@ def instrument(clock: Clock) -> None:
 
     @functools.wraps(body)
     def body_with_server_cpu(*args: Any, **kwargs: Any) -> Any:
-        clock.seconds["server cpu at start"] = server_cpu_s()  # its start-up is already in the flow's overhead
+        clock.seconds["server cpu at start"] = server_cpu_s()  # its start-up overlapped the imports (or was waited for)
         return body(*args, **kwargs)
 
     flow.fn = clock.wrap_body(body_with_server_cpu)
@@ -147,38 +150,48 @@ def process_cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu_s() -> float:
-    """CPU used so far by Prefect's local server: it runs beside the experiment, on the same cores."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    servers = [s.server_process for s in SubprocessASGIServer._instances.values() if s.server_process is not None]
-    return sum(process_cpu_s(p.pid) for p in servers if p.poll() is None)
-
-
 def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, dict[str, float]]:
+    """The default experiment as ``tapp run`` starts it: Prefect's local server first (``flows.server``), then the
+    imports, the MLflow store and the flow."""
     clock = Clock()
     started = time.perf_counter()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    import mlflow  # noqa: F401
-    import prefect  # noqa: F401
-
-    from flows.experiment import tapp_experiment
-
-    clock.seconds["imports"] = time.perf_counter() - started
-    instrument(clock)
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
-    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: folder / "prefect-results"}):
-        started = time.perf_counter()
-        result = tapp_experiment(
-            model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report")
-        )
-        wall = time.perf_counter() - started
-        # The server stays up until this process exits: its CPU while the flow's body ran.
+    from flows.server import prefect_api
+
+    with prefect_api() as prefect_ready:
+        import mlflow  # noqa: F401
+        import prefect  # noqa: F401
+
+        from flows.experiment import tapp_experiment
+        from tasks.tracking import open_store
+
+        clock.seconds["imports"] = time.perf_counter() - started
+        server_pids: list[int] = []
+
+        def server_cpu_s() -> float:
+            """CPU used so far by Prefect's local server: it runs beside the experiment, on the same cores."""
+            return sum(process_cpu_s(pid) for pid in server_pids)
+
+        instrument(clock, server_cpu_s)
+        open_store(os.environ["MLFLOW_TRACKING_URI"])  # as `tapp run` does, while the server starts
+        waited = time.perf_counter()
+        server = prefect_ready()
+        clock.seconds["server wait"] = time.perf_counter() - waited
+        if server is not None and server.process is not None:
+            server_pids.append(server.process.pid)
+        from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+
+        with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: folder / "prefect-results"}):
+            result = tapp_experiment(
+                model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report")
+            )
         clock.seconds["server cpu"] = server_cpu_s() - clock.seconds["server cpu at start"]
+        stopping = time.perf_counter()
+    clock.seconds["shutdown"] = time.perf_counter() - stopping  # pending logs and events sent, server stopped
+    wall = time.perf_counter() - started
     step_times = {method: evaluation.step_time_s for method, evaluation in result.evaluations.items()}
-    return wall + clock.seconds["imports"], clock, step_times
+    return wall, clock, step_times
 
 
 def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float]]:
@@ -265,7 +278,8 @@ def main() -> None:
         wall, clock, step_times = orchestrated(args, folder)
         parts = {
             "imports (prefect, mlflow, flows)": clock.seconds["imports"],
-            "Prefect: server start and flow run": clock.seconds["prefect flow"],
+            "Prefect: waiting for its local server to start": clock.seconds["server wait"],
+            "Prefect: the flow call minus its body (run states, engine)": clock.seconds["prefect flow"],
             f"Prefect: {clock.calls['prefect tasks']} task runs (states, cache, results)": clock.seconds[
                 "prefect tasks"
             ],
@@ -275,6 +289,7 @@ def main() -> None:
             f"MLflow: {clock.calls['mlflow']} client calls (store, runs, metrics, artifacts)": clock.seconds["mlflow"],
             # Counted as if every CPU second of it had delayed the experiment: an upper bound on 2 shared cores.
             "Prefect: its local server's CPU while the flow ran": clock.seconds["server cpu"],
+            "Prefect: sending pending logs and events, stopping the server": clock.seconds["shutdown"],
         }
         overhead = sum(parts.values())
         print(f"default experiment: {args.model} on {args.cluster}, batch {args.batch_size}, measured on the workers")

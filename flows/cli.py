@@ -355,39 +355,48 @@ def run(
     """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, report (Prefect + MLflow)."""
     # Prefect's local server would otherwise post anonymous usage data at start (and log an error when offline).
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.experiment import DEFAULT_METHODS, check_inputs, tapp_experiment
+    # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from flows.server import prefect_api
 
-    chosen_dataset = dataset or ("cifar10" if data_dir else "synthetic")
-    chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
-    data = str(data_dir) if data_dir else None
-    # Checked here too, so that a typo fails in a second instead of after Prefect's server has started.
-    target, uri = check_inputs(model, cluster, batch_size, chosen_dataset, data, chosen_methods, None)
-    console.print(
-        f"[bold]tapp_experiment[/]: {model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, "
-        f"{chosen_dataset} data; MLflow store {uri}, experiment {experiment!r}"
-    )
-    options = {
-        "search_rounds": rounds,
-        "samples_per_round": samples_per_round,
-        "measured_rounds": measured_rounds,
-        "steps": steps,
-    }
-    with _stage_progress(verbose):
-        state = tapp_experiment(
-            model=model,
-            cluster=cluster,
-            batch_size=batch_size,
-            dataset=chosen_dataset,
-            data_dir=data,
-            methods=chosen_methods,
-            measure=not estimate_only,
-            train_epochs=train_epochs,
-            seed=seed,
-            experiment=experiment,
-            out=str(out),
-            **{k: v for k, v in options.items() if v is not None},
-            return_state=True,
+    # The server starts first, so that its start overlaps the imports, the input checks and the MLflow store.
+    with prefect_api() as prefect_ready:
+        from flows.experiment import DEFAULT_METHODS, check_inputs, tapp_experiment
+        from tasks.tracking import open_store
+
+        chosen_dataset = dataset or ("cifar10" if data_dir else "synthetic")
+        chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
+        data = str(data_dir) if data_dir else None
+        # Checked before the flow too, so that a typo fails at once, before any run exists.
+        target, uri = check_inputs(model, cluster, batch_size, chosen_dataset, data, chosen_methods, None)
+        console.print(
+            f"[bold]tapp_experiment[/]: {model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, "
+            f"{chosen_dataset} data; MLflow store {uri}, experiment {experiment!r}"
         )
+        open_store(uri)
+        options = {
+            "search_rounds": rounds,
+            "samples_per_round": samples_per_round,
+            "measured_rounds": measured_rounds,
+            "steps": steps,
+        }
+        prefect_ready()
+        with _stage_progress(verbose):
+            state = tapp_experiment(
+                model=model,
+                cluster=cluster,
+                batch_size=batch_size,
+                dataset=chosen_dataset,
+                data_dir=data,
+                methods=chosen_methods,
+                measure=not estimate_only,
+                train_epochs=train_epochs,
+                seed=seed,
+                experiment=experiment,
+                out=str(out),
+                **{k: v for k, v in options.items() if v is not None},
+                return_state=True,
+            )
     failure = None
     if not state.is_completed():
         try:

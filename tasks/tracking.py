@@ -73,6 +73,15 @@ def check_tracking(uri: str | None = None, timeout_s: float = 5.0) -> str:
     return resolved
 
 
+def open_store(uri: str) -> None:
+    """Open the store now: a new SQLite store is created and migrated (about 3 s), and one that is not an MLflow
+    store fails here, with its name, rather than in the middle of an experiment."""
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except MlflowException as exc:
+        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.message}") from None
+
+
 @functools.cache
 def code_version() -> str:
     """The git commit of this checkout (``+dirty`` when tracked files differ from it), or ``unknown``."""
