@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
+from flows.server import free_port
 from reports import runs
 from tapp_core.cluster import load_cluster, parse_cluster
 from tapp_core.library import LayerLibrary
@@ -29,12 +29,6 @@ def tiny_library() -> LayerLibrary:
 
 def experiment_tags() -> ExperimentTags:
     return ExperimentTags(model="tiny_cnn", cluster="local", batch_size=16, seed=0, dataset="synthetic", emulated=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_tracking_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
