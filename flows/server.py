@@ -46,6 +46,7 @@ class LocalPrefectServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def start(self) -> None:
+        import prefect
         from prefect.settings import get_current_settings
 
         environment = {
@@ -56,7 +57,8 @@ class LocalPrefectServer:
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
         }
-        command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
+        command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)]
+        command += ["--factory", "prefect.server.api.server:create_app"]
         command += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
         self.process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL)
 
