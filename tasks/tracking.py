@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import mlflow
 import pandas as pd
+import sqlalchemy.exc
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -80,6 +81,8 @@ def open_store(uri: str) -> None:
         MlflowClient(uri).search_experiments(max_results=1)
     except MlflowException as exc:
         raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.message}") from None
+    except sqlalchemy.exc.SQLAlchemyError as exc:  # a file that is not a database at all
+        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.orig or exc}") from None
 
 
 @functools.cache

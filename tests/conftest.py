@@ -36,11 +36,11 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A session-wide MLflow SQLite store (artifacts beside it), migrated once."""
-    from mlflow import MlflowClient
+    from tasks.tracking import open_store
 
     folder = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments(max_results=1)
+    open_store(uri)
     return uri
 
 

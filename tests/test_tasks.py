@@ -19,7 +19,7 @@ from tapp_core.profiler import profile_model
 from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, single_device_plan
 from tasks.measure import RuntimeSettings
 from tasks.profile import profile_cache_key, record_library
-from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, tracked_run
+from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,13 @@ def test_unreachable_tracking_server_is_named(monkeypatch: pytest.MonkeyPatch) -
         check_tracking(uri, timeout_s=2)
     with pytest.raises(TrackingError, match="folder /no/such/folder does not exist"):
         check_tracking("sqlite:////no/such/folder/mlflow.db")
+
+
+def test_a_file_that_is_not_a_store_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "mlflow.db"
+    bad.write_text("not a database")
+    with pytest.raises(TrackingError, match=r"mlflow\.db cannot be opened: file is not a database"):
+        open_store(f"sqlite:///{bad}")
 
 
 def test_a_run_that_raises_ends_failed_with_its_error(tracking_uri: str, experiment_name: str) -> None:
