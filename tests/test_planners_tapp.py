@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from tapp_core.cluster import parse_cluster
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
 from tapp_core.planners import PlannerError, get_planner
 from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.space import contiguous_plan
 from tapp_core.planners.tapp import MeasuredReward, SearchConfig, SimulatedReward, TappSearch
 from tapp_core.planners.tapp.features import ABSENT_SUCCESSOR, OP_VOCABULARY, layer_features, op_index
 from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
@@ -220,3 +222,65 @@ def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -
                 stages = tuple(int(x) for x in np.searchsorted(sorted([*others, moved]), np.arange(n), side="right"))
                 if len(set(stages)) == plan.n_stages:
                     assert evaluator.step_times([Plan(**{**plan.__dict__, "stage_of_layer": stages})])[0] >= after
+
+
+def _relay_case() -> TappSearch:
+    """Two equal devices and a slower spare one, where the optimum (the oracle's) ends in a one-layer stage on the
+    spare device: the extra stage gives the two before it one more micro-batch in flight under 1F1B."""
+    library = chain_library([1, 2, 1, 8, 2, 8, 2, 8, 2, 4])
+    speeds = {"a": 1.0, "b": 1.0, "s": 0.5}
+    cluster = parse_cluster(
+        {
+            "name": "relay",
+            "devices": [{"name": n, "speed": v, "memory": "4GiB"} for n, v in speeds.items()],
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
+        }
+    )
+    config = SearchConfig(rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3))
+    return TappSearch(library, cluster, config, SimulatedReward(PlanEvaluator(library, cluster)))
+
+
+def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
+    search = _relay_case()
+    two = contiguous_plan(search.library, (6,), (("a",), ("b",)), 8, "1f1b", 64)
+    moves = search._relay_moves(two, span=2)
+    assert moves
+    for move in moves:
+        validate(move, search.library, search.cluster)
+        assert move.n_stages == 3 and move.micro_batches == 8
+        relay = move.stage_devices[1]
+        assert relay == ("s",) and move.stage_devices[0] == ("a",) and move.stage_devices[2] == ("b",)
+        assert move.stage_of_layer.count(1) == 1
+    relay_layers = sorted(move.stage_of_layer.index(1) for move in moves)
+    assert relay_layers == [3, 4, 5, 6, 7, 8]  # beside the cut at 6 moved by 0, 1 or 2 layers either way
+    whole = contiguous_plan(search.library, (6,), (("a",), ("b", "s")), 8, "1f1b", 64)
+    assert search._relay_moves(whole, span=2) == []  # no device left over
+
+
+def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot() -> None:
+    search = _relay_case()
+    oracle = get_planner("oracle", micro_batches=(2, 4, 8)).plan(search.library, search.cluster)
+    assert oracle.n_stages == 3 and oracle.stage_of_layer.count(2) == 1  # the optimum ends in a relay
+    optimum = search.simulated.step_times([oracle])[0]
+    two = contiguous_plan(search.library, (6,), (("a",), ("b",)), 8, "1f1b", 64)
+    search.best["simulated"] = (search.simulated.step_times([two])[0], two)
+    search._relay_moves = lambda plan, span: []  # type: ignore[method-assign]
+    search.polish()
+    assert search.best["simulated"][0] > optimum * 1.1  # stuck with two stages
+    del search._relay_moves
+    search.polish()
+    assert search.best["simulated"][0] == pytest.approx(optimum)
+
+
+def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
+    search = _search(rounds=6)
+    list(search.rounds())
+    starts = search._polish_starts(100)
+    times = [t for t, _ in starts]
+    assert times == sorted(times) and times[0] == search.best["simulated"][0]
+    assert len({plan.id for _, plan in starts}) == len(starts)
+    remembered = {plan.id for m in search.members for _, plan in m.elite["simulated"]}
+    assert {plan.id for _, plan in starts} == remembered | {search.best["simulated"][1].id}
+    before = {plan.id: t for t, plan in starts}
+    search.polish()
+    assert search.best["simulated"][0] <= min(before.values())

@@ -1,5 +1,6 @@
-"""TAPP as a planner: build the search from the options, run its rounds, polish the best simulated plan (its
-stage boundaries and micro-batch count, see ``TappSearch.polish``), return it with the search's statistics."""
+"""TAPP as a planner: build the search from the options, run its rounds, polish the best simulated plans (a local
+search over stage boundaries, micro-batch counts, device moves and relay stages, see ``TappSearch.polish``), return
+the best with the search's statistics."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class TappPlanner(PlannerBase):
     """Most pipeline stages; None: one per device."""
     time_limit_s: float | None = None
     polish: bool = True
-    """After the rounds, search around the best simulated plan (stage boundaries +-2 layers, every micro-batch
-    count); its gain is in the plan's notes as ``polish_gain``."""
+    """After the rounds, a local search from the population's best simulated plans (``TappSearch.polish``); its
+    gain is in the plan's notes as ``polish_gain``."""
     measured_rounds: int = 3
     measured_per_round: int = 1
     pool: Measurer | None = None

@@ -384,20 +384,44 @@ class TappSearch:
         if best is not worst and best.best(phase) < worst.best(phase):
             worst.load_state_dict(best.state_dict(), with_generator=False)
 
-    def polish(self, span: int = 32, tries: int = 4) -> float:
-        """Local search around the best simulated plan, while it improves and the budget lasts. A *descent*
-        keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved by 1, 2,
-        4, ... up to ``span`` layers either way. Each pass descends from the plan and from the ``tries`` most
-        promising device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused
-        device; each also with its stages re-balanced to the new speeds), because a device move pays off only once
-        the boundaries follow it. Returns the relative gain."""
-        start, plan = self.best["simulated"]
-        if plan is None:
+    def polish(self, span: int = 32, tries: int = 4, starts: int = 8) -> float:
+        """Local search from the ``starts`` fastest distinct simulated plans the population remembers (the best
+        plan and every policy's elite: different policies hold different basins, and the best plan's basin is not
+        always the one whose neighbourhood holds the best plan), while it improves and the budget lasts; the best
+        result becomes the search's best plan. Returns the relative gain over the best plan before the polish.
+
+        A *descent* keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved
+        by 1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan and from the ``tries``
+        most promising moves: device moves (two stages' devices swapped; a stage moved to, or replicated onto, an
+        unused device; each also with its stages re-balanced to the new speeds), because a device move pays off
+        only once the boundaries follow it; and relay insertions (``_relay_moves``)."""
+        start = self.best["simulated"][0]
+        if not math.isfinite(start):
             return 0.0
-        best_time = start
+        best_time, best_plan = start, self.best["simulated"][1]
+        for time_s, plan in self._polish_starts(starts):
+            if self._out_of_budget:
+                break
+            time_s, plan = self._polish_from(time_s, plan, span, tries)
+            if time_s < best_time:
+                best_time, best_plan = time_s, plan
+        self.best["simulated"] = (best_time, best_plan)
+        self.polish_gain = 1 - best_time / start
+        return self.polish_gain
+
+    def _polish_starts(self, count: int) -> list[tuple[float, Plan]]:
+        """The ``count`` fastest distinct plans among the best plan and the policies' elites."""
+        seen: dict[str, tuple[float, Plan]] = {}
+        remembered = [self.best["simulated"]] + [item for m in self.members for item in m.elite.get("simulated", [])]
+        for time_s, plan in remembered:
+            if plan is not None and math.isfinite(time_s):
+                seen.setdefault(plan.id, (time_s, plan))
+        return sorted(seen.values(), key=lambda item: item[0])[:count]
+
+    def _polish_from(self, best_time: float, plan: Plan, span: int, tries: int) -> tuple[float, Plan]:
         while not self._out_of_budget:
             candidates = [(best_time, plan)]
-            moves = self._device_moves(plan)
+            moves = self._device_moves(plan) + self._relay_moves(plan, span)
             times = self.simulated.step_times(moves)
             order = np.argsort(times)[:tries]
             candidates += [(float(times[i]), moves[i]) for i in order if math.isfinite(times[i])]
@@ -406,9 +430,7 @@ class TappSearch:
             if time_s >= best_time:
                 break
             best_time, plan = time_s, found
-        self.best["simulated"] = (best_time, plan)
-        self.polish_gain = 1 - best_time / start if math.isfinite(start) else 0.0
-        return self.polish_gain
+        return best_time, plan
 
     @property
     def _out_of_budget(self) -> bool:
@@ -457,6 +479,39 @@ class TappSearch:
                 moves.append(dataclasses.replace(plan, stage_devices=tuple(moved_to)))
                 moves.append(dataclasses.replace(plan, stage_devices=tuple(replicated)))
         return moves + [self._rebalanced(move) for move in moves]
+
+    def _relay_moves(self, plan: Plan, span: int) -> list[Plan]:
+        """A one-layer stage on unused devices inserted beside a stage boundary, the boundary first moved by 0, 1,
+        2, 4, ... up to ``span`` layers either way. Under 1F1B stage ``s`` of ``S`` runs ``S - s`` warm-up forwards,
+        so a cheap extra stage gives every stage before it one more micro-batch in flight (filling its bubbles,
+        at the price of its activations' memory and two small transfers); where it goes and on which devices is
+        the search's to find. The relay's devices: the unused ones of one speed (1, 2, 4, ... or all of them),
+        or every unused device."""
+        order = list(plan.stage_of_layer)
+        unused = [d for d in self.cluster.device_names if d not in plan.devices]
+        if not unused or order != sorted(order):
+            return []
+        n = len(order)
+        cuts = [order.index(k) for k in range(1, plan.n_stages)]
+        bounds = [0, *cuts, n]
+        by_speed: dict[float, list[str]] = {}
+        for device in unused:
+            by_speed.setdefault(self.cluster.device(device).speed, []).append(device)
+        relays = {tuple(unused)}
+        for same in by_speed.values():
+            relays |= {tuple(same[:k]) for k in (*(2**i for i in range(len(same).bit_length())), len(same))}
+        sizes = {0, *(2**k for k in range(span.bit_length()) if 2**k <= span), span}
+        moves = []
+        for j, cut in enumerate(cuts):
+            positions = {cut + sign * size for size in sizes for sign in (-1, 1)}
+            for low in sorted({p - 1 for p in positions} | positions):  # the relay's layer, before or after
+                if not bounds[j] < low < low + 1 < bounds[j + 2]:
+                    continue
+                stages = stages_from_cuts(n, [*cuts[:j], low, low + 1, *cuts[j + 1 :]])
+                for relay in sorted(relays):
+                    devices = (*plan.stage_devices[: j + 1], relay, *plan.stage_devices[j + 1 :])
+                    moves.append(dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices))
+        return moves
 
     def _rebalanced(self, plan: Plan) -> Plan:
         """The plan's devices with contiguous stages whose work matches each stage's speed (its slowest replica's
