@@ -291,7 +291,7 @@ def sampling_stage(
     """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
 
     The chosen plan is the best measured one when anything was measured, else the best by the cost model after
-    the planner's polish (stage boundaries and micro-batch count moved around it).
+    the planner's polish (``TappSearch.polish``: a local search from the population's best plans).
     Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
     """
     config = state.config
