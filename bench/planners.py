@@ -95,10 +95,12 @@ def reference_for(rows: list[Row]) -> tuple[str, float]:
     return f"best other ({best.planner})", best.step_time_s
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[Row], args: argparse.Namespace) -> None:
+    rounds = args.tapp_rounds or "the planner's default"
+    limit = f"{args.tapp_time_limit:.0f} s" if args.tapp_time_limit else "no time limit"
     table = Table(
-        title="Planners: estimated step time (cost model, default calibration), schedule 1f1b, batch 64; "
-        "TAPP: simulated reward, 250 rounds or the time limit"
+        title=f"Planners: estimated step time (cost model, default calibration), schedule {args.schedule}, "
+        f"batch {args.batch_size}; TAPP: simulated reward, {rounds} rounds or {limit}, then its polish"
     )
     for column in ("model", "cluster", "planner", "step time s", "gap to best", "wall s", "evaluations", "plan"):
         table.add_column(
@@ -255,7 +257,7 @@ def main() -> None:
                 rows.append(run_planner(name, library, cluster, args))
                 console.log(f"{model} {cluster_name} {name}: {rows[-1].step_time_s:.4f} s in {rows[-1].wall_s:.1f} s")
     if rows:
-        print_table(rows)
+        print_table(rows, args)
     oracle_notes = [r.plan.notes for r in rows if r.planner == "oracle"]
     if oracle_notes:
         coarse = [n for n in oracle_notes if n.get("coarsened")]
