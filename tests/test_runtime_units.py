@@ -4,6 +4,7 @@ batches, result assembly and the mpiexec command."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -13,9 +14,11 @@ from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan, PlanError
 from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
 from tapp_core.runtime.emulation import Emulation
+from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, TrainJob
 from tapp_core.runtime.layout import Layout, Route
+from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
-from tapp_core.runtime.results import RankResult, assemble_measurement, first_error
+from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
 from tapp_core.runtime.schedules import Action, Async, GPipe, OneFOneB, schedule_for
 from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
 
@@ -144,10 +147,10 @@ def test_iterator_batches_pad_the_last_batch_with_ignored_labels() -> None:
     assert pad_batch(torch.ones(4, 2), torch.zeros(4), 4)[0].shape == (4, 2)
 
 
-def rank(rank: int, stage: int, **fields: object) -> RankResult:
+def rank(rank: int, stage: int, **fields: Any) -> RankResult:
     return RankResult(
         job=1, rank=rank, device=f"d{rank}", status=str(fields.pop("status", "ok")), stage=stage, **fields
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_measurement_takes_the_slowest_rank_per_step_and_medians_after_warmup() -> None:
@@ -192,6 +195,44 @@ def test_the_reported_error_is_the_root_cause_not_the_aborts() -> None:
         == "out of memory on rank 0 (d0, stage 0): x"
     )
     assert first_error([rank(0, 0)]) is None
+
+
+def test_each_job_type_gets_its_own_reply() -> None:
+    setup = PlanSetup(
+        plan=Plan("mlp", 8, 2, "gpipe", (0, 0, 0, 1, 1, 1), (("d0",), ("d1",))),
+        model="mlp",
+        seed=0,
+        emulate=True,
+        optimizer=OptimizerConfig(),
+    )
+    prepared = assemble_reply(PrepareJob(id=3, model="mlp", seed=0, timeout_s=1), [rank(0, -1, setup_s=0.5)])
+    assert (prepared.id, prepared.error, prepared.setup_s, prepared.measurement) == (3, None, 0.5, None)
+
+    steps = {"step_s": [1.0, 1.0], "compute_s": [0.5, 0.5], "wait_s": [0.0, 0.0], "blocked_s": [0.0, 0.0]}
+    first = rank(0, 0, parameters={"a": torch.zeros(1)}, **steps)
+    last = rank(1, 1, parameters={"b": torch.ones(1)}, loss=[2.0, 1.0], **steps)
+    job = MeasureJob(id=4, timeout_s=1, setup=setup, steps=2, warmup=1, collect_parameters=True)
+    measured = assemble_reply(job, [first, last])
+    assert measured.measurement is not None and measured.measurement.ok and measured.measurement.emulated
+    assert measured.measurement.loss == 1.0 and measured.train is None
+    assert sorted(measured.parameters) == ["a", "b"]
+    uncollected = assemble_reply(MeasureJob(id=5, timeout_s=1, setup=setup, steps=2, warmup=1), [first, last])
+    assert uncollected.parameters == {}
+
+    epoch = {"train_loss": 1.5, "time_s": 2.0, "correct": 3, "samples": 4, "test_loss_sum": 2.0}
+    train = TrainJob(
+        id=6,
+        timeout_s=1,
+        setup=setup,
+        dataset="synthetic",
+        data_dir=None,
+        epochs=1,
+        steps_per_epoch=None,
+        augment=False,
+    )
+    trained = assemble_reply(train, [rank(0, 0, epochs=[epoch]), rank(1, 1, epochs=[epoch])])
+    assert trained.train is not None and trained.measurement is None
+    assert trained.train.test_accuracy == 0.75 and trained.train.synthetic and trained.train.plan_id == setup.plan.id
 
 
 def test_mpiexec_puts_each_rank_on_its_devices_host() -> None:

@@ -261,7 +261,7 @@ class StageEngine:
         self.transport.wait(posted.receipts)
         start = time.perf_counter()
         if context.loss is not None:
-            context.loss.backward()
+            torch.autograd.backward(context.loss)
         else:
             tensors, grads = [], []
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):

@@ -6,6 +6,7 @@ measures many plans passes its pool and pays process start once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from tapp_core.cluster import Cluster
@@ -37,11 +38,17 @@ def measure(
     heterogeneity is on when the cluster says ``emulated`` unless ``emulate`` says otherwise. A failing plan
     gives a Measurement with ``error`` set; a pool that cannot start raises ``PoolError``.
     """
-    kwargs = dict(steps=steps, warmup=warmup, seed=seed, emulate=emulate, timeout_s=timeout_s, optimizer=optimizer)
-    if pool is not None:
-        return pool.measure(plan, model, **kwargs)  # type: ignore[arg-type]
-    with WorkerPool(cluster) as own:
-        return own.measure(plan, model, **kwargs)  # type: ignore[arg-type]
+    with _given_or_own(pool, cluster) as workers:
+        return workers.measure(
+            plan,
+            model,
+            steps=steps,
+            warmup=warmup,
+            seed=seed,
+            emulate=emulate,
+            timeout_s=timeout_s,
+            optimizer=optimizer,
+        )
 
 
 def train(
@@ -61,18 +68,22 @@ def train(
     pool: WorkerPool | None = None,
 ) -> TrainResult:
     """Train ``plan`` on ``dataset`` for ``epochs`` epochs; ``TrainResult.test_accuracy`` is after the last."""
-    kwargs = dict(
-        dataset=dataset,
-        data_dir=data_dir,
-        epochs=epochs,
-        seed=seed,
-        optimizer=optimizer,
-        emulate=emulate,
-        steps_per_epoch=steps_per_epoch,
-        augment=augment,
-        timeout_s=timeout_s,
-    )
-    if pool is not None:
-        return pool.train(plan, model, **kwargs)  # type: ignore[arg-type]
-    with WorkerPool(cluster) as own:
-        return own.train(plan, model, **kwargs)  # type: ignore[arg-type]
+    with _given_or_own(pool, cluster) as workers:
+        return workers.train(
+            plan,
+            model,
+            dataset=dataset,
+            data_dir=data_dir,
+            epochs=epochs,
+            seed=seed,
+            optimizer=optimizer,
+            emulate=emulate,
+            steps_per_epoch=steps_per_epoch,
+            augment=augment,
+            timeout_s=timeout_s,
+        )
+
+
+def _given_or_own(pool: WorkerPool | None, cluster: Cluster) -> contextlib.AbstractContextManager[WorkerPool]:
+    """``pool`` as it is (left running), else a new pool of ``cluster`` closed on leaving."""
+    return contextlib.nullcontext(pool) if pool is not None else WorkerPool(cluster)

@@ -21,8 +21,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 import torch
 
@@ -30,12 +31,24 @@ from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
 from tapp_core.plan import Plan, PlanError, replica_slices
+from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, Ready, StopJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig
-from tapp_core.runtime.results import TrainResult
+from tapp_core.runtime.results import Reply, TrainResult
 from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
 
 DEFAULT_STEPS = DEFAULT_WARMUP + MIN_STEPS
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class StepOptions(TypedDict, total=False):
+    """``WorkerPool.run_steps``'s options, which ``measure`` passes on."""
+
+    steps: int
+    warmup: int
+    seed: int
+    emulate: bool | None
+    timeout_s: float
+    optimizer: OptimizerConfig | None
 
 
 class PoolError(TappError):
@@ -167,12 +180,14 @@ class WorkerPool:
             self._link.settimeout(self.start_timeout_s)
             hello = recv_message(self._link)
             self._link.settimeout(None)
+            if not isinstance(hello, Ready):
+                raise ConnectionClosed(f"rank 0 greeted with a {type(hello).__name__}")
         except (ConnectionClosed, OSError) as exc:
             self._kill()
             raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
         finally:
             listener.close()
-        self.rank_pids = [r["pid"] for r in hello["ranks"]]
+        self.rank_pids = [r.pid for r in hello.ranks]
 
     def close(self) -> None:
         """Shut the workers down (politely, then by force)."""
@@ -180,7 +195,7 @@ class WorkerPool:
             return
         if self._link is not None:
             try:
-                send_message(self._link, {"kind": "shutdown"})
+                send_message(self._link, StopJob())
                 self._process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -236,44 +251,44 @@ class WorkerPool:
 
     # --- jobs -------------------------------------------------------------------------------------------------
 
-    def _request(self, job: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, job: WorkJob) -> Reply:
         """Send ``job`` and wait for its reply; a dead or hung pool is restarted and reported in ``error``."""
         self.start()
-        job["id"] = next(self._job_ids)
         assert self._link is not None and self._process is not None
-        deadline = time.monotonic() + float(job["timeout_s"]) + self.grace_s
+        deadline = time.monotonic() + job.timeout_s + self.grace_s
         try:
             send_message(self._link, job)
             while True:
                 ready, _, _ = select.select([self._link], [], [], 0.1)
                 if ready:
                     reply = recv_message(self._link)
-                    if reply.get("id") != job["id"]:
+                    if not isinstance(reply, Reply) or reply.id != job.id:
                         continue
-                    if reply.get("restart"):
+                    if reply.restart:
                         self.restart()
-                        reply["error"] += "; the pool was restarted"
+                        return replace(reply, error=f"{reply.error}; the pool was restarted")
                     return reply
                 if self._process.poll() is not None:
                     raise ConnectionClosed(f"mpiexec exited with status {self._process.returncode}")
                 if time.monotonic() > deadline:
-                    self._kill()
-                    self.restarts += 1
-                    self.start()
-                    return {
-                        "id": job["id"],
-                        "error": f"timeout: no answer within {job['timeout_s']:.0f} s + {self.grace_s:.0f} s grace; the pool was restarted",
-                    }
+                    self.restart()
+                    no_answer = f"no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
+                    return Reply(id=job.id, error=f"timeout: {no_answer}; the pool was restarted")
         except (ConnectionClosed, OSError) as exc:
-            message = f"a worker rank died while running plan {job['plan']['id']} ({exc}){self._exit_report()}"
-            self._kill()
-            try:
-                self.restarts += 1
-                self.start()
-                message += "\nthe pool was restarted"
-            except PoolError as restart_error:
-                message += f"\nrestarting the pool failed too: {restart_error}"
-            return {"id": job["id"], "error": message}
+            return Reply(id=job.id, error=self._restart_after_death(job, exc))
+
+    def _restart_after_death(self, job: WorkJob, exc: Exception) -> str:
+        """Restart the pool after a rank died running ``job``; what happened, for the job's error."""
+        running = f"preparing model {job.model}" if isinstance(job, PrepareJob) else f"running plan {job.setup.plan.id}"
+        message = f"a worker rank died while {running} ({exc}){self._exit_report()}"
+        self._kill()
+        try:
+            self.restarts += 1
+            self.start()
+            message += "\nthe pool was restarted"
+        except PoolError as restart_error:
+            message += f"\nrestarting the pool failed too: {restart_error}"
+        return message
 
     def _exit_report(self, wait_s: float = 3.0) -> str:
         """How mpiexec ended (given a moment to notice its dead rank and say so), and the end of its log."""
@@ -284,37 +299,27 @@ class WorkerPool:
             return f"; mpiexec was still running{self._log_tail()}"
         return f"; mpiexec exited with status {code}{self._log_tail()}"
 
-    def _job(
-        self,
-        kind: str,
-        plan: Plan,
-        model: str | None,
-        seed: int,
-        emulate: bool | None,
-        timeout_s: float,
-        optimizer: OptimizerConfig | None,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "plan": plan.to_dict(),
-            "model": model or plan.model,
-            "seed": seed,
-            "emulate": self.cluster.emulated if emulate is None else emulate,
-            "timeout_s": timeout_s,
-            "optimizer": (optimizer or OptimizerConfig()).to_dict(),
-            **fields,
-        }
+    def _setup(
+        self, plan: Plan, model: str | None, seed: int, emulate: bool | None, optimizer: OptimizerConfig | None
+    ) -> PlanSetup:
+        """The job's plan setup, with the defaults filled in (the plan's model, the cluster's emulation)."""
+        return PlanSetup(
+            plan=plan,
+            model=model or plan.model,
+            seed=seed,
+            emulate=self.cluster.emulated if emulate is None else emulate,
+            optimizer=optimizer or OptimizerConfig(),
+        )
 
     def prepare(self, model: str, seed: int = 0, timeout_s: float = 300.0) -> float:
         """Build and trace ``model`` on every rank ahead of its first plan; returns the slowest rank's seconds.
 
         A search calls this once per model, so that no plan's measurement pays for building the model.
         """
-        reply = self._request({"kind": "prepare", "model": model, "seed": seed, "timeout_s": timeout_s})
-        if reply.get("error"):
-            raise PoolError(f"preparing model {model!r} on the workers failed: {reply['error']}")
-        return float(reply["setup_s"])
+        reply = self._request(PrepareJob(id=next(self._job_ids), model=model, seed=seed, timeout_s=timeout_s))
+        if reply.error:
+            raise PoolError(f"preparing model {model!r} on the workers failed: {reply.error}")
+        return reply.setup_s
 
     def run_steps(
         self,
@@ -334,53 +339,31 @@ class WorkerPool:
         With ``collect_parameters`` the second item holds every parameter and buffer after the last step, under
         the model's own names; otherwise it is empty.
         """
-        emulated = self.cluster.emulated if emulate is None else emulate
+        setup = self._setup(plan, model, seed, emulate, optimizer)
         if steps <= warmup:
-            return Measurement.failed(plan.id, f"{steps} steps leave none after {warmup} warm-up steps", emulated), {}
+            error = f"{steps} steps leave none after {warmup} warm-up steps"
+            return Measurement.failed(plan.id, error, setup.emulate), {}
         try:
             check_runnable(plan, self.cluster)
         except PlanError as exc:
-            return Measurement.failed(plan.id, str(exc), emulated), {}
-        job = self._job(
-            "measure",
-            plan,
-            model,
-            seed,
-            emulate,
-            timeout_s,
-            optimizer,
+            return Measurement.failed(plan.id, str(exc), setup.emulate), {}
+        job = MeasureJob(
+            id=next(self._job_ids),
+            timeout_s=timeout_s,
+            setup=setup,
             steps=steps,
             warmup=warmup,
             collect_parameters=collect_parameters,
         )
         reply = self._request(job)
-        if "measurement" not in reply:
-            return Measurement.failed(plan.id, reply["error"], emulated), {}
-        return reply["measurement"], reply.get("parameters") or {}
+        if reply.measurement is None:
+            return Measurement.failed(plan.id, reply.error or "no measurement came back", setup.emulate), {}
+        return reply.measurement, reply.parameters
 
-    def measure(
-        self,
-        plan: Plan,
-        model: str | None = None,
-        *,
-        steps: int = DEFAULT_STEPS,
-        warmup: int = DEFAULT_WARMUP,
-        seed: int = 0,
-        emulate: bool | None = None,
-        timeout_s: float = 300.0,
-        optimizer: OptimizerConfig | None = None,
-    ) -> Measurement:
-        """Run ``steps`` training steps of ``plan`` and measure them; never raises for a failing plan."""
-        measurement, _ = self.run_steps(
-            plan,
-            model,
-            steps=steps,
-            warmup=warmup,
-            seed=seed,
-            emulate=emulate,
-            timeout_s=timeout_s,
-            optimizer=optimizer,
-        )
+    def measure(self, plan: Plan, model: str | None = None, **options: Unpack[StepOptions]) -> Measurement:
+        """Run ``steps`` training steps of ``plan`` and measure them (options as ``run_steps``'); never raises for a
+        failing plan."""
+        measurement, _ = self.run_steps(plan, model, **options)
         return measurement
 
     def train(
@@ -399,21 +382,17 @@ class WorkerPool:
         augment: bool = False,
     ) -> TrainResult:
         """Train for ``epochs`` epochs on real data and evaluate on the test set after each."""
-        emulated = self.cluster.emulated if emulate is None else emulate
-        failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=emulated)
+        setup = self._setup(plan, model, seed, emulate, optimizer)
+        failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=setup.emulate)
         try:
             check_runnable(plan, self.cluster)
         except PlanError as exc:
             failed.error = str(exc)
             return failed
-        job = self._job(
-            "train",
-            plan,
-            model,
-            seed,
-            emulate,
-            timeout_s,
-            optimizer,
+        job = TrainJob(
+            id=next(self._job_ids),
+            timeout_s=timeout_s,
+            setup=setup,
             dataset=dataset,
             data_dir=str(data_dir) if data_dir is not None else None,
             epochs=epochs,
@@ -421,7 +400,7 @@ class WorkerPool:
             augment=augment,
         )
         reply = self._request(job)
-        if "train" not in reply:
-            failed.error = reply["error"]
+        if reply.train is None:
+            failed.error = reply.error or "no training result came back"
             return failed
-        return reply["train"]
+        return reply.train

@@ -1,13 +1,15 @@
-"""Turning what every rank reported into one Measurement (or one training result), on the coordinating rank."""
+"""Turning what every rank reported into rank 0's Reply to the pool: one Measurement, or one training result."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+import torch
 
 from tapp_core.metrics import Measurement, communication_share, step_time, step_time_spread
+from tapp_core.runtime.jobs import MeasureJob, PrepareJob, WorkJob
 
 OUT_OF_MEMORY = "out of memory"
 
@@ -32,7 +34,7 @@ class RankResult:
     loss: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
     setup_s: float = 0.0
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, torch.Tensor] | None = None
     epochs: list[dict[str, float]] = field(default_factory=list)
     """Training jobs: per epoch, loss / time, and on the last stage the test counts."""
 
@@ -147,3 +149,39 @@ def assemble_training(
                 sum(r.epochs[epoch]["test_loss_sum"] for r in last) / samples if samples else float("nan")
             )
     return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """Rank 0's answer to job ``id``: its result, or ``error``.
+
+    ``restart`` asks the pool to restart the MPI job (some rank did not answer). ``setup_s`` answers a PrepareJob,
+    ``measurement`` (and ``parameters`` when collected) a MeasureJob, ``train`` a TrainJob.
+    """
+
+    id: int
+    error: str | None = None
+    restart: bool = False
+    setup_s: float = 0.0
+    measurement: Measurement | None = None
+    parameters: dict[str, torch.Tensor] = field(default_factory=dict)
+    train: TrainResult | None = None
+
+
+def assemble_reply(job: WorkJob, results: Sequence[RankResult]) -> Reply:
+    """The pool's answer to ``job`` from every rank's result."""
+    if isinstance(job, PrepareJob):
+        return Reply(id=job.id, error=first_error(results), setup_s=max(r.setup_s for r in results))
+    plan, emulated = job.setup.plan, job.setup.emulate
+    if isinstance(job, MeasureJob):
+        measurement = assemble_measurement(plan.id, results, job.warmup, emulated, plan.n_stages)
+        parameters: dict[str, torch.Tensor] = {}
+        if job.collect_parameters:
+            for r in results:
+                parameters.update(r.parameters or {})
+        return Reply(id=job.id, measurement=measurement, parameters=parameters)
+    synthetic = job.dataset == "synthetic"
+    train = assemble_training(
+        plan.id, plan.schedule, job.dataset, synthetic, job.epochs, results, emulated, plan.n_stages
+    )
+    return Reply(id=job.id, train=train)

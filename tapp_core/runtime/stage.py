@@ -10,7 +10,7 @@ that reads it takes it from the data, which is identical on every rank.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -104,85 +104,114 @@ def split_stages(
     if len(placeholders) != 1:
         raise StageError(f"the model takes {len(placeholders)} inputs; the runtime feeds exactly one (the images)")
     samples = _trace_values(split, torch.randn(2, *input_shape))
-
-    value_of_node: dict[torch.fx.Node, int] = {}
-    names: list[str] = []
-    producers: list[int] = []
-
-    def new_value(node: torch.fx.Node, producer: int) -> None:
-        value_of_node[node] = len(names)
-        names.append(node.name)
-        producers.append(producer)
-
-    new_value(placeholders[0], MODEL_INPUT)
-    stage_inputs: dict[int, tuple[int, ...]] = {}
-    stage_outputs: dict[int, list[int]] = {}
-    output_value = -1
-    for node in split.graph.nodes:
-        if node.op == "call_module":
-            stage = int(str(node.target).removeprefix("submod_"))
-            stage_inputs[stage] = tuple(value_of_node[arg] for arg in node.args)  # type: ignore[index]
-            stage_outputs[stage] = []
-            if all(user.op == "call_function" and user.target.__name__ == "getitem" for user in node.users):
-                continue  # several outputs: the getitem nodes below are the values
-            new_value(node, stage)
-            stage_outputs[stage].append(value_of_node[node])
-        elif node.op == "call_function":
-            source, position = node.args
-            stage = int(str(source.target).removeprefix("submod_"))  # type: ignore[union-attr]
-            new_value(node, stage)
-            if position != len(stage_outputs[stage]):
-                raise StageError(f"stage {stage} returns its values out of order at {node.name}")
-            stage_outputs[stage].append(value_of_node[node])
-        elif node.op == "output":
-            (result,) = node.args
-            if not isinstance(result, torch.fx.Node) or result not in value_of_node:
-                raise StageError("the model must return one tensor (the logits)")
-            output_value = value_of_node[result]
-    if sorted(stage_inputs) != list(range(n_stages)):
-        raise StageError(f"split gave stages {sorted(stage_inputs)}, expected 0..{n_stages - 1}")
-    if producers[output_value] != n_stages - 1:
-        raise StageError(
-            f"the model's output is computed on stage {producers[output_value]}, not on the last stage {n_stages - 1}: "
-            "layers after it on later stages do not lead to the output"
-        )
-
-    consumers: dict[int, list[int]] = {v: [] for v in range(len(names))}
-    for stage, inputs in sorted(stage_inputs.items()):
-        for v in inputs:
-            consumers[v].append(stage)
-    values = []
-    node_of_value = {v: n for n, v in value_of_node.items()}
-    for v, name in enumerate(names):
-        sample = samples[node_of_value[v]]
-        if not isinstance(sample, torch.Tensor):
-            raise StageError(
-                f"value {name!r} crossing a stage cut is a {type(sample).__name__}, not a tensor; move the cut"
-            )
-        if sample.dim() == 0 or sample.shape[0] != 2:
-            raise StageError(
-                f"value {name!r} crossing a stage cut has shape {tuple(sample.shape)}: its first dimension is not the "
-                "sample, so it cannot be split into micro-batches; move the cut"
-            )
-        values.append(
-            CutValue(
-                index=v,
-                name=name,
-                producer=producers[v],
-                consumers=tuple(consumers[v]),
-                sample_shape=tuple(sample.shape[1:]),
-                dtype=sample.dtype,
-                requires_grad=producers[v] != MODEL_INPUT and sample.requires_grad,
-            )
-        )
+    flow = _ValueFlow.of(split, placeholders[0], n_stages)
     graph = PipelineGraph(
         n_stages=n_stages,
-        values=tuple(values),
-        stage_inputs=tuple(stage_inputs[s] for s in range(n_stages)),
-        stage_outputs=tuple(tuple(stage_outputs[s]) for s in range(n_stages)),
-        output=output_value,
+        values=tuple(
+            _cut_value(v, node, flow.producers[v], flow.consumers(v), samples[node])
+            for v, node in enumerate(flow.nodes)
+        ),
+        stage_inputs=tuple(flow.stage_inputs[s] for s in range(n_stages)),
+        stage_outputs=tuple(tuple(flow.stage_outputs[s]) for s in range(n_stages)),
+        output=flow.output,
     )
     return split, graph
+
+
+@dataclass
+class _ValueFlow:
+    """The values of a split model's top graph, numbered in graph order (the model input is value 0): the node and
+    the producing stage of each, what each stage takes and returns, and which value is the model's output."""
+
+    nodes: list[torch.fx.Node] = field(default_factory=list)
+    producers: list[int] = field(default_factory=list)
+    stage_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    stage_outputs: dict[int, list[int]] = field(default_factory=dict)
+    output: int = -1
+    value_of_node: dict[torch.fx.Node, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, split: torch.fx.GraphModule, model_input: torch.fx.Node, n_stages: int) -> _ValueFlow:
+        flow = cls()
+        flow._add(model_input, MODEL_INPUT)
+        for node in split.graph.nodes:
+            if node.op == "call_module":
+                flow._stage_call(node)
+            elif node.op == "call_function":
+                flow._stage_output(node)
+            elif node.op == "output":
+                (result,) = node.args
+                if not isinstance(result, torch.fx.Node) or result not in flow.value_of_node:
+                    raise StageError("the model must return one tensor (the logits)")
+                flow.output = flow.value_of_node[result]
+        flow._check(n_stages)
+        return flow
+
+    def consumers(self, value: int) -> tuple[int, ...]:
+        """The stages that take ``value``, in stage order."""
+        return tuple(stage for stage, inputs in sorted(self.stage_inputs.items()) for v in inputs if v == value)
+
+    def _add(self, node: torch.fx.Node, producer: int) -> None:
+        self.value_of_node[node] = len(self.nodes)
+        self.nodes.append(node)
+        self.producers.append(producer)
+
+    def _stage_call(self, node: torch.fx.Node) -> None:
+        """A stage's submodule call: its inputs, and its output unless the ``getitem`` nodes after it pick several."""
+        stage = int(str(node.target).removeprefix("submod_"))
+        self.stage_inputs[stage] = tuple(self.value_of_node[_graph_node(arg, node)] for arg in node.args)
+        self.stage_outputs[stage] = []
+        if all(user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem" for user in node.users):
+            return
+        self._add(node, stage)
+        self.stage_outputs[stage].append(self.value_of_node[node])
+
+    def _stage_output(self, node: torch.fx.Node) -> None:
+        """``getitem(submod_s, position)``: one of the several values stage s returns."""
+        source, position = node.args
+        stage = int(str(_graph_node(source, node).target).removeprefix("submod_"))
+        self._add(node, stage)
+        if position != len(self.stage_outputs[stage]):
+            raise StageError(f"stage {stage} returns its values out of order at {node.name}")
+        self.stage_outputs[stage].append(self.value_of_node[node])
+
+    def _check(self, n_stages: int) -> None:
+        if sorted(self.stage_inputs) != list(range(n_stages)):
+            raise StageError(f"split gave stages {sorted(self.stage_inputs)}, expected 0..{n_stages - 1}")
+        if self.producers[self.output] != n_stages - 1:
+            raise StageError(
+                f"the model's output is computed on stage {self.producers[self.output]}, not on the last stage "
+                f"{n_stages - 1}: layers after it on later stages do not lead to the output"
+            )
+
+
+def _graph_node(arg: torch.fx.node.Argument, user: torch.fx.Node) -> torch.fx.Node:
+    if not isinstance(arg, torch.fx.Node):
+        raise StageError(f"{user.name} takes a constant ({arg!r}) where the split model passes values between stages")
+    return arg
+
+
+def _cut_value(index: int, node: torch.fx.Node, producer: int, consumers: tuple[int, ...], sample: Any) -> CutValue:
+    """Describe value ``index`` from what it held when the split model ran on two samples."""
+    name = node.name
+    if not isinstance(sample, torch.Tensor):
+        raise StageError(
+            f"value {name!r} crossing a stage cut is a {type(sample).__name__}, not a tensor; move the cut"
+        )
+    if sample.dim() == 0 or sample.shape[0] != 2:
+        raise StageError(
+            f"value {name!r} crossing a stage cut has shape {tuple(sample.shape)}: its first dimension is not the "
+            "sample, so it cannot be split into micro-batches; move the cut"
+        )
+    return CutValue(
+        index=index,
+        name=name,
+        producer=producer,
+        consumers=consumers,
+        sample_shape=tuple(sample.shape[1:]),
+        dtype=sample.dtype,
+        requires_grad=producer != MODEL_INPUT and sample.requires_grad,
+    )
 
 
 def _trace_values(split: torch.fx.GraphModule, sample: torch.Tensor) -> dict[torch.fx.Node, Any]:
@@ -233,7 +262,7 @@ class Stage:
 
     def named_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under the original model's names."""
-        state = {self._names[id(p)]: p for p in self.module.parameters()}
+        state: dict[str, torch.Tensor] = {self._names[id(p)]: p for p in self.module.parameters()}
         state.update({self._names[id(b)]: b for b in self.module.buffers() if id(b) in self._names})
         return state
 

@@ -1,0 +1,127 @@
+"""How the ranks share jobs: rank 0 takes each job from the pool, hands it to the other ranks, runs its own share,
+gathers every rank's result and answers the pool with one Reply; the other ranks follow.
+
+A rank that does not answer within the job's time limit (plus a grace period) makes rank 0 ask the pool for a
+restart. If the pool's process goes away, rank 0 takes the whole MPI job down with it.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+from tapp_core.runtime.emulation import now
+from tapp_core.runtime.jobs import JOB_TYPES, Job, StopJob, WorkJob
+from tapp_core.runtime.rank import Rank, describe
+from tapp_core.runtime.results import RankResult, Reply, assemble_reply
+from tapp_core.runtime.transport import poll
+from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
+
+JOB_TAG = 11
+RESULT_TAG = 12
+RESULT_GRACE_S = 5.0
+"""How long past a job's time limit rank 0 waits for the other ranks before it asks for a restart."""
+_IDLE_POLL_S = 0.5e-3
+
+
+def _reply(job: WorkJob, results: Sequence[RankResult], silent: Sequence[int]) -> Reply:
+    if silent:
+        error = f"rank(s) {', '.join(map(str, silent))} did not finish the plan within its time limit"
+        return Reply(id=job.id, restart=True, error=error)
+    try:
+        return assemble_reply(job, results)
+    except Exception as exc:
+        return Reply(id=job.id, error=f"assembling the results failed: {describe(exc)}")
+
+
+def _next_job(link: socket.socket) -> Job:
+    try:
+        job = recv_message(link)
+    except (ConnectionClosed, OSError):
+        return StopJob()  # the pool's process is gone: take every rank down with us
+    if not isinstance(job, JOB_TYPES):
+        raise TypeError(f"the pool sent a {type(job).__name__}, not a job")
+    return job
+
+
+def _wait_for_job(world: MPI.Intracomm) -> Job:
+    while True:
+        message = world.improbe(source=0, tag=JOB_TAG)
+        if message is not None:
+            job: Job = message.recv()
+            return job
+        time.sleep(_IDLE_POLL_S)
+
+
+def _collect(world: MPI.Intracomm, job: WorkJob, own: RankResult) -> tuple[list[RankResult], list[int]]:
+    """Every rank's result for ``job``; also the ranks that did not answer in time."""
+    results = {0: own}
+    deadline = now() + job.timeout_s + RESULT_GRACE_S
+    waiting = set(range(1, world.Get_size()))
+    while waiting and now() < deadline:
+        for rank in sorted(waiting):
+            message = world.improbe(source=rank, tag=RESULT_TAG)
+            if message is None:
+                continue
+            result: RankResult = message.recv()
+            if result.job == job.id:  # answers to an earlier, abandoned job are dropped
+                results[rank] = result
+                waiting.discard(rank)
+        if waiting:
+            time.sleep(_IDLE_POLL_S)
+    return [results[r] for r in sorted(results)], sorted(waiting)
+
+
+def _send_all(world: MPI.Intracomm, job: Job) -> None:
+    requests = [world.isend(job, rank, JOB_TAG) for rank in range(1, world.Get_size())]
+    poll(requests, lambda: None)
+
+
+def _watch_pool(link: socket.socket, busy: threading.Event) -> None:
+    """Abort the whole MPI job if the pool's process goes away while a job runs (no orphaned ranks)."""
+    while True:
+        readable, _, _ = select.select([link], [], [], 0.5)
+        if not readable:
+            continue
+        if not busy.is_set():
+            time.sleep(0.05)  # a new job: the main thread reads it
+            continue
+        try:
+            gone = link.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            gone = True
+        if gone:
+            print("worker: the pool's process is gone; aborting the MPI job", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(3)
+
+
+def coordinate(world: MPI.Intracomm, rank: Rank, link: socket.socket) -> None:
+    """Rank 0: serve the pool's jobs until it sends a StopJob or goes away."""
+    busy = threading.Event()
+    threading.Thread(target=_watch_pool, args=(link, busy), daemon=True).start()
+    while True:
+        job = _next_job(link)
+        _send_all(world, job)
+        if isinstance(job, StopJob):
+            return
+        busy.set()
+        own = rank.run(job)
+        results, silent = _collect(world, job, own)
+        busy.clear()
+        send_message(link, _reply(job, results, silent))
+
+
+def follow(world: MPI.Intracomm, rank: Rank) -> None:
+    """Every other rank: run each job rank 0 hands out and send it the result, until a StopJob."""
+    while True:
+        job = _wait_for_job(world)
+        if isinstance(job, StopJob):
+            return
+        result = rank.run(job)
+        poll([world.isend(result, 0, RESULT_TAG)], lambda: None)

@@ -1,0 +1,91 @@
+"""The jobs the pool gives the ranks, and rank 0's greeting (its reply to each job is ``results.Reply``).
+
+The pool sends a job to rank 0 over its socket (``wire``); rank 0 hands it to the other ranks over MPI, and every
+rank dispatches on the job's type. The types are plain data (plans, numbers, strings), pickled like the dicts
+they replace, so that they can become JSON messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from tapp_core.plan import Plan
+from tapp_core.runtime.optim import OptimizerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareJob:
+    """Build and trace ``model`` on every rank, ahead of its first plan."""
+
+    id: int
+    model: str
+    seed: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSetup:
+    """What every rank needs to set up its share of a plan, whatever the job then does with it."""
+
+    plan: Plan
+    model: str
+    """The model to build: ``plan.model`` unless the caller named another (a registry name or ``module:callable``)."""
+    seed: int
+    """Seeds the model's initial weights and the order of the batches."""
+    emulate: bool
+    optimizer: OptimizerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureJob:
+    """Train ``steps`` steps on synthetic batches and time them; the first ``warmup`` steps are not counted."""
+
+    id: int
+    timeout_s: float
+    setup: PlanSetup
+    steps: int
+    warmup: int
+    collect_parameters: bool = False
+    """Send every parameter and buffer back after the last step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """Train for ``epochs`` epochs on ``dataset`` and evaluate on its test set after each."""
+
+    id: int
+    timeout_s: float
+    setup: PlanSetup
+    dataset: str
+    data_dir: str | None
+    epochs: int
+    steps_per_epoch: int | None
+    augment: bool
+
+
+@dataclass(frozen=True)
+class StopJob:
+    """Shut every rank down."""
+
+
+PlanJob: TypeAlias = MeasureJob | TrainJob
+WorkJob: TypeAlias = PrepareJob | PlanJob
+"""A job every rank runs and answers."""
+Job: TypeAlias = WorkJob | StopJob
+JOB_TYPES = (PrepareJob, MeasureJob, TrainJob, StopJob)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    pid: int
+    host: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Rank 0's first message: every rank is up."""
+
+    ranks: tuple[RankInfo, ...]
+    torch: str

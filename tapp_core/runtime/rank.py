@@ -1,0 +1,279 @@
+"""One MPI rank's share of a job: build its stage of the plan, run the engine, report a RankResult.
+
+Every plan runs on fresh communicators, so a failed plan's stray messages cannot reach the next one. A rank
+that fails tells the others to abort; every rank answers with a RankResult all the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import resource
+import statistics
+import traceback
+from pathlib import Path
+
+import torch
+from mpi4py import MPI
+
+from tapp_core.cluster import Cluster
+from tapp_core.data import batch_loader, open_dataset
+from tapp_core.graph import layer_nodes, trace_model
+from tapp_core.plan import Plan
+from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
+from tapp_core.runtime.emulation import Emulation, now
+from tapp_core.runtime.engine import StageEngine
+from tapp_core.runtime.jobs import MeasureJob, PlanJob, PlanSetup, PrepareJob, TrainJob, WorkJob
+from tapp_core.runtime.layout import Layout
+from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
+from tapp_core.runtime.results import OUT_OF_MEMORY, RankResult
+from tapp_core.runtime.schedules import schedule_for
+from tapp_core.runtime.stage import Stage, StageFactory, split_stages
+from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
+
+
+def torch_device(cluster: Cluster, rank: int) -> torch.device:
+    device = cluster.devices[rank]
+    if device.kind == "cuda":
+        return torch.device("cuda", device.gpu_index or 0)
+    return torch.device("cpu")
+
+
+def plan_ranks(layout: Layout) -> list[int]:
+    return [rank for ranks in layout.stage_ranks for rank in ranks]
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the resident-set high-water mark
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, PlanAborted):
+        return "aborted"
+    if isinstance(exc, PlanTimeout):
+        return "timeout"
+    text = str(exc).lower()
+    if (
+        isinstance(exc, MemoryError | torch.OutOfMemoryError)
+        or "can't allocate memory" in text
+        or "out of memory" in text
+    ):
+        return OUT_OF_MEMORY
+    return "exception"
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, PlanAborted | PlanTimeout):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {str(exc)[:2000]}{where}"
+
+
+def warm_up() -> None:
+    """Pay the first-call costs of the runtime's libraries (fx splitting, the optimiser, autograd) at start-up,
+    not in the first plan's measurement."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    traced = trace_model(model)
+    split, _ = split_stages(traced, (0, 0, 1), 2, input_shape=(4,))
+    optimizer = make_optimizer(split.parameters(), OptimizerConfig())
+    torch.autograd.backward(micro_batch_loss(split(torch.randn(2, 4)), torch.tensor([0, 1]), 2))
+    optimizer.step()
+
+
+class PlanCommunicators:
+    """One plan's communicators on this rank, duplicated from the world for the plan alone.
+
+    ``plan`` carries data and aborts, ``header`` the messages' headers; once the rank knows its place,
+    ``pipeline`` holds the plan's ranks (for its barriers) and ``replicas`` its stage's replicas (for the
+    gradient allreduce), when there are several.
+    """
+
+    def __init__(self, world: MPI.Intracomm) -> None:
+        self.plan, self._plan_request = world.Idup()
+        self.header, self._header_request = world.Idup()
+        self.pipeline: MPI.Intracomm | None = None
+        self.replicas: MPI.Intracomm | None = None
+
+    def wait(self, deadline: float) -> None:
+        def past_deadline() -> None:
+            if now() > deadline:
+                raise PlanTimeout("the plan ran past its time limit while starting")
+
+        poll([self._plan_request, self._header_request], past_deadline)
+
+    def join(self, layout: Layout, stage: int) -> MPI.Intracomm:
+        """Make the plan's group and this stage's replica group (only the plan's ranks call this); returns the first."""
+        self.pipeline = self.plan.Create_group(self.plan.Get_group().Incl(sorted(plan_ranks(layout))))
+        ranks = layout.stage_ranks[stage]
+        if len(ranks) > 1:
+            self.replicas = self.plan.Create_group(self.plan.Get_group().Incl(list(ranks)))
+        return self.pipeline
+
+    def free(self) -> None:
+        """Free them after a plan that ended well; a failed plan's may hold unmatched requests and are left to MPI."""
+        for comm in (self.replicas, self.pipeline, self.plan, self.header):
+            if comm is not None:
+                comm.Free()
+
+
+class Rank:
+    """This process's rank (rank i runs cluster device i): runs its share of each job."""
+
+    def __init__(self, world: MPI.Intracomm, cluster: Cluster) -> None:
+        self.world = world
+        self.rank = world.Get_rank()
+        self.cluster = cluster
+        self.device_name = cluster.devices[self.rank].name
+        self.device = torch_device(cluster, self.rank)
+        self.factory = StageFactory()
+
+    def run(self, job: WorkJob) -> RankResult:
+        if isinstance(job, PrepareJob):
+            return self.prepare(job)
+        return self.run_plan(job)
+
+    def prepare(self, job: PrepareJob) -> RankResult:
+        """Build and trace the model now, so that the first plan of it does not pay for that on this rank."""
+        start = now()
+        result = RankResult(job=job.id, rank=self.rank, device=self.device_name, status="ok")
+        try:
+            graph_module, _ = self.factory.traced(job.model, job.seed)
+            self.factory.split(job.model, job.seed, (0,) * len(layer_nodes(graph_module)), 1)
+        except Exception as exc:
+            result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
+        result.setup_s = now() - start
+        return result
+
+    def run_plan(self, job: PlanJob) -> RankResult:
+        """Run this rank's stage of the job's plan (status ``idle`` when the plan does not use this rank)."""
+        start = now()
+        result = RankResult(job=job.id, rank=self.rank, device=self.device_name, status="ok")
+        comms = PlanCommunicators(self.world)
+        control = Control(comms.plan, start + job.timeout_s)
+        transport: Transport | None = None
+        sweep_abandoned()
+        try:
+            comms.wait(control.deadline)
+            setup, plan = job.setup, job.setup.plan
+            layout = self.layout(plan)
+            position = layout.position(self.rank)
+            if position is None:
+                result.status = "idle"
+                comms.free()
+                return result
+            result.stage, result.replica = position
+            pipeline = comms.join(layout, result.stage)
+            reset_peak_memory(self.device)
+            stage = self.factory.stage(
+                setup.model, setup.seed, plan.stage_of_layer, plan.n_stages, result.stage, self.device
+            )
+            emulation = Emulation.for_rank(self.cluster, list(self.cluster.device_names), self.rank, setup.emulate)
+            hosts = {self.cluster.device(d).host for d in plan.devices}
+            transport = Transport(comms.plan, comms.header, pipeline, control, emulation, shared_clock=len(hosts) == 1)
+            engine = self._engine(setup, layout, stage, transport, emulation, comms.replicas)
+            result.setup_s = now() - start
+            if isinstance(job, MeasureJob):
+                self._measure(engine, job, result)
+            else:
+                self._train(engine, job, result)
+            result.peak_memory_bytes = peak_memory(self.device)
+            comms.free()
+        except Exception as exc:
+            self._fail(exc, result, control, transport)
+        finally:
+            control.close()
+        return result
+
+    def layout(self, plan: Plan) -> Layout:
+        """The plan's stages as ranks of this cluster."""
+        rank_of = {name: i for i, name in enumerate(self.cluster.device_names)}
+        missing = [d for d in plan.devices if d not in rank_of]
+        if missing:
+            raise ValueError(f"plan uses device(s) {', '.join(missing)} that cluster {self.cluster.name!r} lacks")
+        return Layout(tuple(tuple(rank_of[d] for d in devs) for devs in plan.stage_devices), plan.micro_batch_size)
+
+    def _engine(
+        self,
+        setup: PlanSetup,
+        layout: Layout,
+        stage: Stage,
+        transport: Transport,
+        emulation: Emulation,
+        replicas: MPI.Intracomm | None,
+    ) -> StageEngine:
+        plan = setup.plan
+        schedule = schedule_for(plan.schedule)
+        return StageEngine(
+            stage,
+            layout,
+            self.rank,
+            transport,
+            schedule,
+            setup.optimizer,
+            emulation,
+            plan.batch_size,
+            plan.micro_batches,
+            replicas,
+        )
+
+    def _fail(self, exc: Exception, result: RankResult, control: Control, transport: Transport | None) -> None:
+        """Record ``exc`` in ``result``, tell the other ranks (unless they told us) and drop the plan's traffic."""
+        result.status = "error"
+        result.error_kind = classify(exc)
+        result.error = describe(exc)
+        if result.error_kind != "aborted":
+            where = f"rank {self.rank} ({self.device_name}" + (f", stage {result.stage})" if result.stage >= 0 else ")")
+            control.abort(f"{where} failed: {result.error}")
+        if transport is not None:
+            transport.abandon()
+        # A failed plan's communicators may hold unmatched requests; they are left to MPI, not reused.
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _measure(self, engine: StageEngine, job: MeasureJob, result: RankResult) -> None:
+        batch_size, seed = job.setup.plan.batch_size, job.setup.seed
+        batches = SyntheticBatches(batch_size, seed=seed, input_shape=self.factory.input_shape)
+        record = engine.train(job.steps, batches)
+        result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
+        result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
+        if job.collect_parameters and result.replica == 0:
+            state = engine.stage.named_state()
+            result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}
+
+    def _train(self, engine: StageEngine, job: TrainJob, result: RankResult) -> None:
+        train_set = open_dataset(job.dataset, job.data_dir, train=True, augment=job.augment)
+        test_set = open_dataset(job.dataset, job.data_dir, train=False)
+        batch_size, seed = job.setup.plan.batch_size, job.setup.seed
+        for epoch in range(job.epochs):
+            loader = batch_loader(train_set, batch_size, seed=seed, epoch=epoch)
+            steps = len(loader) if job.steps_per_epoch is None else min(len(loader), job.steps_per_epoch)
+            record = engine.train(steps, IteratorBatches(loader, batch_size))
+            test_loader = batch_loader(test_set, batch_size, seed=seed, shuffle=False, drop_last=False)
+            evaluation = engine.evaluate(len(test_loader), IteratorBatches(test_loader, batch_size))
+            result.epochs.append(
+                {
+                    "train_loss": statistics.fmean(record.loss) if record.loss else 0.0,
+                    "time_s": sum(record.step_s),
+                    "correct": evaluation.correct,
+                    "samples": evaluation.samples,
+                    "test_loss_sum": evaluation.loss_sum,
+                }
+            )
