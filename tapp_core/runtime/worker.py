@@ -46,10 +46,10 @@ from tapp_core.runtime.results import (
     assemble_training,
     first_error,
 )
-from tapp_core.runtime.schedules import schedule_for
 from tapp_core.runtime.stage import StageFactory, split_stages
 from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
 from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
+from tapp_core.schedules import schedule_for
 
 JOB_TAG = 11
 RESULT_TAG = 12
