@@ -170,7 +170,7 @@ def _plan_from(
         model=library.model,
         batch_size=batch,
         micro_batches=micro_batches,
-        schedule=schedule,  # type: ignore[arg-type]
+        schedule=schedule,
         stage_of_layer=tuple(int(s) for s in stage_of_layer),
         stage_devices=tuple(devices for _, devices in solution.stages),
     )
