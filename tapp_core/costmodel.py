@@ -44,11 +44,11 @@ End of an iteration
     device finishes its update.
 
 Step time
-    A synchronous schedule (gpipe, 1f1b): the one simulated step. async: ``W = async_warmup_iterations(S, M)`` iterations fill the
-    pipeline, then ``K = async_measured_iterations(S, M)`` are measured, then enough iterations follow that the
-    measured ones never see the drain; step time = (end of iteration W + K - end of iteration W) / K, counting
-    iterations from 1, where an iteration ends when its last update ends. K covers several micro-batches per
-    stage because the steady state may repeat only every few iterations.
+    A synchronous schedule (gpipe, 1f1b): the one simulated step. async: ``W = async_warmup_iterations(S, M)``
+    iterations fill the pipeline, then ``K = async_measured_iterations(S, M)`` are measured, then enough
+    iterations follow that the measured ones never see the drain; step time = (end of iteration W + K - end of
+    iteration W) / K, counting iterations from 1, where an iteration ends when its last update ends. K covers
+    several micro-batches per stage because the steady state may repeat only every few iterations.
 
 Per-device breakdown (over the measured window, per step; ``breakdown`` computes it from any timeline)
     compute: forward, backward and update time. communication: time blocked in allreduce, plus, before each

@@ -214,14 +214,14 @@ def check_shape(plan: Plan) -> None:
 
 
 def check_layers(
-    stage_of_layer: Sequence[int], n_stages: int, n_layers: int, layer_name: LayerName, model: str = "the model"
+    stage_of_layer: Sequence[int], n_stages: int, n_layers: int, layer_name: LayerName, graph: str = "the model"
 ) -> None:
-    """A stage for each of the ``n_layers`` layers of ``model`` (as the message calls it), each in
-    ``0..n_stages - 1``."""
+    """A stage for each of the ``n_layers`` layers, each in ``0..n_stages - 1``. ``graph`` is what the message
+    calls the layers' source ("the layer library", "the traced model")."""
     placed = len(stage_of_layer)
     if placed != n_layers:
         missing = f": layer {placed} ({layer_name(placed)}) is missing from the plan" if placed < n_layers else ""
-        raise PlanError(f"plan places {placed} layers but {model} has {n_layers}{missing}")
+        raise PlanError(f"plan places {placed} layers but {graph} has {n_layers}{missing}")
     if placed and (min(stage_of_layer) < 0 or max(stage_of_layer) >= n_stages):
         i = next(i for i, stage in enumerate(stage_of_layer) if not 0 <= stage < n_stages)
         raise PlanError(
@@ -241,7 +241,7 @@ def check_edges(
     stage_of_layer: Sequence[int] | np.ndarray, edges: Sequence[tuple[int, int]] | np.ndarray, layer_name: LayerName
 ) -> None:
     """No edge ``(u, v)`` (layer ``v`` consumes layer ``u``'s output) runs backward: ``v``'s stage is not before
-    ``u``'s. Vectorised: ``edges`` may be an array of shape (edges, 2)."""
+    ``u``'s. Vectorised: ``edges`` may be an array of shape (edges, 2). Run ``check_layers`` first."""
     stage = np.asarray(stage_of_layer, dtype=np.int64)
     pairs = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     sources, targets = pairs[:, 0], pairs[:, 1]
@@ -295,6 +295,11 @@ def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
                 )
 
 
+def library_layer_name(library: LayerLibrary) -> LayerName:
+    """How the checks name a layer of ``library``."""
+    return lambda i: library.layers[i].name
+
+
 def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     """Raise ``PlanError`` naming the first problem that would stop ``plan`` running on ``cluster``: every check."""
     if plan.model != library.model:
@@ -307,11 +312,6 @@ def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     check_devices(plan, cluster)
     check_replicas(plan)
     check_memory(plan, library, cluster)
-
-
-def library_layer_name(library: LayerLibrary) -> LayerName:
-    """How the checks name a layer of ``library``."""
-    return lambda i: library.layers[i].name
 
 
 def single_stage_plan(
