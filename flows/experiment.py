@@ -14,7 +14,7 @@ from prefect import flow
 
 from reports import runs
 from tapp_core.cluster import Cluster, load_cluster
-from tapp_core.costmodel import Calibration
+from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
 from tapp_core.errors import TappError
 from tapp_core.metrics import Measurement

@@ -16,7 +16,8 @@ from prefect import task
 
 from reports import runs
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, Estimate, estimate
+from tapp_core.costmodel import Estimate, estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate

@@ -26,7 +26,8 @@ from prefect.cache_policies import NO_CACHE
 
 from reports import runs
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement

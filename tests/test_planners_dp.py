@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tapp_core.cluster import parse_cluster
-from tapp_core.costmodel import Calibration, estimate
-from tapp_core.plan import SCHEDULES, PlanError, validate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import Calibration
+from tapp_core.plan import PlanError, validate
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
 from tapp_core.planners.bounds import StepTimeBound, device_group
@@ -20,6 +21,7 @@ from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
+from tapp_core.schedules import SCHEDULES
 from tests.test_planners_common import branchy_library, chain_library, small_cluster, with_fixed_parts
 
 

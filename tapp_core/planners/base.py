@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import SCHEDULES, Plan
+from tapp_core.plan import Plan
+from tapp_core.schedules import SCHEDULES
 
 # name -> "module:Class" under tapp_core.planners; imported on first use so that the DP planners never pay
 # for torch's import and no planner module imports another's.

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import compute_factor
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import LayerCosts, compute_factor, device_classes
+from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
 
