@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,15 +12,19 @@ from mlflow import MlflowClient
 from flows.server import free_port
 from reports import runs
 from tapp_core.cluster import load_cluster, parse_cluster
+from tapp_core.costmodel import DEFAULT_CALIBRATION
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import PlanError, single_stage_plan
 from tapp_core.planners import PlannerError
+from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
 from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, single_device_plan
 from tasks.measure import RuntimeSettings
 from tasks.profile import profile_cache_key, record_library
+from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
+from tests.test_planners_common import chain_library, small_cluster
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +181,17 @@ def test_a_plan_already_measured_for_another_method_is_not_measured_again(
     stored = MlflowClient().get_run(result.run_id).data
     assert stored.tags[MEASUREMENT_FROM] == "pipetorch"
     assert stored.metrics[runs.STEP_TIME] == stored.metrics[runs.MEASURED_STEP_TIME] == 0.25
+
+
+def test_the_flow_s_search_budget_is_the_planner_s_options_with_named_ones_overridden() -> None:
+    library, cluster = chain_library(), small_cluster()
+    config = SearchBudget(rounds=5, samples_per_round=3).config(library, cluster, 64, 7, DEFAULT_CALIBRATION)
+    planner_s = TappPlanner(batch_size=64, seed=7).config(library, cluster, None)
+    rounds = 5 + SearchOptions.measured_rounds
+    assert config == dataclasses.replace(planner_s, reward="hybrid", rounds=rounds, samples_per_round=3)
+    simulated = SearchBudget(measured_rounds=0).config(library, cluster, 64, 7, DEFAULT_CALIBRATION)
+    assert (simulated.reward, simulated.rounds) == ("simulated", SearchBudget.rounds)
+    with pytest.raises(PlannerError, match=r"search rounds \(0\) must be at least 1"):
+        SearchBudget(rounds=0)
+    with pytest.raises(PlannerError, match="measured_per_round must be at least 1, got 0"):
+        SearchBudget(measured_per_round=0)
