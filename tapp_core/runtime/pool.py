@@ -30,7 +30,7 @@ import torch
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
-from tapp_core.plan import Plan, PlanError, replica_slices
+from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, Ready, StopJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.results import Reply, TrainResult
@@ -76,25 +76,10 @@ def mpiexec_command(cluster: Cluster, program: list[str], mpiexec: str | None = 
 
 
 def check_runnable(plan: Plan, cluster: Cluster) -> None:
-    """The checks that need no layer library: devices known, batch and micro-batches divisible among replicas."""
-    known = set(cluster.device_names)
-    for stage, devices in enumerate(plan.stage_devices):
-        for device in devices:
-            if device not in known:
-                raise PlanError(
-                    f"stage {stage} uses unknown device {device!r}; cluster {cluster.name!r} has {', '.join(sorted(known))}"
-                )
-    if len(set(plan.devices)) != len(plan.devices):
-        raise PlanError("a device is used by two stages")
-    if plan.micro_batches <= 0 or plan.batch_size % plan.micro_batches:
-        raise PlanError(f"batch size {plan.batch_size} is not divisible by {plan.micro_batches} micro-batches")
-    for stage, devices in enumerate(plan.stage_devices):
-        if not devices:
-            raise PlanError(f"stage {stage} has no device")
-        if replica_slices(plan.micro_batch_size, len(devices))[-1][1] != plan.micro_batch_size:
-            raise PlanError(
-                f"stage {stage} has {len(devices)} replicas, which do not divide the micro-batch of {plan.micro_batch_size} samples"
-            )
+    """The checks that need no layer library: shape, devices known and used once, replicas dividing the micro-batch."""
+    check_shape(plan)
+    check_devices(plan, cluster)
+    check_replicas(plan)
 
 
 class WorkerPool:

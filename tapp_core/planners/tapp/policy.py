@@ -348,7 +348,7 @@ class TappPolicy(nn.Module):
             model=self.library.model,
             batch_size=self.batch_size,
             micro_batches=int(micro),
-            schedule=self.schedule,  # type: ignore[arg-type]
+            schedule=self.schedule,
             stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
         )
