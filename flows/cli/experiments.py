@@ -24,7 +24,7 @@ from flows.cli.common import (
 from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
-    from prefect.states import State
+    from prefect.client.schemas.objects import State
 
 DataDirOpt = Annotated[
     Path | None,

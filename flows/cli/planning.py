@@ -23,6 +23,8 @@ from flows.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from tapp_core.cluster import Cluster
     from tapp_core.costmodel import Estimate
     from tapp_core.library import LayerLibrary
@@ -91,7 +93,7 @@ def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int
     accepted = planner_options(name)
     planner = get_planner(name, **{k: v for k, v in options.items() if k in accepted})
     with progress_bars() as progress:
-        bars: list[int] = []  # added on the first report, so constructive planners show no empty bar
+        bars: list[TaskID] = []  # added on the first report, so constructive planners show no empty bar
 
         def report(update: SearchProgress) -> None:
             if not bars:
