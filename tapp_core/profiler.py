@@ -410,6 +410,7 @@ def _profile(
     seed: int,
     input_shape: tuple[int, ...],
 ) -> LayerLibrary:
+    """``profile_graph``'s work, once its arguments are checked and torch's threads are set."""
     wall_start = time.perf_counter()
     graph_module.to(device).train()
     generator = torch.Generator().manual_seed(seed)

@@ -94,13 +94,13 @@ class Evaluation:
     measurement: Measurement | None
 
     @property
-    def measured(self) -> bool:
-        return self.measurement is not None and self.measurement.ok
-
-    @property
     def ok_measurement(self) -> Measurement | None:
         """The measurement, if there is one and it succeeded."""
         return self.measurement if self.measurement is not None and self.measurement.ok else None
+
+    @property
+    def measured(self) -> bool:
+        return self.ok_measurement is not None
 
     @property
     def step_time_s(self) -> float:
