@@ -20,7 +20,7 @@ from tapp_core.data import DATASET_NAMES, DataError, open_dataset
 from tapp_core.errors import TappError
 from tapp_core.metrics import Measurement
 from tapp_core.models import build_traced_model
-from tapp_core.runtime.calibration import load_fitted_calibration
+from tapp_core.runtime.calibration import cluster_calibration
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
@@ -101,6 +101,7 @@ def tapp_experiment(
     """
     methods = tuple(methods)
     target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
+    calibration = cluster_calibration(cluster, target)  # measured by `tapp calibrate`, else the ideal one
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
     budget = SearchBudget(search_rounds, samples_per_round, measured_rounds if measure else 0, measured_per_round)
     runtime = RuntimeSettings(enabled=measure, steps=steps, warmup=warmup, seed=seed)
@@ -130,7 +131,7 @@ def tapp_experiment(
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
             evaluations, report = _run_stages(
-                parent, tags, target, chosen_methods, budget, runtime, training, out, experiment
+                parent, tags, target, calibration, chosen_methods, budget, runtime, training, out, experiment
             )
     finally:
         close_pools()
@@ -148,6 +149,7 @@ def _run_stages(
     parent: TrackedRun,
     tags: ExperimentTags,
     target: Cluster,
+    calibration: Calibration,
     methods: tuple[str, ...],
     budget: SearchBudget,
     runtime: RuntimeSettings,
@@ -157,7 +159,6 @@ def _run_stages(
 ) -> tuple[dict[str, Evaluation], Report]:
     """Profile, search, sample, evaluate every method (and train each plan), report; all under ``parent``."""
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
-    calibration = load_fitted_calibration()
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
     with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:

@@ -16,7 +16,7 @@ from tapp_core.costs import Calibration
 from tapp_core.plan import PlanError, validate
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
-from tapp_core.planners.bounds import StepTimeBound, device_group
+from tapp_core.planners.bounds import StepTimeBound
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
@@ -142,7 +142,7 @@ def test_the_bound_never_exceeds_the_estimate(schedule: str, fixed_share: float)
                 cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
                 plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
                 bound = StepTimeBound(library, cluster, calibration, schedule, m)
-                groups = [device_group(cluster, g, 64 // m, calibration) for g in grouping]
+                groups = [bound.group(g) for g in grouping]
                 assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, calibration).step_time * (1 + 1e-9)
 
 

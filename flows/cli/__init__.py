@@ -4,6 +4,7 @@ One module per group of commands, registered here in the order ``tapp --help`` l
 
 - ``planning``: ``profile``, ``plan``, ``simulate`` (tapp_core alone: no workers, Prefect or MLflow);
 - ``runtime``: ``measure``, ``train`` (a plan on MPI workers);
+- ``hardware``: ``calibrate`` (the cost model's calibration, measured on this machine);
 - ``experiments``: ``run`` (the Prefect flow, tracked in MLflow) and ``report`` (tables and figures from MLflow);
 - ``common``: the consoles, the options several commands share, the layer library and plan they start from.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from flows.cli import experiments, planning, runtime
+from flows.cli import experiments, hardware, planning, runtime
 from flows.cli.common import reports_user_errors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=(__doc__ or "").splitlines()[0])
@@ -26,6 +27,7 @@ for _command in (
     planning.simulate,
     runtime.measure,
     runtime.train,
+    hardware.calibrate,
     experiments.run,
     experiments.report,
 ):

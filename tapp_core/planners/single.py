@@ -1,4 +1,7 @@
-"""Single-device training on the fastest device whose memory holds the whole model."""
+"""Single-device training on the fastest device whose memory holds the whole model.
+
+Fastest: a GPU before a CPU, then by relative speed (``costs.relative_speeds``: the device's kind's library and
+its speed), then by threads."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.costs import relative_speeds
 
 
 @dataclass
@@ -17,7 +21,8 @@ class SinglePlanner(PlannerBase):
     def _plan(
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
-        ranked = sorted(cluster.devices, key=lambda d: (d.kind != "cuda", -d.speed, -d.threads))
+        speeds = relative_speeds(library, cluster)
+        ranked = sorted(cluster.devices, key=lambda d: (d.kind != "cuda", -speeds[d.name], -d.threads))
         problems = []
         for device in ranked:
             plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))

@@ -1,0 +1,38 @@
+"""Commands that describe the machine the plans run on: ``calibrate`` (the cost model's calibration, measured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import BatchOpt, ClusterOpt, LibraryOpt, ModelOpt, console
+
+
+def calibrate(
+    cluster: ClusterOpt = "local",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="where to write it (default: beside the cluster file, where it is picked up)"),
+    ] = None,
+    model: ModelOpt = "alexnet",
+    batch_size: BatchOpt = 64,
+    library: LibraryOpt = None,
+    steps: Annotated[int, typer.Option(min=1, help="measured steps of each single-device plan")] = 5,
+    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps before them")] = 2,
+) -> None:
+    """Measure the cost model's calibration on this machine: per-message cost, GPU staging, update rate and compute
+    scale per device kind. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
+    from flows.cli.planning import cluster_library
+    from tapp_core.calibrate import calibrate as measure_calibration
+    from tapp_core.cluster import load_cluster
+    from tapp_core.runtime.calibration import calibration_path
+
+    target = load_cluster(cluster)
+    layers = cluster_library(model, batch_size, library, target)
+    calibration = measure_calibration(
+        target, layers, steps, warmup, log=lambda line: console.print(line, highlight=False)
+    )
+    path = calibration.save(out or calibration_path(cluster))
+    console.print(f"wrote {path}")
