@@ -33,14 +33,18 @@ from tapp_core.schedules import PipelineSchedule, schedule_for
 
 
 @dataclass(frozen=True)
-class LibraryPart:
-    """The replicas of a group costed from one library with one cost per operation."""
+class KindPart:
+    """The replicas of a group of one kind costed from one library: they differ only by their slowdown, so the
+    slowest of them is the slowest in compute and in update alike."""
 
     library: LayerLibrary
     slowest: float
     """Largest compute factor among them (seconds per second of their library's work)."""
     fastest: float
     per_call_s: float
+    update_fixed: float
+    """The slowest replica's update: its fixed part and its part per parameter byte."""
+    update_per_byte: float
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,9 @@ class DeviceGroup:
     devices: tuple[str, ...]
     share: int
     """Samples each replica takes from a micro-batch."""
-    parts: tuple[LibraryPart, ...]
+    parts: tuple[KindPart, ...]
     allreduce_fixed: float
     allreduce_per_byte: float
-    update_fixed: float
-    update_per_byte: float
     throughput: float
     """Samples per second of the reference library's work the group processes, at most (the pace of its slowest
     replica, each replica's library no cheaper than its least ratio to the reference's, layer by layer)."""
@@ -65,30 +67,33 @@ def device_group(costs: DeviceCosts, devices: Sequence[str], samples: int) -> De
     devices = tuple(devices)
     terms = costs.terms
     cluster, calibration = costs.cluster, costs.calibration
-    parts: dict[tuple[int, float], list[str]] = {}
+    parts: dict[tuple[int, str], list[str]] = {}
     for d in devices:
-        parts.setdefault((id(terms[d].library), terms[d].figures.per_micro_batch_s), []).append(d)
+        parts.setdefault((id(terms[d].library), terms[d].kind), []).append(d)
     fixed = allreduce_s(cluster, devices, 0.0, calibration, terms)
-    updates_fixed = [update_s(terms[d], 0.0) for d in devices]
-    updates_per_byte = [update_s(terms[d], 1.0) - f for d, f in zip(devices, updates_fixed, strict=True)]
     slowest_reference = max(costs.factor(d) * _least_ratio(costs, d, samples) for d in devices)
     return DeviceGroup(
         devices=devices,
         share=samples // len(devices),
-        parts=tuple(
-            LibraryPart(
-                terms[group[0]].library,
-                max(costs.factor(d) for d in group),
-                min(costs.factor(d) for d in group),
-                per_call,
-            )
-            for (_, per_call), group in parts.items()
-        ),
+        parts=tuple(_kind_part(costs, group) for group in parts.values()),
         allreduce_fixed=fixed,
         allreduce_per_byte=allreduce_s(cluster, devices, 1.0, calibration, terms) - fixed,
-        update_fixed=max(updates_fixed),
-        update_per_byte=max(updates_per_byte),
         throughput=len(devices) / slowest_reference,
+    )
+
+
+def _kind_part(costs: DeviceCosts, devices: list[str]) -> KindPart:
+    slowest = max(devices, key=costs.factor)
+    terms = costs.terms[slowest]
+    update_fixed = max(update_s(costs.terms[d], 0.0) for d in devices)
+    update_per_byte = max(update_s(costs.terms[d], 1.0) - update_s(costs.terms[d], 0.0) for d in devices)
+    return KindPart(
+        terms.library,
+        costs.factor(slowest),
+        min(costs.factor(d) for d in devices),
+        terms.figures.per_micro_batch_s,
+        update_fixed,
+        update_per_byte,
     )
 
 
@@ -104,15 +109,23 @@ def _least_ratio(costs: DeviceCosts, device: str, samples: int) -> float:
 
 
 @dataclass(frozen=True)
-class StageTerms:
+class PartTerms:
+    """A kind part's slowest replica: one micro-batch's forward and backward, and allreduce plus its update."""
+
     forward: float
-    """One micro-batch's forward on the slowest replica."""
     backward: float
+    tail: float
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    busy: tuple[PartTerms, ...]
+    """Per kind part of the group (a replica's compute and update go together: never two replicas' mixed)."""
     chain_forward: float
     """One micro-batch's forward on the fastest replica."""
     chain_backward: float
     tail: float
-    """Allreduce plus the slowest replica's update."""
+    """Allreduce plus the slowest update among the replicas."""
 
 
 @dataclass(frozen=True)
@@ -158,26 +171,28 @@ class StepTimeBound:
         return device_group(self.device_costs, devices, self.samples)
 
     def terms(self, group: DeviceGroup, start: int, stop: int) -> StageTerms:
-        forward, backward, chain_forward, chain_backward = [], [], [], []
+        params = self.costs.params(start, stop)
+        allreduce = group.allreduce_fixed + group.allreduce_per_byte * params
+        busy, chain_forward, chain_backward = [], [], []
         for part in group.parts:
             c = self._library_costs(part.library)
             # LayerCosts spreads the fixed parts over the samples, so the work is all per sample.
             own_forward = float(c.forward_prefix[stop] - c.forward_prefix[start])
             own_backward = float(c.backward_prefix[stop] - c.backward_prefix[start])
-            forward.append(compute_s(0.0, own_forward, group.share, part.slowest, part.per_call_s))
-            backward.append(compute_s(0.0, own_backward, group.share, part.slowest, part.per_call_s))
+            busy.append(
+                PartTerms(
+                    compute_s(0.0, own_forward, group.share, part.slowest, part.per_call_s),
+                    compute_s(0.0, own_backward, group.share, part.slowest, part.per_call_s),
+                    allreduce + part.update_fixed + part.update_per_byte * params,
+                )
+            )
             chain_forward.append(compute_s(0.0, own_forward, group.share, part.fastest, part.per_call_s))
             chain_backward.append(compute_s(0.0, own_backward, group.share, part.fastest, part.per_call_s))
-        params = self.costs.params(start, stop)
         return StageTerms(
-            forward=max(forward),
-            backward=max(backward),
+            busy=tuple(busy),
             chain_forward=min(chain_forward),
             chain_backward=min(chain_backward),
-            tail=group.allreduce_fixed
-            + group.allreduce_per_byte * params
-            + group.update_fixed
-            + group.update_per_byte * params,
+            tail=max(part.tail for part in busy),
         )
 
     def _library_costs(self, library: LayerLibrary) -> LayerCosts:
@@ -191,16 +206,19 @@ class StepTimeBound:
         return start > 0 and self.first_consumer[start - 1] < stop
 
     def transfer(self, sender: DeviceGroup, receiver: DeviceGroup, start: int) -> float:
-        """Least time one micro-batch's transfer into the stage starting at ``start`` can take."""
+        """Least time one micro-batch's transfer into the stage starting at ``start`` (or its gradient's, back) can
+        take."""
         if len(sender.devices) > 1 or len(receiver.devices) > 1:
             # Replicas may exchange as little as one sample: only the least latency is sure.
             links = [self.cluster.link(a, b) for a in sender.devices for b in receiver.devices]
             return transfer_s(min(links, key=lambda link: link.latency), 0.0, 1, self.calibration)
-        terms = self.device_costs.terms
+        source, target = (self.device_costs.terms[group.devices[0]] for group in (sender, receiver))
         nbytes = float(self.activation[start - 1]) * receiver.share
-        return device_transfer_s(
-            self.cluster, terms[sender.devices[0]], terms[receiver.devices[0]], nbytes, 1, self.calibration
-        )
+        there = device_transfer_s(self.cluster, source, target, nbytes, 1, self.calibration)
+        if not (source.cuda or target.cuda):
+            return there
+        # The gradient comes back the other way, whose staging copies may cost less: the bound takes the lesser.
+        return min(there, device_transfer_s(self.cluster, target, source, nbytes, 1, self.calibration))
 
     def round_trip_cover(self, stage: int, n_stages: int) -> int:
         """The schedule's ``round_trip_cover`` for this micro-batch count (memoised: asked for every candidate)."""
@@ -210,20 +228,23 @@ class StepTimeBound:
             cover = self._round_trip_cover[key] = self.schedule.round_trip_cover(stage, n_stages, self.micro_batches)
         return cover
 
-    def own(self, terms: StageTerms, stage: int, n_stages: int, round_trip: float) -> float:
-        """Time from the stage's first forward to its last backward, given the last micro-batch's round trip
+    def own(self, part: PartTerms, stage: int, n_stages: int, round_trip: float) -> float:
+        """Time from a replica's first forward to its last backward, given the last micro-batch's round trip
         through the later stages (which a schedule that does not flush overlaps with the next step)."""
         m = self.micro_batches
         if not self.schedule.synchronous:
-            return m * (terms.forward + terms.backward)
+            return m * (part.forward + part.backward)
         cover = self.round_trip_cover(stage, n_stages)
-        return m * terms.forward + (m - cover) * terms.backward + max(cover * terms.backward, round_trip)
+        return m * part.forward + (m - cover) * part.backward + max(cover * part.backward, round_trip)
 
     def stage_bound(self, terms: StageTerms, chain: Chain, stage: int, n_stages: int, round_trip: float = 0.0) -> float:
-        own = self.own(terms, stage, n_stages, round_trip)
+        return max(self._replica_bound(part, chain, stage, n_stages, round_trip) for part in terms.busy)
+
+    def _replica_bound(self, part: PartTerms, chain: Chain, stage: int, n_stages: int, round_trip: float) -> float:
+        own = self.own(part, stage, n_stages, round_trip)
         if not self.schedule.synchronous:
-            return own + terms.tail
-        after = terms.tail if chain.tail is None else max(terms.tail, chain.backward + chain.tail)
+            return own + part.tail
+        after = part.tail if chain.tail is None else max(part.tail, chain.backward + chain.tail)
         return chain.forward + own + after
 
     def next_chain(self, chain: Chain, terms: StageTerms, transfer_out: float) -> Chain:
