@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costs import Calibration, DeviceTerms, device_terms
+from tapp_core.costs import Calibration, DeviceTerms, device_terms, staging_s
 from tapp_core.kinds import device_kind, device_library
 from tapp_core.library import LayerLibrary
 
@@ -125,6 +125,11 @@ class DeviceCosts:
         """Forward plus backward seconds per sample of layers ``[start, stop)`` on ``device``, at micro-batches of
         ``samples`` samples."""
         return self.layer_costs(device, samples).work(start, stop) * self.factor(device)
+
+    def staging_per_byte(self, sender: str, receiver: str) -> float:
+        """Seconds per byte that staging through host memory adds to what ``sender`` sends ``receiver`` (0 between
+        CPUs, and with CUDA-aware MPI)."""
+        return staging_s(self.terms[sender], self.terms[receiver], 1.0, 0, self.calibration)
 
     def by_library(self, devices: tuple[str, ...]) -> dict[int, list[str]]:
         """``devices`` grouped by the library they are costed from (by its id), in order of first appearance."""

@@ -119,9 +119,11 @@ class _OrderDP:
         """Per state: time to send the cut after it into the stage starting at device ``first``."""
         if first == 0:
             return np.zeros(len(self.states))
-        link = self.cluster.link(self.order[first - 1], self.order[first])
-        bandwidth = link.bandwidth * self.calibration.bandwidth_scale
-        return self.states.out_bytes * self.batch / bandwidth
+        sender, receiver = self.order[first - 1], self.order[first]
+        bandwidth = self.cluster.link(sender, receiver).bandwidth * self.calibration.bandwidth_scale
+        inbound: np.ndarray = self.states.out_bytes * self.batch / bandwidth
+        staging = self.costs.staging_per_byte(sender, receiver)
+        return inbound + self.states.out_bytes * self.batch * staging if staging else inbound
 
     def _backtrack(
         self, t: int, state: int, previous_t: np.ndarray, previous_s: np.ndarray

@@ -3,7 +3,7 @@
 For an ordered sequence of devices (one stage each), the DP finds the cut positions minimising the pipeline's
 bottleneck per sample: the largest of every stage's compute time on its device and every cut's transfer time
 over the link between consecutive devices (a stage's compute from its device's own kind's library,
-``DeviceCosts``). Orders are enumerated as a prefix tree (every DP step extends the
+``DeviceCosts``; a transfer's bytes staged through host memory where a GPU sends or receives them). Orders are enumerated as a prefix tree (every DP step extends the
 one of its prefix), trying one device per class of interchangeable devices at every level, so every subset
 and order of devices is covered exactly once. Layer times are costed at the micro-batch size, so the DP runs
 once per micro-batch choice; the best partitions of each are built and the cost model picks the fastest.
@@ -69,6 +69,9 @@ class _OrderTree:
         for device in self._candidates(order):
             link = self.cluster.link(previous, device)
             transfer = self.cut_bytes / (link.bandwidth * self.calibration.bandwidth_scale)
+            staging = self.costs.staging_per_byte(previous, device)
+            if staging:
+                transfer = transfer + self.cut_bytes * staging
             candidates = np.maximum(self._stage_time(device), np.maximum(best, transfer)[None, :])
             argmin = np.argmin(candidates, axis=1)
             self._extend((*order, device), candidates[self.columns, argmin], [*choices, argmin])
