@@ -143,7 +143,7 @@ def relative_speeds(library: LayerLibrary, cluster: Cluster) -> dict[str, float]
     """Per device, how fast it trains the whole model relative to ``library``'s own kind: its ``speed`` where that
     applies (``tapp_core.kinds``, else 1), times ``library``'s total layer time over its own library's. For the
     planners' balancing heuristics (start points, shares of work); the cost model judges the plans they build.
-    Devices costed from ``library`` itself get exactly their ``speed``."""
+    With one library on an emulated cluster, every device gets exactly its ``speed``."""
     speeds = {}
     for device in cluster.devices:
         chosen = device_library(library, cluster, device.name)
