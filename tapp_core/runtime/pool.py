@@ -362,7 +362,9 @@ class WorkerPool:
         first, last = self.ports or (0, 0)
         for port in range(first, last + 1):
             try:
-                return socket.create_server((self.bind_host, port))
+                listener = socket.create_server((self.bind_host, port))
+                listener.setblocking(False)  # a connection gone between select and accept must not block accept
+                return listener
             except OSError as exc:
                 if port == last:
                     where = f"port {first}" if first == last else f"ports {first}-{last}"
@@ -405,6 +407,8 @@ class WorkerPool:
             if ready:
                 try:
                     return accept_rank(listener, key, min(HANDSHAKE_TIMEOUT_S, max(deadline - time.monotonic(), 1.0)))
+                except BlockingIOError:
+                    continue
                 except OSError as exc:  # AuthenticationFailed included
                     log.warning("worker pool on port %s: refused a connection: %s", listener.getsockname()[1], exc)
                     continue
@@ -458,11 +462,13 @@ class WorkerPool:
             raise PoolError(f"the worker pool exited with status {code} {when}{self._log_tail()}")
 
     def _log_tail(self, lines: int = 15) -> str:
+        if self._folder is None:
+            return ""
         try:
             with self._log_path.open("rb") as log:
                 log.seek(self._log_offset)
                 text = log.read().decode(errors="replace").strip().splitlines()[-lines:]
-        except (OSError, AssertionError):
+        except OSError:
             return ""
         return ("; workers' log ends:\n" + "\n".join(text)) if text else ""
 
@@ -513,7 +519,7 @@ class WorkerPool:
             self.restarts += 1
             self.start()
             message += "\nthe pool was restarted"
-        except PoolError as restart_error:
+        except (PoolError, PoolRefused) as restart_error:
             message += f"\nrestarting the pool failed too: {restart_error}"
         return message
 
