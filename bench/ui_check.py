@@ -203,7 +203,9 @@ def mlflow_ui(tracking_uri: str, out: Path) -> Iterator[str]:
         "1",
     ]
     base = f"http://127.0.0.1:{port}"
-    with process_group(command, out / "mlflow-server.log") as server:
+    # The server's job runner (ten huey consumers here) serves GenAI jobs, nothing a runs list needs.
+    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with process_group(command, out / "mlflow-server.log", env=environment) as server:
         deadline = time.monotonic() + 120.0
         while not answers(f"{base}/health"):
             if server.poll() is not None or time.monotonic() > deadline:
@@ -228,6 +230,8 @@ def open_experiment(tracking_uri: str, name: str) -> Experiment:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+        raise CheckError(f"no MLflow store at {tracking_uri} (MLflow would create an empty one)")
     client = MlflowClient(tracking_uri)
     try:
         experiment = client.get_experiment_by_name(name)
