@@ -33,7 +33,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import Calibration, Estimate, estimate  # noqa: E402
+from tapp_core.costmodel import Estimate, estimate  # noqa: E402
+from tapp_core.costs import Calibration  # noqa: E402
 from tapp_core.library import LayerLibrary, LibraryError  # noqa: E402
 from tapp_core.metrics import Measurement  # noqa: E402
 from tapp_core.plan import Plan  # noqa: E402

@@ -20,7 +20,8 @@ import numpy as np
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costmodel import estimate
 from tapp_core.library import Layer, LayerLibrary
-from tapp_core.plan import SCHEDULES, Plan
+from tapp_core.plan import Plan
+from tapp_core.schedules import SCHEDULES
 
 BAR_S = 5e-3
 BRANCHES = 4

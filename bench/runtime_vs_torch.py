@@ -67,9 +67,9 @@ def worker(args: argparse.Namespace) -> None:
     from tapp_core.runtime.engine import StageEngine
     from tapp_core.runtime.layout import Layout
     from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
-    from tapp_core.runtime.schedules import GPipe
     from tapp_core.runtime.stage import StageFactory, split_stages
     from tapp_core.runtime.transport import Control, Transport
+    from tapp_core.schedules import GPipe
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

@@ -72,12 +72,10 @@ class Device(_Strict):
 
 
 class Link(_Strict):
+    """A link between two devices; what a transfer over it takes is ``tapp_core.costs.transfer_s``."""
+
     bandwidth: Bandwidth
     latency: Seconds
-
-    def transfer_time(self, nbytes: float) -> float:
-        """Time for one message of ``nbytes`` over this link: latency + bytes / bandwidth."""
-        return self.latency + nbytes / self.bandwidth
 
 
 class LinkOverride(Link):

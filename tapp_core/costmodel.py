@@ -4,54 +4,56 @@
 communication and idle time, peak memory and the timeline of every operation. The runtime implements the same
 semantics, so that its Measurement can be compared with the Estimate term by term.
 
-Workers
-    Every device of a stage is a *worker*. A stage with ``k`` replicas splits each micro-batch into ``k`` equal
-    contiguous sample ranges (``plan.replica_slices``); each replica computes only its range.
+Replicas
+    Every device of a stage runs a *replica* of it. A stage with ``k`` replicas splits each micro-batch into ``k``
+    equal contiguous sample ranges (``plan.replica_slices``); each replica computes only its range. The formulas
+    below are defined once, in ``tapp_core.costs``.
 
 Compute
-    A worker's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers, the
+    A replica's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers, the
     layer's fixed time plus its per-sample time times ``samples`` (``Layer.forward_fixed_s`` and the rest of
     ``forward_s`` over ``library.batch_size``; a library without fixed parts scales linearly), times
     ``slowdown ** calibration.slowdown_exponent`` (``slowdown = 1 / device.speed``), times
-    ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s``.
+    ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s`` (``costs.compute_s``).
 
 Cut traffic
     For every layer ``u`` of stage ``a`` and every later stage ``b`` holding one of ``u``'s successors, ``u``'s
     output (``activation_bytes * samples``) is sent directly from ``a`` to ``b`` (a tensor that skips stages is
     not relayed); the backward pass sends the gradient of the same size from ``b`` to ``a``. Each tensor is one
     message. Between replicated stages, source replica ``p`` sends to destination replica ``q`` the samples their
-    ranges share. The data source (inputs and labels) is local to every worker and costs nothing.
-    All tensors one operation sends to one worker leave together as one *transfer* on the directed link between
-    the two devices: ``n_tensors * (latency + per_message_s) + bytes / (bandwidth * bandwidth_scale)``. A directed
-    link carries one transfer at a time, first come first served (queueing). Transfers never occupy a worker:
-    sends overlap compute, and a worker only waits for what it must receive.
+    ranges share. The data source (inputs and labels) is local to every replica and costs nothing.
+    All tensors one operation sends to one replica leave together as one *transfer* on the directed link between
+    the two devices: ``n_tensors * (latency + per_message_s) + bytes / (bandwidth * bandwidth_scale)``
+    (``costs.transfer_s``). A directed link carries one transfer at a time, first come first served (queueing).
+    Transfers never occupy a replica: sends overlap compute, and a replica only waits for what it must receive.
 
-Schedules (the order of operations on every worker of stage ``s`` of ``S``, ``M`` micro-batches)
-    gpipe: forwards 0..M-1, then backwards M-1..0.
-    1f1b: ``min(S - s, M)`` warm-up forwards, then one backward and one forward alternately, then the remaining
-    backwards.
-    async: 1f1b over consecutive iterations with no flush (PipeDream): the warm-up is ``S - s`` forwards and the
-    micro-batches of the next iteration follow straight on; a stage updates its weights as soon as it has done
-    the last backward of an iteration (weight stashing lets forwards of the next iteration run before that).
-    Every operation starts at ``max(worker free, all its inputs arrived)``.
+Schedules
+    Every replica of stage ``s`` runs the schedule's program, ``tapp_core.schedules``' ``actions(s, S, M,
+    iterations)``: the very list the runtime's engine runs (``simulated_programs`` gives it per stage). gpipe:
+    forwards 0..M-1, then backwards M-1..0. 1f1b: ``min(S - s, M)`` forwards, then one backward and one forward
+    alternately, then the remaining backwards. async: 1f1b over consecutive iterations with no flush (PipeDream),
+    a stage updating its weights as soon as it has done the last backward of an iteration (weight stashing lets
+    forwards of the next iteration run before that). Every operation starts at ``max(replica free, all its
+    inputs arrived)``.
 
 End of an iteration
-    After a stage's last backward of an iteration its replicas allreduce their gradients (ring: ``2(k-1)/k *
-    param bytes`` over the slowest link among the replicas plus ``2(k-1) * (latency + per_message_s)``), starting
-    when the last replica is ready; then every worker runs the update: ``update_s_per_param_byte * param bytes *
-    slowdown ** slowdown_exponent + per_step_s``. The step ends when the last device finishes its update.
+    At a stage's update action its replicas allreduce their gradients (ring: ``2(k-1)/k * param bytes`` over the
+    slowest link among the replicas plus ``2(k-1) * (latency + per_message_s)``, ``costs.allreduce_s``),
+    starting when the last replica is ready; then every replica runs the update: ``update_s_per_param_byte *
+    param bytes * slowdown ** slowdown_exponent + per_step_s`` (``costs.update_s``). The step ends when the last
+    device finishes its update.
 
 Step time
-    gpipe and 1f1b: the one simulated step. async: ``W = async_warmup_iterations(S, M)`` iterations fill the
-    pipeline, then ``K = async_measured_iterations(S, M)`` are measured, then enough iterations follow that the
-    measured ones never see the drain; step time = (end of iteration W + K - end of iteration W) / K, counting
-    iterations from 1, where an iteration ends when its last update ends. K covers several micro-batches per
-    stage because the steady state may repeat only every few iterations.
+    A synchronous schedule (gpipe, 1f1b): the one simulated step. async: ``W = async_warmup_iterations(S, M)``
+    iterations fill the pipeline, then ``K = async_measured_iterations(S, M)`` are measured, then enough
+    iterations follow that the measured ones never see the drain; step time = (end of iteration W + K - end of
+    iteration W) / K, counting iterations from 1, where an iteration ends when its last update ends. K covers
+    several micro-batches per stage because the steady state may repeat only every few iterations.
 
 Per-device breakdown (over the measured window, per step; ``breakdown`` computes it from any timeline)
     compute: forward, backward and update time. communication: time blocked in allreduce, plus, before each
     forward or backward, how much later it started than it would have if every transfer it waited on had been
-    instantaneous (``start - max(worker free, latest time a sender finished producing an input)``); these waits
+    instantaneous (``start - max(replica free, latest time a sender finished producing an input)``); these waits
     appear in the timeline as ``recv`` operations. idle: the rest of the step (pipeline bubbles, imbalance).
     A runtime measures the same by stamping each message with the time its sender posted it.
 
@@ -66,19 +68,39 @@ device (one stage on one device) are plans like any other. ``estimate`` does not
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import overload
+from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    allreduce_s,
+    compute_factor,
+    compute_s,
+    transfer_s,
+    update_s,
+)
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.metrics import communication_share
-from tapp_core.plan import SCHEDULES, Plan, PlanError, replica_slices, stage_memory_bytes
+from tapp_core.plan import (
+    Plan,
+    PlanError,
+    check_devices,
+    check_edges,
+    check_layers,
+    check_shape,
+    library_layer_name,
+    replica_slices,
+    stage_memory_bytes,
+)
+from tapp_core.schedules import PipelineSchedule
 
 OP_KINDS: tuple[str, ...] = ("forward", "backward", "send", "recv", "allreduce", "update")
 COMPUTE_KINDS = frozenset({"forward", "backward", "update"})
@@ -101,95 +123,6 @@ def async_measured_iterations(n_stages: int, micro_batches: int) -> int:
 def async_warmup_iterations(n_stages: int, micro_batches: int) -> int:
     """Iterations the async schedule runs before measuring: those the pipeline fill reaches, plus one."""
     return math.ceil(n_stages / micro_batches) + 1
-
-
-class CalibrationError(ValueError):
-    """A calibration file or dictionary that cannot be used; the message names the field."""
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The constants that turn the ideal model into a fitted one. The defaults are the ideal model."""
-
-    per_message_s: float = 0.0
-    """Fixed cost of every message (tensor) sent, on top of the link latency."""
-    per_step_s: float = 0.0
-    """Fixed cost per step on every device, charged to its update."""
-    per_micro_batch_s: float = 0.0
-    """Fixed cost of every forward and every backward operation."""
-    update_s_per_param_byte: float = 0.0
-    """Optimizer step time per parameter byte of the stage, on the profiling device."""
-    compute_scale: float = 1.0
-    """Multiplies all layer compute times (profiled in isolation; a pipeline stage may run slower or faster)."""
-    slowdown_exponent: float = 1.0
-    """Compute on a device of slowdown ``x`` takes ``x ** slowdown_exponent`` times longer (emulation may differ)."""
-    bandwidth_scale: float = 1.0
-    """Effective fraction of the nominal link bandwidth."""
-    note: str = ""
-    """Where the constants came from (fitted on which cluster and runs)."""
-
-    def __post_init__(self) -> None:
-        for name in ("per_message_s", "per_step_s", "per_micro_batch_s", "update_s_per_param_byte"):
-            if not getattr(self, name) >= 0:
-                raise CalibrationError(f"calibration field {name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("compute_scale", "bandwidth_scale"):
-            if not getattr(self, name) > 0:
-                raise CalibrationError(f"calibration field {name} must be > 0, got {getattr(self, name)!r}")
-        if not math.isfinite(self.slowdown_exponent):
-            raise CalibrationError(
-                f"calibration field slowdown_exponent must be finite, got {self.slowdown_exponent!r}"
-            )
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object], source: str = "<calibration>") -> Calibration:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CalibrationError(f"calibration {source} has unknown field(s): {', '.join(unknown)}")
-        values: dict[str, object] = {}
-        for name, value in data.items():
-            if name == "note":
-                values[name] = str(value)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                values[name] = float(value)
-            else:
-                raise CalibrationError(f"calibration {source} field {name} must be a number, got {value!r}")
-        try:
-            return cls(**values)  # type: ignore[arg-type]
-        except CalibrationError as exc:
-            raise CalibrationError(f"calibration {source}: {exc}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "<calibration>") -> Calibration:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CalibrationError(f"calibration {source} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise CalibrationError(f"calibration {source} must be a JSON object")
-        return cls.from_dict(data, source)
-
-    def save(self, path: str | Path) -> Path:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(self.to_json() + "\n")
-        return out
-
-    @classmethod
-    def load(cls, path: str | Path) -> Calibration:
-        src = Path(path)
-        if not src.is_file():
-            raise CalibrationError(f"calibration file {src} does not exist")
-        return cls.from_json(src.read_text(), str(src))
-
-
-DEFAULT_CALIBRATION = Calibration()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +155,12 @@ class TimelineOp:
             raise ValueError(f"timeline operation kind {kind!r} is not one of {', '.join(OP_KINDS)}")
         return cls(
             device=str(data["device"]),
-            stage=int(data["stage"]),  # type: ignore[call-overload]
-            micro_batch=int(data["micro_batch"]),  # type: ignore[call-overload]
+            stage=int(_number(data["stage"])),
+            micro_batch=int(_number(data["micro_batch"])),
             kind=kind,
-            start=float(data["start"]),  # type: ignore[arg-type]
-            end=float(data["end"]),  # type: ignore[arg-type]
-            iteration=int(data.get("iteration", 0)),  # type: ignore[call-overload]
+            start=float(_number(data["start"])),
+            end=float(_number(data["end"])),
+            iteration=int(_number(data.get("iteration", 0))),
             peer=str(data.get("peer", "")),
         )
 
@@ -305,16 +238,36 @@ class Estimate:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Estimate:
+        timeline = data.get("timeline", [])
+        calibration = data.get("calibration", {})
+        if not isinstance(timeline, list) or not isinstance(calibration, Mapping):
+            raise ValueError("estimate: timeline must be a list and calibration a mapping")
         return cls(
             plan_id=str(data["plan_id"]),
-            step_time=float(data["step_time"]),  # type: ignore[arg-type]
-            compute=dict(data["compute"]),  # type: ignore[call-overload]
-            communication=dict(data["communication"]),  # type: ignore[call-overload]
-            idle=dict(data["idle"]),  # type: ignore[call-overload]
-            peak_memory=dict(data["peak_memory"]),  # type: ignore[call-overload]
-            timeline=[TimelineOp.from_dict(op) for op in data.get("timeline", [])],  # type: ignore[attr-defined]
-            calibration=Calibration.from_dict(data.get("calibration", {})),  # type: ignore[arg-type]
+            step_time=float(_number(data["step_time"])),
+            compute=_number_map(data["compute"], float),
+            communication=_number_map(data["communication"], float),
+            idle=_number_map(data["idle"], float),
+            peak_memory=_number_map(data["peak_memory"], int),
+            timeline=[TimelineOp.from_dict(op) for op in timeline],
+            calibration=Calibration.from_dict(calibration),
         )
+
+
+def _number(value: object) -> int | float | str:
+    """A value read from JSON that ``int()`` or ``float()`` may convert."""
+    if isinstance(value, int | float | str):
+        return value
+    raise ValueError(f"expected a number, got {value!r}")
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _number_map(value: object, convert: Callable[[int | float | str], _Number]) -> dict[str, _Number]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping of names to numbers, got {value!r}")
+    return {str(name): convert(_number(number)) for name, number in value.items()}
 
 
 def breakdown(
@@ -327,12 +280,15 @@ def breakdown(
     """
     spans = ((op.device, op.kind, op.start, op.end) for op in timeline)
     busy, waiting = _window_totals(spans, devices, window)
-    return _per_step(busy, waiting, window, steps)  # type: ignore[arg-type] - keys are the device names
+    return _per_step(busy, waiting, window, steps)
+
+
+_Key = TypeVar("_Key", bound=Hashable)
 
 
 def _window_totals(
-    spans: Iterable[tuple[Hashable, str, float, float]], keys: Iterable[Hashable], window: tuple[float, float]
-) -> tuple[dict[Hashable, float], dict[Hashable, float]]:
+    spans: Iterable[tuple[_Key, str, float, float]], keys: Iterable[_Key], window: tuple[float, float]
+) -> tuple[dict[_Key, float], dict[_Key, float]]:
     """Compute and communication time inside ``window`` per key, from (key, kind, start, end) spans."""
     low, high = window
     busy = dict.fromkeys(keys, 0.0)
@@ -388,8 +344,16 @@ class _LayerArrays:
     backward_fixed_s: np.ndarray
     param_bytes: np.ndarray
     activation_bytes: np.ndarray
-    edge_sources: np.ndarray
-    edge_targets: np.ndarray
+    edges: np.ndarray
+    """Shape (edges, 2): (producer, consumer) layer indices."""
+
+    @property
+    def edge_sources(self) -> np.ndarray:
+        return self.edges[:, 0]
+
+    @property
+    def edge_targets(self) -> np.ndarray:
+        return self.edges[:, 1]
 
 
 _LAYER_ARRAYS_CACHE: dict[int, _LayerArrays] = {}
@@ -411,9 +375,12 @@ def _layer_arrays(library: LayerLibrary) -> _LayerArrays:
         dtype=float,
     ).reshape(-1, 6)
     edges = np.array([(x.index, succ) for x in snapshot for succ in x.successors], dtype=np.int64).reshape(-1, 2)
-    arrays = _LayerArrays(snapshot, *table.T, edges[:, 0], edges[:, 1])
+    forward_s, backward_s, forward_fixed_s, backward_fixed_s, param_bytes, activation_bytes = table.T
+    arrays = _LayerArrays(
+        snapshot, forward_s, backward_s, forward_fixed_s, backward_fixed_s, param_bytes, activation_bytes, edges
+    )
     if len(_LAYER_ARRAYS_CACHE) >= _LAYER_ARRAYS_CACHE_SIZE:
-        _LAYER_ARRAYS_CACHE.pop(next(iter(_LAYER_ARRAYS_CACHE), None), None)
+        del _LAYER_ARRAYS_CACHE[next(iter(_LAYER_ARRAYS_CACHE))]
     _LAYER_ARRAYS_CACHE[id(library.layers)] = arrays
     return arrays
 
@@ -422,8 +389,8 @@ def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     n_stages = plan.n_stages
     arrays = _layer_arrays(library)
     stage = np.asarray(plan.stage_of_layer, dtype=np.int64)
+    check_edges(stage, arrays.edges, library_layer_name(library))
     sources, targets = arrays.edge_sources, arrays.edge_targets
-    _check_edges_forward(stage, sources, targets, library)
     # A layer's output goes once to each later stage that consumes it, however many consumers it has there.
     crossing = stage[targets] > stage[sources]
     sent = np.unique(sources[crossing] * n_stages + stage[targets[crossing]])
@@ -444,48 +411,32 @@ def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     )
 
 
-def _check_edges_forward(stage: np.ndarray, sources: np.ndarray, targets: np.ndarray, library: LayerLibrary) -> None:
-    backward = np.flatnonzero(stage[targets] < stage[sources])
-    if backward.size:
-        u, v = int(sources[backward[0]]), int(targets[backward[0]])
-        raise PlanError(
-            f"edge {library.layers[u].name} -> {library.layers[v].name} runs backward: "
-            f"stage {stage[u]} feeds stage {stage[v]}"
-        )
-
-
 def _check_plan(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
-    if plan.schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {plan.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if len(plan.stage_of_layer) != len(library.layers):
-        raise PlanError(f"plan places {len(plan.stage_of_layer)} layers but the library has {len(library.layers)}")
-    if plan.micro_batches <= 0 or plan.batch_size % plan.micro_batches:
-        raise PlanError(f"batch size {plan.batch_size} is not divisible by {plan.micro_batches} micro-batches")
-    if min(plan.stage_of_layer) < 0 or max(plan.stage_of_layer) >= plan.n_stages:
-        raise PlanError(f"plan places a layer outside stages 0..{plan.n_stages - 1}")
-    known = set(cluster.device_names)
-    for stage, devices in enumerate(plan.stage_devices):
-        if not devices:
-            raise PlanError(f"stage {stage} has no device")
-        unknown = [d for d in devices if d not in known]
-        if unknown:
-            raise PlanError(f"stage {stage} uses unknown device {unknown[0]!r} (cluster {cluster.name!r})")
-    if len(set(plan.devices)) != len(plan.devices):
-        raise PlanError("a device is used by two stages")
+    """The checks a plan needs before it can be simulated (edges are checked on the arrays, in
+    ``_stage_aggregates``). Memory, replica counts and empty stages are ``validate``'s business."""
+    check_shape(plan)
+    check_layers(
+        plan.stage_of_layer, plan.n_stages, len(library.layers), library_layer_name(library), "the layer library"
+    )
+    check_devices(plan, cluster)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Workers, their programs and the routes of their transfers
+# Simulated replicas, their programs and their transfers
 
-FORWARD, BACKWARD, END_OF_ITERATION = "forward", "backward", "end"
+FORWARD, BACKWARD, END_OF_ITERATION = "forward", "backward", "update"
+"""Program steps: the kinds of ``tapp_core.schedules.Action``; the update ends an iteration (allreduce, update)."""
 NO_PEER = -1
 
-Route = tuple[int, int, float]
-"""(receiving worker, directed link id, transfer duration)."""
+Transfer = tuple[int, int, float]
+"""What a replica sends after one operation to one other replica: (receiving replica, directed link id, transfer
+duration)."""
 
 
 @dataclass
-class _Worker:
+class _SimulatedReplica:
+    """One device running one replica of a stage: what its operations take and where it sends their outputs."""
+
     index: int
     stage: int
     device: str
@@ -493,55 +444,59 @@ class _Worker:
     duration: dict[str, float]
     """Per direction (FORWARD, BACKWARD): time of one micro-batch."""
     update_s: float
-    routes: dict[str, list[Route]] = field(default_factory=lambda: {FORWARD: [], BACKWARD: []})
+    transfers: dict[str, list[Transfer]] = field(default_factory=lambda: {FORWARD: [], BACKWARD: []})
     expected: dict[str, int] = field(default_factory=lambda: {FORWARD: 0, BACKWARD: 0})
-    """Per direction: how many transfers each of this worker's operations waits for."""
+    """Per direction: how many transfers each of this replica's operations waits for."""
 
 
-def _make_workers(
+def _make_replicas(
     plan: Plan, cluster: Cluster, aggregates: _StageAggregates, calibration: Calibration
-) -> list[_Worker]:
-    workers = []
+) -> list[_SimulatedReplica]:
+    replicas: list[_SimulatedReplica] = []
     for stage, devices in enumerate(plan.stage_devices):
         for replica, (first, stop) in enumerate(replica_slices(plan.micro_batch_size, len(devices))):
             name = devices[replica]
-            slowdown = (1.0 / cluster.device(name).speed) ** calibration.slowdown_exponent
             samples = stop - first
-            compute_factor = slowdown * calibration.compute_scale
-            update_s = calibration.update_s_per_param_byte * float(aggregates.param_bytes[stage]) * slowdown
-            forward_s = (
-                float(aggregates.forward_fixed_s[stage] + aggregates.forward_s[stage] * samples) * compute_factor
-                + calibration.per_micro_batch_s
+            factor = compute_factor(cluster, name, calibration)
+            forward_s = compute_s(
+                float(aggregates.forward_fixed_s[stage]),
+                float(aggregates.forward_s[stage]),
+                samples,
+                factor,
+                calibration,
             )
-            backward_s = (
-                float(aggregates.backward_fixed_s[stage] + aggregates.backward_s[stage] * samples) * compute_factor
-                + calibration.per_micro_batch_s
+            backward_s = compute_s(
+                float(aggregates.backward_fixed_s[stage]),
+                float(aggregates.backward_s[stage]),
+                samples,
+                factor,
+                calibration,
             )
-            workers.append(
-                _Worker(
-                    index=len(workers),
+            replicas.append(
+                _SimulatedReplica(
+                    index=len(replicas),
                     stage=stage,
                     device=name,
                     samples=(first, stop),
                     duration={FORWARD: forward_s, BACKWARD: backward_s},
-                    update_s=update_s + calibration.per_step_s,
+                    update_s=update_s(cluster, name, float(aggregates.param_bytes[stage]), calibration),
                 )
             )
-    return workers
+    return replicas
 
 
 def _shared_samples(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
-def _connect_workers(
-    workers: list[_Worker], cluster: Cluster, aggregates: _StageAggregates, calibration: Calibration
+def _connect_replicas(
+    replicas: list[_SimulatedReplica], cluster: Cluster, aggregates: _StageAggregates, calibration: Calibration
 ) -> int:
-    """Fill every worker's routes and expected counts; returns the number of directed links used."""
+    """Fill every replica's transfers and expected counts; returns the number of directed links used."""
     link_ids: dict[tuple[str, str], int] = {}
-    by_stage: dict[int, list[_Worker]] = {}
-    for worker in workers:
-        by_stage.setdefault(worker.stage, []).append(worker)
+    by_stage: dict[int, list[_SimulatedReplica]] = {}
+    for replica in replicas:
+        by_stage.setdefault(replica.stage, []).append(replica)
     rows, cols = np.nonzero(aggregates.cut_tensors)
     for a, b in zip(rows.tolist(), cols.tolist(), strict=True):
         tensors = int(aggregates.cut_tensors[a, b])
@@ -552,110 +507,93 @@ def _connect_workers(
                 if not shared:
                     continue
                 link = cluster.link(sender.device, receiver.device)
-                bandwidth = link.bandwidth * calibration.bandwidth_scale
-                duration = tensors * (link.latency + calibration.per_message_s) + bytes_per_sample * shared / bandwidth
+                duration = transfer_s(link, bytes_per_sample * shared, tensors, calibration)
                 there = link_ids.setdefault((sender.device, receiver.device), len(link_ids))
                 back = link_ids.setdefault((receiver.device, sender.device), len(link_ids))
-                sender.routes[FORWARD].append((receiver.index, there, duration))
-                receiver.routes[BACKWARD].append((sender.index, back, duration))
+                sender.transfers[FORWARD].append((receiver.index, there, duration))
+                receiver.transfers[BACKWARD].append((sender.index, back, duration))
                 receiver.expected[FORWARD] += 1
                 sender.expected[BACKWARD] += 1
     return len(link_ids)
 
 
-def _one_f_one_b(warmup: int, total: int) -> list[tuple[str, int]]:
-    program = [(FORWARD, m) for m in range(warmup)]
-    for m in range(total - warmup):
-        program += [(BACKWARD, m), (FORWARD, warmup + m)]
-    program += [(BACKWARD, m) for m in range(total - warmup, total)]
-    return program
+Program = tuple[tuple[str, int], ...]
+"""A stage's actions as (kind, global micro-batch or iteration) pairs, the form the simulation reads fastest."""
 
 
-def _stage_program(
-    schedule: str, stage: int, n_stages: int, micro_batches: int, iterations: int
-) -> list[tuple[str, int]]:
-    """The operations of every worker of ``stage``: (direction, global micro-batch) or (END_OF_ITERATION, iteration)."""
-    if schedule == "gpipe":
-        forwards = [(FORWARD, m) for m in range(micro_batches)]
-        return [*forwards, *((BACKWARD, m) for m in reversed(range(micro_batches))), (END_OF_ITERATION, 0)]
-    if schedule == "1f1b":
-        return [*_one_f_one_b(min(n_stages - stage, micro_batches), micro_batches), (END_OF_ITERATION, 0)]
-    total = micro_batches * iterations
-    program: list[tuple[str, int]] = []
-    for kind, g in _one_f_one_b(min(n_stages - stage, total), total):
-        program.append((kind, g))
-        if kind == BACKWARD and g % micro_batches == micro_batches - 1:
-            program.append((END_OF_ITERATION, g // micro_batches))
-    return program
-
-
-def _allreduce_s(cluster: Cluster, devices: Sequence[str], param_bytes: float, calibration: Calibration) -> float:
-    """Ring allreduce of a stage's gradients among its replicas, over the slowest link among them."""
-    k = len(devices)
-    if k == 1:
-        return 0.0
-    links = [cluster.link(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]]
-    bandwidth = min(link.bandwidth for link in links) * calibration.bandwidth_scale
-    latency = max(link.latency for link in links) + calibration.per_message_s
-    return 2 * (k - 1) / k * param_bytes / bandwidth + 2 * (k - 1) * latency
+@functools.lru_cache(maxsize=256)
+def _stage_programs(
+    schedule: PipelineSchedule, n_stages: int, micro_batches: int, iterations: int
+) -> tuple[Program, ...]:
+    """Per stage, the schedule's actions over ``iterations`` iterations (cached: a search simulates thousands of
+    plans of a few shapes)."""
+    return tuple(
+        tuple((action.kind, action.index) for action in schedule.actions(s, n_stages, micro_batches, iterations))
+        for s in range(n_stages)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The simulation
 
 Record = tuple[int, str, float, float, int, int]
-"""(worker, kind, start, end, global micro-batch or iteration, peer worker or NO_PEER): a TimelineOp in the
+"""(replica, kind, start, end, global micro-batch or iteration, peer replica or NO_PEER): a TimelineOp in the
 making, kept as a plain tuple because building thousands of frozen dataclasses would dominate the run time."""
 
 
 class _Simulation:
-    """Runs every worker's program; each operation starts when its worker is free and its inputs have arrived."""
+    """Runs every replica's program; each operation starts when its replica is free and its inputs have arrived."""
 
-    def __init__(self, workers: list[_Worker], programs: list[list[tuple[str, int]]], allreduce_s: list[float]) -> None:
-        self.workers = workers
+    def __init__(
+        self,
+        replicas: list[_SimulatedReplica],
+        programs: Sequence[Program],
+        allreduce_s: list[float],
+        iterations: int,
+    ) -> None:
+        self.replicas = replicas
         self.programs = programs
-        """Per worker (its stage's program)."""
+        """Per replica (its stage's program)."""
         self.allreduce_s = allreduce_s
         """Per stage."""
-        self.replicas = [0] * len(allreduce_s)
-        for worker in workers:
-            self.replicas[worker.stage] += 1
-        iterations = 1 + max(number for program in programs for kind, number in program if kind == END_OF_ITERATION)
-        self.position = [0] * len(workers)
-        self.free = [0.0] * len(workers)
+        self.replica_count = [0] * len(allreduce_s)
+        for replica in replicas:
+            self.replica_count[replica.stage] += 1
+        self.position = [0] * len(replicas)
+        self.free = [0.0] * len(replicas)
         self.link_free: dict[int, float] = {}
-        # (worker, direction, micro-batch) -> [transfers still missing, latest ready, latest arrival, last sender]
-        self.inbox: dict[tuple[int, str, int], list] = {}
-        self.blocked_on: list[tuple[int, str, int] | None] = [None] * len(workers)
+        # (replica, direction, micro-batch) -> [transfers still missing, latest ready, latest arrival, last sender]
+        self.inbox: dict[tuple[int, str, int], list[float]] = {}
+        self.blocked_on: list[tuple[int, str, int] | None] = [None] * len(replicas)
         self.at_barrier: dict[tuple[int, int], list[int]] = {}
         self.iteration_end = [0.0] * iterations
         self.records: list[Record] = []
-        self.runnable = list(range(len(workers)))
+        self.runnable = list(range(len(replicas)))
 
     def run(self) -> None:
         while self.runnable:
             self._advance(self.runnable.pop())
-        stuck = [w.device for w in self.workers if self.position[w.index] < len(self.programs[w.index])]
+        stuck = [r.device for r in self.replicas if self.position[r.index] < len(self.programs[r.index])]
         if stuck:
             raise PlanError(f"the schedule deadlocks: devices {', '.join(stuck)} never finish")
 
-    def _advance(self, w: int) -> None:
-        program = self.programs[w]
-        while self.position[w] < len(program):
-            kind, number = program[self.position[w]]
-            done = self._reach_barrier(w, number) if kind == END_OF_ITERATION else self._try_compute(w, kind, number)
+    def _advance(self, r: int) -> None:
+        program = self.programs[r]
+        while self.position[r] < len(program):
+            kind, number = program[self.position[r]]
+            done = self._reach_barrier(r, number) if kind == END_OF_ITERATION else self._try_compute(r, kind, number)
             if not done:
                 return
-            self.position[w] += 1
+            self.position[r] += 1
 
-    def _try_compute(self, w: int, kind: str, g: int) -> bool:
-        worker = self.workers[w]
-        start = free = self.free[w]
-        if worker.expected[kind]:
-            key = (w, kind, g)
+    def _try_compute(self, r: int, kind: str, g: int) -> bool:
+        replica = self.replicas[r]
+        start = free = self.free[r]
+        if replica.expected[kind]:
+            key = (r, kind, g)
             box = self.inbox.get(key)
             if box is None or box[0]:
-                self.blocked_on[w] = key
+                self.blocked_on[r] = key
                 return False
             del self.inbox[key]
             _, ready, arrival, sender = box
@@ -663,71 +601,71 @@ class _Simulation:
                 start = arrival
                 waited_from = max(free, ready)
                 if start > waited_from:
-                    self.records.append((w, "recv", waited_from, start, g, sender))
-        end = start + worker.duration[kind]
-        self.records.append((w, kind, start, end, g, NO_PEER))
-        self.free[w] = end
-        self._send(w, worker.routes[kind], kind, g, end)
+                    self.records.append((r, "recv", waited_from, start, g, int(sender)))
+        end = start + replica.duration[kind]
+        self.records.append((r, kind, start, end, g, NO_PEER))
+        self.free[r] = end
+        self._send(r, replica.transfers[kind], kind, g, end)
         return True
 
-    def _send(self, w: int, routes: list[Route], kind: str, g: int, ready: float) -> None:
-        for receiver, link, duration in routes:
+    def _send(self, r: int, transfers: list[Transfer], kind: str, g: int, ready: float) -> None:
+        for receiver, link, duration in transfers:
             start = max(ready, self.link_free.get(link, 0.0))
             arrival = start + duration
             self.link_free[link] = arrival
-            self.records.append((w, "send", start, arrival, g, receiver))
+            self.records.append((r, "send", start, arrival, g, receiver))
             key = (receiver, kind, g)
             box = self.inbox.get(key)
             if box is None:
-                box = self.inbox[key] = [self.workers[receiver].expected[kind], ready, arrival, w]
+                box = self.inbox[key] = [self.replicas[receiver].expected[kind], ready, arrival, r]
             else:
                 box[1] = max(box[1], ready)
                 if arrival >= box[2]:
-                    box[2], box[3] = arrival, w
+                    box[2], box[3] = arrival, r
             box[0] -= 1
             if not box[0] and self.blocked_on[receiver] == key:
                 self.blocked_on[receiver] = None
                 self.runnable.append(receiver)
 
-    def _reach_barrier(self, w: int, iteration: int) -> bool:
+    def _reach_barrier(self, r: int, iteration: int) -> bool:
         """Allreduce and update once every replica of the stage is here; False while some are missing."""
-        stage = self.workers[w].stage
+        stage = self.replicas[r].stage
         waiting = self.at_barrier.setdefault((stage, iteration), [])
-        waiting.append(w)
-        if len(waiting) < self.replicas[stage]:
+        waiting.append(r)
+        if len(waiting) < self.replica_count[stage]:
             return False
         del self.at_barrier[(stage, iteration)]
-        start = max(self.free[r] for r in waiting)
+        start = max(self.free[q] for q in waiting)
         end = start + self.allreduce_s[stage]
-        for r in waiting:
+        for q in waiting:
             if end > start:
-                self.records.append((r, "allreduce", start, end, iteration, NO_PEER))
-            finish = end + self.workers[r].update_s
-            self.records.append((r, "update", end, finish, iteration, NO_PEER))
-            self.free[r] = finish
+                self.records.append((q, "allreduce", start, end, iteration, NO_PEER))
+            finish = end + self.replicas[q].update_s
+            self.records.append((q, "update", end, finish, iteration, NO_PEER))
+            self.free[q] = finish
             self.iteration_end[iteration] = max(self.iteration_end[iteration], finish)
-            if r != w:
-                self.position[r] += 1
-                self.runnable.append(r)
+            if q != r:
+                self.position[q] += 1
+                self.runnable.append(q)
         return True
 
 
-def _timeline_ops(records: list[Record], workers: list[_Worker], micro_batches: int) -> list[TimelineOp]:
+def _timeline_ops(records: list[Record], replicas: list[_SimulatedReplica], micro_batches: int) -> list[TimelineOp]:
     ops = []
-    for w, kind, start, end, number, peer in records:
-        worker = workers[w]
-        peer_device = workers[peer].device if peer != NO_PEER else ""
+    for r, kind, start, end, number, peer in records:
+        replica = replicas[r]
+        peer_device = replicas[peer].device if peer != NO_PEER else ""
         if kind in ("allreduce", "update"):
             iteration, micro_batch = number, NO_MICRO_BATCH
         else:
             iteration, micro_batch = divmod(number, micro_batches)
-        ops.append(TimelineOp(worker.device, worker.stage, micro_batch, kind, start, end, iteration, peer_device))
+        ops.append(TimelineOp(replica.device, replica.stage, micro_batch, kind, start, end, iteration, peer_device))
     return ops
 
 
 def _simulated_iterations(plan: Plan) -> tuple[int, int, int]:
     """(iterations to simulate, warm-up iterations before the measured ones, measured iterations)."""
-    if plan.schedule != "async":
+    if plan.pipeline_schedule.synchronous:
         return 1, 0, 1
     warmup = async_warmup_iterations(plan.n_stages, plan.micro_batches)
     measured = async_measured_iterations(plan.n_stages, plan.micro_batches)
@@ -736,23 +674,27 @@ def _simulated_iterations(plan: Plan) -> tuple[int, int, int]:
     return warmup + measured + tail, warmup, measured
 
 
+def simulated_programs(plan: Plan) -> tuple[Program, ...]:
+    """Per stage, the program the cost model simulates for ``plan``: the schedule's actions over the iterations
+    ``estimate`` simulates (one for a synchronous schedule)."""
+    return _stage_programs(plan.pipeline_schedule, plan.n_stages, plan.micro_batches, _simulated_iterations(plan)[0])
+
+
 def _simulate(
     plan: Plan, cluster: Cluster, library: LayerLibrary, calibration: Calibration
-) -> tuple[_Simulation, list[_Worker]]:
+) -> tuple[_Simulation, list[_SimulatedReplica]]:
     aggregates = _stage_aggregates(plan, library)
-    workers = _make_workers(plan, cluster, aggregates, calibration)
-    _connect_workers(workers, cluster, aggregates, calibration)
-    iterations = _simulated_iterations(plan)[0]
-    by_stage = [
-        _stage_program(plan.schedule, s, plan.n_stages, plan.micro_batches, iterations) for s in range(plan.n_stages)
-    ]
-    allreduce_s = [
-        _allreduce_s(cluster, devices, float(aggregates.param_bytes[s]), calibration)
+    replicas = _make_replicas(plan, cluster, aggregates, calibration)
+    _connect_replicas(replicas, cluster, aggregates, calibration)
+    by_stage = simulated_programs(plan)
+    stage_allreduce_s = [
+        allreduce_s(cluster, devices, float(aggregates.param_bytes[s]), calibration)
         for s, devices in enumerate(plan.stage_devices)
     ]
-    simulation = _Simulation(workers, [by_stage[w.stage] for w in workers], allreduce_s)
+    iterations = _simulated_iterations(plan)[0]
+    simulation = _Simulation(replicas, [by_stage[r.stage] for r in replicas], stage_allreduce_s, iterations)
     simulation.run()
-    return simulation, workers
+    return simulation, replicas
 
 
 def estimate(
@@ -760,15 +702,15 @@ def estimate(
 ) -> Estimate:
     """Predict one training step of ``plan`` on ``cluster`` (see the module docstring for the semantics)."""
     _check_plan(plan, library, cluster)
-    simulation, workers = _simulate(plan, cluster, library, calibration)
+    simulation, replicas = _simulate(plan, cluster, library, calibration)
     _, warmup, steps = _simulated_iterations(plan)
     window = (simulation.iteration_end[warmup - 1] if warmup else 0.0, simulation.iteration_end[warmup + steps - 1])
     records = simulation.records
     spans = (record[:4] for record in records if record[1] != "send")
-    busy, waiting = _window_totals(spans, range(len(workers)), window)
-    device_of = [worker.device for worker in workers]
+    busy, waiting = _window_totals(spans, range(len(replicas)), window)
+    device_of = [replica.device for replica in replicas]
     compute, communication, idle = _per_step(
-        {device_of[w]: t for w, t in busy.items()}, {device_of[w]: t for w, t in waiting.items()}, window, steps
+        {device_of[r]: t for r, t in busy.items()}, {device_of[r]: t for r, t in waiting.items()}, window, steps
     )
     memory = {
         name: stage_memory_bytes(plan, library, s) for s, names in enumerate(plan.stage_devices) for name in names
@@ -780,6 +722,6 @@ def estimate(
         communication=communication,
         idle=idle,
         peak_memory=memory,
-        timeline=Timeline(lambda: _timeline_ops(records, workers, plan.micro_batches)),
+        timeline=Timeline(lambda: _timeline_ops(records, replicas, plan.micro_batches)),
         calibration=calibration,
     )

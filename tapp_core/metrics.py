@@ -14,6 +14,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 DEFAULT_WARMUP = 2
 MIN_STEPS = 5
@@ -78,4 +79,5 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Measurement:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
+        values: dict[str, Any] = {k: v for k, v in data.items() if k in known}  # as stored by to_dict
+        return cls(**values)

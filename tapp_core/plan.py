@@ -1,29 +1,37 @@
-"""Plans: which layers form which pipeline stage, and which device(s) run each stage.
+"""Plans: which layers form which pipeline stage, and which device(s) run each stage; and the checks a plan must
+pass to run.
 
 A stage may run on several devices: these are data-parallel replicas of the stage. Each micro-batch is cut
 into equal, contiguous sample ranges, one per replica (``replica_slices``), and the replicas average their
 gradients with an allreduce before the update. BSP is the plan with one stage on every device; single-device
 training is one stage on one device.
+
+A plan's schedule is a name in ``tapp_core.schedules.SCHEDULES``, checked when the plan is made. The checks are
+parts that each caller combines as it needs (``validate`` runs them all): ``check_shape``, ``check_layers``,
+``check_stages_used``, ``check_edges``, ``check_devices``, ``check_replicas`` and ``check_memory``. Each raises
+``PlanError`` naming the layer, stage or device at fault.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+
+import numpy as np
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-
-Schedule = Literal["gpipe", "1f1b", "async"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "async")
+from tapp_core.schedules import PipelineSchedule, UnknownScheduleError, schedule_for
 
 # Bytes of training state per parameter byte: weights, gradients and SGD momentum.
 STATE_PER_PARAM_BYTE = 3
+
+LayerName = Callable[[int], str]
+"""The name of a layer, by index: how a check names the layer at fault."""
 
 
 class PlanError(TappError):
@@ -35,13 +43,25 @@ class Plan:
     model: str
     batch_size: int
     micro_batches: int
-    schedule: Schedule
+    schedule: str
+    """A name in ``tapp_core.schedules.SCHEDULES``; an unknown one is a ``PlanError`` when the plan is made."""
     stage_of_layer: tuple[int, ...]
     """``stage_of_layer[i]`` is the stage of layer ``i`` of the layer library."""
     stage_devices: tuple[tuple[str, ...], ...]
     """``stage_devices[s]`` are the devices running stage ``s`` (more than one: data-parallel replicas)."""
     planner: str = ""
     notes: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        try:
+            schedule_for(self.schedule)
+        except UnknownScheduleError as exc:
+            raise PlanError(str(exc)) from None
+
+    @property
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The schedule object of ``schedule``: its order of operations, activations in flight and so on."""
+        return schedule_for(self.schedule)
 
     @property
     def n_stages(self) -> int:
@@ -93,16 +113,21 @@ class Plan:
         if missing:
             raise PlanError(f"plan {source} lacks field(s): {', '.join(missing)}")
         try:
+            notes = data.get("notes") or {}
+            if not isinstance(notes, dict):
+                raise TypeError(f"notes must be a mapping, got {notes!r}")
             plan = cls(
                 model=str(data["model"]),
-                batch_size=int(data["batch_size"]),  # type: ignore[arg-type]
-                micro_batches=int(data["micro_batches"]),  # type: ignore[arg-type]
-                schedule=str(data["schedule"]),  # type: ignore[arg-type]
-                stage_of_layer=tuple(int(s) for s in data["stage_of_layer"]),  # type: ignore[union-attr]
-                stage_devices=tuple(tuple(str(d) for d in devs) for devs in data["stage_devices"]),  # type: ignore[union-attr]
+                batch_size=_integer(data["batch_size"]),
+                micro_batches=_integer(data["micro_batches"]),
+                schedule=str(data["schedule"]),
+                stage_of_layer=tuple(_integer(s) for s in _items(data["stage_of_layer"])),
+                stage_devices=tuple(tuple(str(d) for d in _items(devs)) for devs in _items(data["stage_devices"])),
                 planner=str(data.get("planner", "")),
-                notes=dict(data.get("notes") or {}),  # type: ignore[call-overload]
+                notes=dict(notes),
             )
+        except PlanError as exc:
+            raise PlanError(f"plan {source}: {exc}") from None
         except (TypeError, ValueError) as exc:
             raise PlanError(f"plan {source} has a field of the wrong type: {exc}") from None
         stated = data.get("id")
@@ -128,74 +153,108 @@ class Plan:
         return cls.from_json(p.read_text(), str(p))
 
 
+def _integer(value: object) -> int:
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected an integer, got {value!r}")
+
+
+def _items(value: object) -> list[object]:
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise TypeError(f"expected a list, got {value!r}")
+
+
 def replica_slices(n_samples: int, n_replicas: int) -> list[tuple[int, int]]:
     """The contiguous sample range ``[start, stop)`` each replica of a stage takes from a micro-batch."""
     share = n_samples // n_replicas
     return [(r * share, (r + 1) * share) for r in range(n_replicas)]
 
 
-def stage_param_bytes(plan: Plan, library: LayerLibrary) -> list[int]:
-    totals = [0] * plan.n_stages
-    for layer in library.layers:
-        totals[plan.stage_of_layer[layer.index]] += layer.param_bytes
-    return totals
+def replicas_divide(micro_batch_size: int, n_replicas: int) -> bool:
+    """Whether ``n_replicas`` replicas split a micro-batch into equal ranges with no sample left over."""
+    return micro_batch_size % n_replicas == 0
 
 
-def in_flight_micro_batches(plan: Plan, stage: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak, by schedule."""
-    if plan.schedule == "gpipe":
-        return plan.micro_batches
-    return min(plan.micro_batches, plan.n_stages - stage) if plan.schedule == "1f1b" else plan.n_stages - stage
+def replica_memory_bytes(plan: Plan, stage: int, param_bytes: float, activation_bytes: float) -> float:
+    """Peak memory of one replica of ``stage``, whose layers hold ``param_bytes`` of parameters and output
+    ``activation_bytes`` per sample: training state, the weight versions the schedule stashes, and the
+    activations of the micro-batches it has in flight. Integers give an exact integer."""
+    schedule = plan.pipeline_schedule
+    in_flight = schedule.in_flight(stage, plan.n_stages, plan.micro_batches)
+    versions = schedule.weight_versions(stage, plan.n_stages, plan.micro_batches)
+    samples = plan.micro_batch_size // len(plan.stage_devices[stage])
+    return STATE_PER_PARAM_BYTE * param_bytes + versions * param_bytes + in_flight * activation_bytes * samples
 
 
 def stage_memory_bytes(plan: Plan, library: LayerLibrary, stage: int) -> int:
-    """Peak memory of one replica of ``stage``: training state plus stashed activations of in-flight micro-batches.
-
-    The async schedule also keeps one weight version per in-flight micro-batch (weight stashing).
-    """
-    n_replicas = len(plan.stage_devices[stage])
-    samples = plan.micro_batch_size // n_replicas
-    params = sum(library.layers[i].param_bytes for i in plan.stage_layers(stage))
-    activations = sum(library.layers[i].activation_bytes for i in plan.stage_layers(stage)) * samples
-    in_flight = in_flight_micro_batches(plan, stage)
-    weight_versions = in_flight if plan.schedule == "async" else 0
-    return STATE_PER_PARAM_BYTE * params + weight_versions * params + in_flight * activations
+    """Peak memory of one replica of ``stage`` (``replica_memory_bytes`` of its layers)."""
+    layers = [library.layers[i] for i in plan.stage_layers(stage)]
+    params = sum(layer.param_bytes for layer in layers)
+    activations = sum(layer.activation_bytes for layer in layers)
+    return int(replica_memory_bytes(plan, stage, params, activations))
 
 
-def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
-    """Raise ``PlanError`` naming the first problem that would stop ``plan`` running on ``cluster``."""
-    if plan.model != library.model:
-        raise PlanError(f"plan is for model {plan.model!r} but the layer library is for {library.model!r}")
-    if plan.schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {plan.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+# ---------------------------------------------------------------------------------------------------------------
+# The checks
+
+
+def check_shape(plan: Plan) -> None:
+    """Batch size and micro-batches positive, the batch divisible into the micro-batches, at least one stage, and
+    a device for every stage."""
     if plan.batch_size <= 0 or plan.micro_batches <= 0:
         raise PlanError(f"batch size ({plan.batch_size}) and micro-batches ({plan.micro_batches}) must be positive")
     if plan.batch_size % plan.micro_batches:
         raise PlanError(f"batch size {plan.batch_size} is not divisible by {plan.micro_batches} micro-batches")
-    n_layers = len(library.layers)
-    if len(plan.stage_of_layer) < n_layers:
-        first = library.layers[len(plan.stage_of_layer)]
-        raise PlanError(f"layer {first.index} ({first.name}) is missing from the plan: it has no stage")
-    if len(plan.stage_of_layer) > n_layers:
-        raise PlanError(f"plan places {len(plan.stage_of_layer)} layers but the model has {n_layers}")
     if plan.n_stages == 0:
         raise PlanError("plan has no stages")
-    for i, stage in enumerate(plan.stage_of_layer):
-        if not 0 <= stage < plan.n_stages:
-            raise PlanError(
-                f"layer {i} ({library.layers[i].name}) is on stage {stage}, but stages are 0..{plan.n_stages - 1}"
-            )
-    for stage in range(plan.n_stages):
-        if not plan.stage_devices[stage]:
+    for stage, devices in enumerate(plan.stage_devices):
+        if not devices:
             raise PlanError(f"stage {stage} has no device")
-        if stage not in plan.stage_of_layer:
+
+
+def check_layers(
+    stage_of_layer: Sequence[int], n_stages: int, n_layers: int, layer_name: LayerName, graph: str = "the model"
+) -> None:
+    """A stage for each of the ``n_layers`` layers, each in ``0..n_stages - 1``. ``graph`` is what the message
+    calls the layers' source ("the layer library", "the traced model")."""
+    placed = len(stage_of_layer)
+    if placed != n_layers:
+        missing = f": layer {placed} ({layer_name(placed)}) is missing from the plan" if placed < n_layers else ""
+        raise PlanError(f"plan places {placed} layers but {graph} has {n_layers}{missing}")
+    if placed and (min(stage_of_layer) < 0 or max(stage_of_layer) >= n_stages):
+        i = next(i for i, stage in enumerate(stage_of_layer) if not 0 <= stage < n_stages)
+        raise PlanError(
+            f"layer {i} ({layer_name(i)}) is on stage {stage_of_layer[i]}, but stages are 0..{n_stages - 1}"
+        )
+
+
+def check_stages_used(stage_of_layer: Sequence[int], n_stages: int) -> None:
+    """At least one layer on every stage."""
+    used = set(stage_of_layer)
+    for stage in range(n_stages):
+        if stage not in used:
             raise PlanError(f"stage {stage} has no layer")
-    for u, v in library.edges():
-        if plan.stage_of_layer[u] > plan.stage_of_layer[v]:
-            raise PlanError(
-                f"edge {library.layers[u].name} -> {library.layers[v].name} runs backward: "
-                f"stage {plan.stage_of_layer[u]} feeds stage {plan.stage_of_layer[v]}"
-            )
+
+
+def check_edges(
+    stage_of_layer: Sequence[int] | np.ndarray, edges: Sequence[tuple[int, int]] | np.ndarray, layer_name: LayerName
+) -> None:
+    """No edge ``(u, v)`` (layer ``v`` consumes layer ``u``'s output) runs backward: ``v``'s stage is not before
+    ``u``'s. Vectorised: ``edges`` may be an array of shape (edges, 2). Run ``check_layers`` first."""
+    stage = np.asarray(stage_of_layer, dtype=np.int64)
+    pairs = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    sources, targets = pairs[:, 0], pairs[:, 1]
+    backward = np.flatnonzero(stage[targets] < stage[sources])
+    if backward.size:
+        u, v = int(sources[backward[0]]), int(targets[backward[0]])
+        raise PlanError(
+            f"edge {layer_name(u)} -> {layer_name(v)} runs backward: stage {stage[u]} feeds stage {stage[v]}"
+        )
+
+
+def check_devices(plan: Plan, cluster: Cluster) -> None:
+    """Every device is one of ``cluster``'s and runs one stage only."""
     known = set(cluster.device_names)
     seen: dict[str, int] = {}
     for stage, devices in enumerate(plan.stage_devices):
@@ -205,12 +264,26 @@ def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
                     f"stage {stage} uses unknown device {device!r}; cluster {cluster.name!r} has {', '.join(sorted(known))}"
                 )
             if device in seen:
-                raise PlanError(f"device {device!r} is used by two stages ({seen[device]} and {stage})")
+                where = (
+                    f"twice by stage {stage}"
+                    if seen[device] == stage
+                    else f"by two stages ({seen[device]} and {stage})"
+                )
+                raise PlanError(f"device {device!r} is used {where}")
             seen[device] = stage
-        if plan.micro_batch_size % len(devices):
+
+
+def check_replicas(plan: Plan) -> None:
+    """Every stage's replicas split its micro-batches into equal sample ranges."""
+    for stage, devices in enumerate(plan.stage_devices):
+        if not replicas_divide(plan.micro_batch_size, len(devices)):
             raise PlanError(
                 f"stage {stage} has {len(devices)} replicas, which do not divide the micro-batch of {plan.micro_batch_size} samples"
             )
+
+
+def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
+    """Every device has the memory its stage needs (``stage_memory_bytes``)."""
     for stage, devices in enumerate(plan.stage_devices):
         need = stage_memory_bytes(plan, library, stage)
         for name in devices:
@@ -220,6 +293,25 @@ def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
                     f"device {name!r} memory exceeded: stage {stage} needs {need / 2**30:.2f} GiB, "
                     f"the device has {have / 2**30:.2f} GiB"
                 )
+
+
+def library_layer_name(library: LayerLibrary) -> LayerName:
+    """How the checks name a layer of ``library``."""
+    return lambda i: library.layers[i].name
+
+
+def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
+    """Raise ``PlanError`` naming the first problem that would stop ``plan`` running on ``cluster``: every check."""
+    if plan.model != library.model:
+        raise PlanError(f"plan is for model {plan.model!r} but the layer library is for {library.model!r}")
+    check_shape(plan)
+    layer_name = library_layer_name(library)
+    check_layers(plan.stage_of_layer, plan.n_stages, len(library.layers), layer_name, "the layer library")
+    check_stages_used(plan.stage_of_layer, plan.n_stages)
+    check_edges(plan.stage_of_layer, library.edges(), layer_name)
+    check_devices(plan, cluster)
+    check_replicas(plan)
+    check_memory(plan, library, cluster)
 
 
 def single_stage_plan(

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import pandas as pd
 from prefect import task
@@ -26,16 +27,25 @@ from prefect.cache_policies import NO_CACHE
 
 from reports import runs
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
-from tapp_core.planners import PlannerError, get_planner
+from tapp_core.planners import PlannerError
 from tapp_core.planners.evaluation import PlanEvaluator
-from tapp_core.planners.tapp.rewards import MeasuredReward, RewardSource, SimulatedReward
-from tapp_core.planners.tapp.search import RoundReport, SearchConfig, TappSearch
-from tasks.measure import RuntimeSettings, pool_for
+from tapp_core.planners.tapp import (
+    MeasuredReward,
+    RewardSource,
+    RoundReport,
+    SearchConfig,
+    SearchOptions,
+    SimulatedReward,
+    TappPlanner,
+    TappSearch,
+)
+from tasks.measure import RuntimeSettings, _pool_failed, pool_for
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
@@ -44,15 +54,16 @@ CHECKPOINT_ARTIFACT = "policy"
 
 @dataclass(frozen=True)
 class SearchBudget:
-    """A small budget by default: the whole default experiment must finish in minutes on two cores."""
+    """The flow's search: TAPP's own search options (``SearchOptions``, the planner's defaults) with the fields named
+    in ``planner`` overridden, and how sampled plans are measured. Its defaults are a small budget: the whole default
+    experiment must finish in minutes on two cores."""
 
     rounds: int = 30
-    """Rounds rewarded by the cost model."""
+    """Rounds rewarded by the cost model (the planner's ``rounds`` counts the measured ones too)."""
     samples_per_round: int = 16
-    measured_rounds: int = 3
-    """Final rounds rewarded by measurements on the workers (0: a purely simulated search), as the planner's
-    hybrid default."""
-    measured_per_round: int = 1
+    measured_rounds: int = SearchOptions.measured_rounds
+    """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
+    measured_per_round: int = SearchOptions.measured_per_round
     """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
     measured_steps: int = 4
     """Training steps per sampled measurement, the first a warm-up. A reward needs fewer than a reported number:
@@ -61,26 +72,22 @@ class SearchBudget:
     """A sampled plan slower than this is failed and penalised: the search learns it is bad without waiting."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.samples_per_round < 1 or self.measured_per_round < 1:
+        if self.rounds < 1:
+            raise PlannerError(f"search rounds ({self.rounds}) must be at least 1")
+        if self.measured_steps < 2:
             raise PlannerError(
-                f"search rounds ({self.rounds}), samples per round ({self.samples_per_round}) and measured plans "
-                f"per round ({self.measured_per_round}) must be at least 1"
+                f"a sampled measurement needs at least 2 steps, one of them a warm-up (got {self.measured_steps})"
             )
-        if self.measured_rounds < 0 or self.measured_steps < 2:
-            raise PlannerError(
-                f"measured rounds ({self.measured_rounds}) cannot be negative, and a sampled measurement needs at "
-                f"least 2 steps, one of them a warm-up (got {self.measured_steps})"
-            )
+        self.planner()  # the search options' own checks
 
     def sampling_runtime(self, runtime: RuntimeSettings) -> RuntimeSettings:
         return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1, timeout_s=self.measured_timeout_s)
 
-    def config(
-        self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration
-    ) -> SearchConfig:
-        """The TAPP planner's own search configuration (its defaults for everything but the budget)."""
-        planner = get_planner(
-            "tapp",
+    def planner(
+        self, batch_size: int | None = None, seed: int = 0, calibration: Calibration = DEFAULT_CALIBRATION
+    ) -> TappPlanner:
+        """The TAPP planner with this budget in place of its defaults for these options, and its own for the rest."""
+        return TappPlanner(
             reward="hybrid" if self.measured_rounds > 0 else "simulated",
             rounds=self.rounds + self.measured_rounds,
             samples_per_round=self.samples_per_round,
@@ -90,7 +97,17 @@ class SearchBudget:
             seed=seed,
             calibration=calibration,
         )
-        return planner.config(library, cluster, None)  # type: ignore[attr-defined]
+
+    def config(
+        self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration
+    ) -> SearchConfig:
+        """The search's configuration, as the TAPP planner of ``planner`` makes it."""
+        return self.planner(batch_size, seed, calibration).config(library, cluster, None)
+
+
+class RecordingState(TypedDict):
+    inner: Mapping[str, object]
+    plans: list[dict[str, object]]
 
 
 class RecordingReward:
@@ -110,12 +127,12 @@ class RecordingReward:
             self.plans.setdefault(plan.id, plan)
         return self.inner.step_times(plans)
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> RecordingState:
         return {"inner": self.inner.state(), "plans": [p.to_dict() for p in self.plans.values()]}
 
-    def load_state(self, state: dict[str, object]) -> None:
-        self.inner.load_state(state["inner"])  # type: ignore[arg-type]
-        self.plans = {p["id"]: Plan.from_dict(p) for p in state["plans"]}  # type: ignore[union-attr, index]
+    def load_state(self, state: RecordingState) -> None:
+        self.inner.load_state(state["inner"])
+        self.plans = {str(p["id"]): Plan.from_dict(p) for p in state["plans"]}
 
 
 class PoolMeasurer:
@@ -143,36 +160,50 @@ class SearchState:
     history: tuple[RoundReport, ...] = ()
 
 
-_Opened = tuple[TappSearch, RecordingReward, RecordingReward | None]
+@dataclass(frozen=True)
+class SearchSetting:
+    """What a search runs on, beside its state: the layer library, the cluster, the model and how sampled plans are
+    measured."""
+
+    library: LayerLibrary
+    cluster: Cluster
+    model: str
+    runtime: RuntimeSettings
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A search with what the sampled plans table needs: every plan it sampled, every measurement it took."""
+
+    search: TappSearch
+    simulated: RecordingReward
+    """The search's cost-model reward source, which keeps every distinct plan it was asked about."""
+    measured: MeasuredReward | None
+
+
 _live: dict[Path, _Opened] = {}
 """Searches kept in memory between rounds of this process: resuming from the checkpoint costs more than a round."""
 _live_lock = threading.Lock()
 
 
-def _open_search(
-    checkpoint: Path,
-    config: SearchConfig,
-    calibration: Calibration,
-    library: LayerLibrary,
-    cluster: Cluster,
-    model: str,
-    runtime: RuntimeSettings,
-    at_round: int | None = None,
-) -> _Opened:
-    """The search at ``checkpoint``: the live one if it is at ``at_round``, else resumed from the file, else new."""
+def _open_search(state: SearchState, setting: SearchSetting, at_round: int | None = None) -> _Opened:
+    """The search at ``state.checkpoint``: the live one if it is at ``at_round``, else resumed from the file, else
+    new."""
+    checkpoint, config = state.checkpoint, state.config
     with _live_lock:
         live = _live.get(checkpoint)
-    if live is not None and (at_round is None or live[0].round == at_round):
+    if live is not None and (at_round is None or live.search.round == at_round):
         return live
-    simulated = RecordingReward(SimulatedReward(PlanEvaluator(library, cluster, calibration)))
+    library, cluster = setting.library, setting.cluster
+    simulated = RecordingReward(SimulatedReward(PlanEvaluator(library, cluster, state.calibration)))
     measured = None
     if config.reward != "simulated":  # the pool starts only when a measured round first needs it
-        measured = RecordingReward(MeasuredReward(PoolMeasurer(cluster, model, runtime), library, cluster))
+        measured = MeasuredReward(PoolMeasurer(cluster, setting.model, setting.runtime), library, cluster)
     if checkpoint.is_file():
-        search = TappSearch.resume(checkpoint, library, cluster, simulated, measured)  # type: ignore[arg-type]
+        search = TappSearch.resume(checkpoint, library, cluster, simulated, measured)
     else:
-        search = TappSearch(library, cluster, config, simulated, measured, checkpoint)  # type: ignore[arg-type]
-    opened = (search, simulated, measured)
+        search = TappSearch(library, cluster, config, simulated, measured, checkpoint)
+    opened = _Opened(search, simulated, measured)
     with _live_lock:
         _live[checkpoint] = opened
     return opened
@@ -183,45 +214,24 @@ def _forget(checkpoint: Path) -> None:
         _live.pop(checkpoint, None)
 
 
-def _search_failed(task: object, task_run: object, state: object) -> bool:
-    """Measured rounds retry when the worker pool failed to start; the round restarts from the last checkpoint."""
-    from tapp_core.runtime import PoolError
-
-    try:
-        state.result()  # type: ignore[attr-defined]
-    except PoolError:
-        return True
-    except Exception:
-        return False
-    return False
-
-
 @task(
     name="search-round",
     task_run_name="search-round-{round_number}",
     retries=2,
     retry_delay_seconds=5,
-    retry_condition_fn=_search_failed,
+    retry_condition_fn=_pool_failed,
     cache_policy=NO_CACHE,
 )
-def search_round(
-    round_number: int,
-    checkpoint: Path,
-    config: SearchConfig,
-    calibration: Calibration,
-    library: LayerLibrary,
-    cluster: Cluster,
-    model: str,
-    runtime: RuntimeSettings,
-) -> RoundReport:
-    """One policy-gradient round, resumed from ``checkpoint`` (or a new search), saved back to it."""
-    search, _, _ = _open_search(checkpoint, config, calibration, library, cluster, model, runtime, round_number - 1)
+def search_round(round_number: int, state: SearchState, setting: SearchSetting) -> RoundReport:
+    """One policy-gradient round, resumed from ``state.checkpoint`` (or a new search), saved back to it. Retried
+    when the worker pool failed; the round restarts from the last checkpoint."""
+    search = _open_search(state, setting, round_number - 1).search
     if search.round != round_number - 1:
-        raise RuntimeError(f"checkpoint {checkpoint} is at round {search.round}, not {round_number - 1}")
+        raise RuntimeError(f"checkpoint {state.checkpoint} is at round {search.round}, not {round_number - 1}")
     try:
         return search.run_round()
     except BaseException:
-        _forget(checkpoint)  # half a round may have changed it: a retry resumes from the last checkpoint
+        _forget(state.checkpoint)  # half a round may have changed it: a retry resumes from the last checkpoint
         raise
 
 
@@ -236,22 +246,11 @@ def round_metrics(report: RoundReport) -> dict[str, float]:
     }
 
 
-def _run_rounds(
-    run: TrackedRun,
-    state: SearchState,
-    rounds: range,
-    stage: str,
-    library: LayerLibrary,
-    cluster: Cluster,
-    model: str,
-    runtime: RuntimeSettings,
-) -> SearchState:
+def _run_rounds(run: TrackedRun, state: SearchState, rounds: range, stage: str, setting: SearchSetting) -> SearchState:
     progress = StageProgress(stage, len(rounds), f"TAPP {stage}: rounds")
     history = list(state.history)
     for done, number in enumerate(rounds, start=1):
-        report = search_round(
-            number, state.checkpoint, state.config, state.calibration, library, cluster, model, runtime
-        )
+        report = search_round(number, state, setting)
         history.append(report)
         run.log_metrics(round_metrics(report), step=number)
         progress.update(done, f"best {report.best_step_time_s:.4f} s ({report.phase})")
@@ -275,7 +274,8 @@ def search_stage(
     with tracked_run("search", tags.child(parent, runs.STAGE_RUN, stage="search"), parent=parent) as run:
         run.log_params({f"search_{k}": v for k, v in config.to_dict().items() if k != "policy"})
         run.log_params({f"policy_{k}": v for k, v in config.policy.__dict__.items()})
-        state = _run_rounds(run, state, range(1, budget.rounds + 1), "search", library, cluster, tags.model, runtime)
+        setting = SearchSetting(library, cluster, tags.model, runtime)
+        state = _run_rounds(run, state, range(1, budget.rounds + 1), "search", setting)
         run.log_metrics({"rounds": budget.rounds})
     return state
 
@@ -290,26 +290,27 @@ def sampling_stage(
 ) -> Plan:
     """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
 
-    The chosen plan is the best measured one when anything was measured, else the best by the cost model after
-    the planner's polish (``TappSearch.polish``: a local search from the population's best plans).
+    The chosen plan is the search's (``TappSearch.finish``, as the TAPP planner's): the best measured one when
+    anything was measured, else the best by the cost model after the polish (a local search from the population's
+    best plans).
     Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
     """
     config = state.config
+    setting = SearchSetting(library, cluster, tags.model, runtime)
     measured_rounds = config.rounds - len(state.history) if config.reward != "simulated" else 0
     with tracked_run("sampling", tags.child(parent, runs.STAGE_RUN, stage="sampling"), parent=parent) as run:
         first = len(state.history) + 1
         if measured_rounds > 0:
-            state = _run_rounds(
-                run, state, range(first, first + measured_rounds), "sampling", library, cluster, tags.model, runtime
-            )
-        search, simulated, measured = _open_search(
-            state.checkpoint, config, state.calibration, library, cluster, tags.model, runtime
-        )
+            state = _run_rounds(run, state, range(first, first + measured_rounds), "sampling", setting)
+        opened = _open_search(state, setting)
         _forget(state.checkpoint)
-        if search.best["measured"][1] is None:  # as the TAPP planner does when nothing was measured
-            run.log_metrics({"polish_gain": search.polish()})
-        chosen = search.result()
-        table = sampled_plans(simulated, measured, library, cluster, chosen, state.calibration)
+        chosen = opened.search.finish()
+        if opened.search.polish_gain is not None:
+            run.log_metrics({"polish_gain": opened.search.polish_gain})
+        measurements = opened.measured.measurements if opened.measured is not None else {}
+        table = sampled_plans(
+            opened.simulated.plans.values(), measurements, library, cluster, chosen, state.calibration
+        )
         run.log_table(table, "search/sampled_plans.csv")
         run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
         measured_ok = table["measured_step_time_s"].notna()
@@ -328,17 +329,17 @@ def sampling_stage(
 
 
 def sampled_plans(
-    simulated: RecordingReward,
-    measured: RecordingReward | None,
+    plans: Iterable[Plan],
+    measurements: Mapping[str, Measurement],
     library: LayerLibrary,
     cluster: Cluster,
     chosen: Plan,
     calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> pd.DataFrame:
-    """Every distinct plan the search sampled: shape, the cost model's estimate, the measurement if taken."""
-    measurements: dict[str, Measurement] = measured.inner.measurements if measured is not None else {}  # type: ignore[attr-defined]
+    """Every distinct plan the search sampled (``plans``): shape, the cost model's estimate, the measurement if
+    taken (``measurements``, by plan id)."""
     rows = []
-    for plan in simulated.plans.values():
+    for plan in plans:
         try:
             predicted = estimate(plan, library, cluster, calibration)
             estimated, share, estimate_error = predicted.step_time, predicted.communication_share, ""

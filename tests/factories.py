@@ -54,8 +54,20 @@ def library_from_edges(
     )
 
 
-def chain_library(n_layers: int, **kwargs: object) -> LayerLibrary:
-    return library_from_edges(n_layers, [(i, i + 1) for i in range(n_layers - 1)], **kwargs)  # type: ignore[arg-type]
+def chain_library(
+    n_layers: int,
+    forward_s: Sequence[float] | None = None,
+    backward_s: Sequence[float] | None = None,
+    param_bytes: Sequence[int] | None = None,
+    activation_bytes: Sequence[int] | None = None,
+    batch_size: int = 8,
+    model: str = "toy",
+) -> LayerLibrary:
+    """``library_from_edges`` of a chain: layer ``i`` feeds layer ``i + 1``."""
+    edges = [(i, i + 1) for i in range(n_layers - 1)]
+    return library_from_edges(
+        n_layers, edges, forward_s, backward_s, param_bytes, activation_bytes, batch_size=batch_size, model=model
+    )
 
 
 def make_cluster(

@@ -14,16 +14,8 @@ import pytest
 
 from reports.figures import gantt
 from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.costmodel import (
-    DEFAULT_CALIBRATION,
-    NO_MICRO_BATCH,
-    Calibration,
-    CalibrationError,
-    Estimate,
-    TimelineOp,
-    breakdown,
-    estimate,
-)
+from tapp_core.costmodel import NO_MICRO_BATCH, Estimate, TimelineOp, breakdown, estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, CalibrationError
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.metrics import communication_share
 from tapp_core.plan import Plan, PlanError, single_stage_plan
@@ -98,7 +90,7 @@ def plan(
         model="hand",
         batch_size=batch_size,
         micro_batches=micro_batches,
-        schedule=schedule,  # type: ignore[arg-type]
+        schedule=schedule,
         stage_of_layer=tuple(stage_of_layer),
         stage_devices=tuple(tuple(d) for d in stage_devices),
     )
@@ -111,7 +103,8 @@ def ops(result: Estimate, device: str, kind: str) -> list[tuple[float, float]]:
 def flat(value: object) -> list[float]:
     if isinstance(value, list | tuple):
         return [x for item in value for x in flat(item)]
-    return [float(value)]  # type: ignore[arg-type]
+    assert isinstance(value, int | float), value
+    return [float(value)]
 
 
 def assert_close(actual: object, expected: object) -> None:

@@ -2,12 +2,21 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.plan import Plan, PlanError, replica_slices, single_stage_plan, stage_memory_bytes, validate
+from tapp_core.plan import (
+    Plan,
+    PlanError,
+    check_edges,
+    check_layers,
+    replica_slices,
+    single_stage_plan,
+    stage_memory_bytes,
+    validate,
+)
 from tests.factories import chain_library, library_from_edges, make_cluster
 
 
 def two_stage(**overrides: object) -> Plan:
-    fields = {
+    fields: dict[str, object] = {
         "model": "toy",
         "batch_size": 8,
         "micro_batches": 2,
@@ -16,7 +25,7 @@ def two_stage(**overrides: object) -> Plan:
         "stage_devices": (("d0",), ("d1",)),
     }
     fields.update(overrides)
-    return Plan(**fields)  # type: ignore[arg-type]
+    return Plan.from_dict(fields)
 
 
 def test_json_round_trip_and_stable_id(tmp_path: Path) -> None:
@@ -56,8 +65,12 @@ def test_valid_plan_passes() -> None:
         (two_stage(stage_of_layer=(0, 1, 0, 1)), r"edge l1 -> l2 runs backward: stage 1 feeds stage 0"),
         (two_stage(stage_devices=(("d0",), ("gpu9",))), r"stage 1 uses unknown device 'gpu9'"),
         (two_stage(stage_devices=(("d0",), ("d0",))), r"device 'd0' is used by two stages \(0 and 1\)"),
+        (two_stage(stage_devices=(("d0", "d0"), ("d1",))), r"device 'd0' is used twice by stage 0"),
+        (two_stage(stage_devices=(("d0",), ())), r"stage 1 has no device"),
+        (two_stage(stage_of_layer=(0, 0, 0, 0)), r"stage 1 has no layer"),
+        (two_stage(stage_of_layer=(0, 0, 1, 1, 1)), r"plan places 5 layers but the layer library has 4"),
+        (two_stage(batch_size=0), r"batch size \(0\) and micro-batches \(2\) must be positive"),
         (two_stage(micro_batches=3), r"batch size 8 is not divisible by 3 micro-batches"),
-        (two_stage(schedule="zigzag"), r"unknown schedule 'zigzag'"),
         (two_stage(stage_of_layer=(0, 0, 1, 2)), r"layer 3 \(l3\) is on stage 2"),
         (two_stage(model="other"), r"plan is for model 'other'"),
         (two_stage(stage_devices=(("d0",), ("d1", "d2", "d3"))), r"3 replicas, which do not divide"),
@@ -66,6 +79,29 @@ def test_valid_plan_passes() -> None:
 def test_invalid_plans_name_the_problem(plan: Plan, message: str) -> None:
     with pytest.raises(PlanError, match=message):
         validate(plan, chain_library(4), make_cluster([1, 1, 1, 1]))
+
+
+def test_schedule_is_checked_when_the_plan_is_made() -> None:
+    with pytest.raises(PlanError, match=r"unknown schedule 'zigzag'; choose one of gpipe, 1f1b, async"):
+        two_stage(schedule="zigzag")
+    with pytest.raises(PlanError, match=r"plan <plan>: unknown schedule 'zigzag'"):
+        Plan.from_dict(two_stage().to_dict() | {"schedule": "zigzag", "id": None})
+    assert two_stage(schedule="async").pipeline_schedule.stashes_weights
+
+
+def test_layer_and_edge_checks_work_on_any_graph() -> None:
+    """The parts take plain indices and a naming function, so a traced graph's edges can use them too."""
+    names = ["in", "conv", "relu", "fc"].__getitem__
+    edges = [(0, 1), (1, 2), (2, 3), (0, 3)]
+    check_layers((0, 0, 1, 1), 2, 4, names)
+    check_edges((0, 0, 1, 1), edges, names)
+    with pytest.raises(PlanError, match=r"edge conv -> relu runs backward: stage 1 feeds stage 0"):
+        check_edges((0, 1, 0, 1), edges, names)
+    with pytest.raises(PlanError, match=r"plan places 3 layers but the traced model has 4: layer 3 \(fc\) is missing"):
+        check_layers((0, 0, 1), 2, 4, names, "the traced model")
+    with pytest.raises(PlanError, match=r"layer 2 \(relu\) is on stage -1, but stages are 0..1"):
+        check_layers((0, 0, -1, 1), 2, 4, names)
+    check_edges((0,), [], names)
 
 
 def test_memory_exceeded_names_device() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -10,16 +11,19 @@ import numpy as np
 import pytest
 
 from tapp_core.cluster import parse_cluster
-from tapp_core.costmodel import Calibration, estimate
-from tapp_core.plan import SCHEDULES, PlanError, validate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import Calibration
+from tapp_core.plan import PlanError, validate
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
 from tapp_core.planners.bounds import StepTimeBound, device_group
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
+from tapp_core.planners.moves import boundary_positions, cuts_of, moved_cut, swapped_groups, unused_devices, with_group
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
+from tapp_core.schedules import SCHEDULES
 from tests.test_planners_common import branchy_library, chain_library, small_cluster, with_fixed_parts
 
 
@@ -181,8 +185,13 @@ def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
     library, cluster = chain_library(), small_cluster()
     full = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster)
     capped = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster, budget=5)
-    assert capped.notes["evaluations"] <= 6
-    assert full.notes["estimated_step_time_s"] <= capped.notes["estimated_step_time_s"]
+    evaluations, full_time, capped_time = (
+        capped.notes["evaluations"],
+        full.notes["estimated_step_time_s"],
+        capped.notes["estimated_step_time_s"],
+    )
+    assert isinstance(evaluations, int) and isinstance(full_time, float) and isinstance(capped_time, float)
+    assert evaluations <= 6 and full_time <= capped_time
 
 
 def test_the_memory_screen_agrees_with_validate() -> None:
@@ -214,3 +223,21 @@ def test_the_memory_screen_agrees_with_validate() -> None:
         assert screen.fits(plan) == valid
         outcomes.add(valid)
     assert outcomes == {True, False}
+
+
+def test_the_shared_moves_keep_every_stage_and_device_once() -> None:
+    cuts = (2, 5, 9)
+    assert list(boundary_positions(cuts, 0, 12)) == [1, 2, 3, 4]
+    assert list(boundary_positions(cuts, 1, 12)) == [3, 4, 5, 6, 7, 8]
+    assert list(boundary_positions(cuts, 2, 12)) == [6, 7, 8, 9, 10, 11]
+    assert moved_cut(cuts, 1, 7) == (2, 7, 9)
+    groups = (("a",), ("b", "c"), ("d",))
+    swaps = list(swapped_groups(groups))
+    assert swaps[0] == (("b", "c"), ("a",), ("d",)) and len(swaps) == 3
+    assert all(sorted(d for g in swapped for d in g) == ["a", "b", "c", "d"] for swapped in swaps)
+    assert with_group(groups, 2, ("d", "e")) == (("a",), ("b", "c"), ("d", "e"))
+    assert unused_devices(groups, ["f", "a", "e", "b"]) == ["f", "e"]
+    library = chain_library()
+    plan = contiguous_plan(library, (3, 7), groups, 2, "1f1b", 64)
+    assert cuts_of(plan) == [3, 7]
+    assert cuts_of(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:]))) is None

@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from tapp_core.cluster import parse_cluster
+from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
-from tapp_core.planners import PlannerError, get_planner
+from tapp_core.planners import PlannerError, get_planner, planner_options
+from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
-from tapp_core.planners.tapp import MeasuredReward, SearchConfig, SimulatedReward, TappSearch
+from tapp_core.planners.tapp import (
+    MeasuredReward,
+    Polish,
+    SearchConfig,
+    SearchOptions,
+    SimulatedReward,
+    TappPlanner,
+    TappSearch,
+    TimedPlan,
+)
 from tapp_core.planners.tapp.features import ABSENT_SUCCESSOR, OP_VOCABULARY, layer_features, op_index
 from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
+from tapp_core.planners.tapp.polish import polish_starts
 from tapp_core.planners.tapp.repair import compact, monotone_groups
 from tests.test_planners_common import branchy_library, chain_library, small_cluster
 
@@ -63,7 +78,7 @@ def test_repair_is_the_cheapest_monotone_relabeling() -> None:
 
 
 @pytest.mark.parametrize("make_library", [chain_library, branchy_library])
-def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library) -> None:
+def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library: Callable[[], LayerLibrary]) -> None:
     library, cluster = make_library(), small_cluster((1.0, 1.0, 0.5, 0.5), slow_pair=False)
     policy = TappPolicy(library, cluster, PolicyConfig(groups=4, replica_prior=0.0), (1, 2, 4, 8), 64, "1f1b")
     sample = policy.sample(64, torch.Generator().manual_seed(0))
@@ -82,11 +97,11 @@ def test_scoring_a_plan_reproduces_it_and_gives_gradients() -> None:
     sample = policy.sample(8, torch.Generator().manual_seed(1))
     scored = policy.score(sample.plans)
     assert [p.id for p in scored.plans] == [p.id for p in sample.plans]
-    scored.log_prob.sum().backward()
+    torch.autograd.backward(scored.log_prob.sum())
     assert policy.partition.share_logits.grad is not None
 
 
-def _search(tmp: Path | None = None, rounds: int = 4, seed: int = 0, **options: object) -> TappSearch:
+def _search(tmp: Path | None = None, rounds: int = 4, seed: int = 0, **options: Any) -> TappSearch:
     library, cluster = chain_library(), small_cluster()
     config = SearchConfig(
         rounds=rounds,
@@ -96,7 +111,7 @@ def _search(tmp: Path | None = None, rounds: int = 4, seed: int = 0, **options: 
         seed=seed,
         micro_batch_choices=(1, 2, 4),
         policy=PolicyConfig(groups=3),
-        **options,  # type: ignore[arg-type]
+        **options,
     )
     simulated = SimulatedReward(PlanEvaluator(library, cluster))
     return TappSearch(library, cluster, config, simulated, checkpoint=tmp)
@@ -167,26 +182,30 @@ def test_failed_measurements_are_penalised_not_fatal() -> None:
     )
     assert plan.n_stages <= 2
     assert plan.notes["measured_evaluations"] == len(set(pool.measured)) > 0
-    assert math.isclose(plan.notes["best_measured_step_time_s"], 1.1 * plan.notes["estimated_step_time_s"])
+    measured, estimated = plan.notes["best_measured_step_time_s"], plan.notes["estimated_step_time_s"]
+    assert isinstance(measured, float) and isinstance(estimated, float)
+    assert math.isclose(measured, 1.1 * estimated)
 
 
 def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FakePool(PlanEvaluator(library, cluster))
-    search = get_planner(
-        "tapp", reward="hybrid", rounds=6, measured_rounds=2, measured_per_round=1, population=2, samples_per_round=5
+    search = TappPlanner(
+        reward="hybrid", rounds=6, measured_rounds=2, measured_per_round=1, population=2, samples_per_round=5
     ).search(library, cluster, measurer=pool)
     phases = [r.phase for r in search.rounds()]
     assert phases == ["simulated"] * 4 + ["measured"] * 2
     assert 1 <= len(pool.measured) <= 2 * 2 * 1
-    assert search.best_plan is not None and math.isfinite(search.best["measured"][0])
+    assert search.best_plan is not None and math.isfinite(search.best_time("measured"))
+    search.finish()
+    assert search.polish_gain is None  # a measured best is not polished on the cost model
 
 
 def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements() -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FakePool(PlanEvaluator(library, cluster))
-    search = get_planner(
-        "tapp", reward="hybrid", rounds=50, measured_rounds=2, population=1, samples_per_round=4, time_limit_s=1e-9
+    search = TappPlanner(
+        reward="hybrid", rounds=50, measured_rounds=2, population=1, samples_per_round=4, time_limit_s=1e-9
     ).search(library, cluster, measurer=pool)
     phases = [r.phase for r in search.rounds()]
     assert phases == ["simulated", "measured", "measured"]
@@ -206,9 +225,11 @@ def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> N
 def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -> None:
     search = _search(rounds=2)
     list(search.rounds())
-    before = search.best["simulated"][0]
+    before = search.best_time("simulated")
     gain = search.polish(span=1)
-    after, plan = search.best["simulated"]
+    best = search.best["simulated"]
+    assert best is not None
+    after, plan = best.step_time_s, best.plan
     assert after <= before and math.isclose(gain, 1 - after / before)
     evaluator = search.simulated
     cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
@@ -222,6 +243,11 @@ def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -
                 stages = tuple(int(x) for x in np.searchsorted(sorted([*others, moved]), np.arange(n), side="right"))
                 if len(set(stages)) == plan.n_stages:
                     assert evaluator.step_times([Plan(**{**plan.__dict__, "stage_of_layer": stages})])[0] >= after
+
+
+def _polish(search: TappSearch) -> Polish:
+    config = search.config
+    return Polish(search.library, search.cluster, search.simulated, config.micro_batch_choices, lambda: False)
 
 
 def _relay_case() -> TappSearch:
@@ -243,7 +269,7 @@ def _relay_case() -> TappSearch:
 def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
     search = _relay_case()
     two = contiguous_plan(search.library, (6,), (("a",), ("b",)), 8, "1f1b", 64)
-    moves = search._relay_moves(two, span=2)
+    moves = _polish(search).relay_moves(two, span=2)
     assert moves
     for move in moves:
         validate(move, search.library, search.cluster)
@@ -254,33 +280,72 @@ def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
     relay_layers = sorted(move.stage_of_layer.index(1) for move in moves)
     assert relay_layers == [3, 4, 5, 6, 7, 8]  # beside the cut at 6 moved by 0, 1 or 2 layers either way
     whole = contiguous_plan(search.library, (6,), (("a",), ("b", "s")), 8, "1f1b", 64)
-    assert search._relay_moves(whole, span=2) == []  # no device left over
+    assert _polish(search).relay_moves(whole, span=2) == []  # no device left over
 
 
-def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot() -> None:
+def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     search = _relay_case()
     oracle = get_planner("oracle", micro_batches=(2, 4, 8)).plan(search.library, search.cluster)
     assert oracle.n_stages == 3 and oracle.stage_of_layer.count(2) == 1  # the optimum ends in a relay
     optimum = search.simulated.step_times([oracle])[0]
     two = contiguous_plan(search.library, (6,), (("a",), ("b",)), 8, "1f1b", 64)
-    search.best["simulated"] = (search.simulated.step_times([two])[0], two)
-    search._relay_moves = lambda plan, span: []  # type: ignore[method-assign]
+    search.best["simulated"] = TimedPlan(search.simulated.step_times([two])[0], two)
+    with monkeypatch.context() as patch:
+        patch.setattr(Polish, "relay_moves", lambda self, plan, span: [])
+        search.polish()
+    assert search.best_time("simulated") > optimum * 1.1  # stuck with two stages
     search.polish()
-    assert search.best["simulated"][0] > optimum * 1.1  # stuck with two stages
-    del search._relay_moves
-    search.polish()
-    assert search.best["simulated"][0] == pytest.approx(optimum)
+    assert search.best_time("simulated") == pytest.approx(optimum)
 
 
 def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
     search = _search(rounds=6)
     list(search.rounds())
-    starts = search._polish_starts(100)
-    times = [t for t, _ in starts]
-    assert times == sorted(times) and times[0] == search.best["simulated"][0]
-    assert len({plan.id for _, plan in starts}) == len(starts)
-    remembered = {plan.id for m in search.members for _, plan in m.elite["simulated"]}
-    assert {plan.id for _, plan in starts} == remembered | {search.best["simulated"][1].id}
-    before = {plan.id: t for t, plan in starts}
+    starts = polish_starts(search.remembered("simulated"), 100)
+    times = [start.step_time_s for start in starts]
+    assert times == sorted(times) and times[0] == search.best_time("simulated")
+    assert len({start.plan.id for start in starts}) == len(starts)
+    best = search.best["simulated"]
+    assert best is not None
+    remembered = {e.plan.id for m in search.members for e in m.elite["simulated"]}
+    assert {start.plan.id for start in starts} == remembered | {best.plan.id}
     search.polish()
-    assert search.best["simulated"][0] <= min(before.values())
+    assert search.best_time("simulated") <= min(times)
+
+
+def test_the_planner_s_search_options_are_the_one_set_with_its_defaults() -> None:
+    library, cluster = chain_library(), small_cluster()
+    defaults = SearchOptions().option_values()
+    listed = planner_options("tapp")
+    assert {name: listed[name] for name in defaults} == defaults
+    config = TappPlanner(seed=3, micro_batches=(1, 2, 4, 5)).config(library, cluster, budget=100)
+    assert config.option_values() == defaults
+    assert (config.seed, config.budget, config.micro_batch_choices, config.policy.groups) == (3, 100, (1, 2, 4), 3)
+    assert SearchConfig.from_dict(config.to_dict()) == config  # as a checkpoint keeps it
+    assert SearchConfig().micro_batch_choices == DEFAULT_MICRO_BATCHES
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"reward": "magic"}, "reward must be one of simulated, measured, hybrid, got 'magic'"),
+        ({"rounds": 0}, "rounds must be at least 1, got 0"),
+        ({"measured_per_round": 0}, "measured_per_round must be at least 1, got 0"),
+        ({"measured_rounds": -1}, "measured_rounds must be at least 0, got -1"),
+    ],
+)
+def test_a_bad_search_option_is_one_clear_error(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlannerError, match=re.escape(f"TAPP search: {message}")):
+        get_planner("tapp", **options)
+    with pytest.raises(PlannerError, match=re.escape(message)):
+        SearchConfig(**options)
+
+
+def test_finish_polishes_only_when_asked_and_nothing_was_measured() -> None:
+    polished, unpolished = _search(rounds=2), _search(rounds=2, polish=False)
+    for search in (polished, unpolished):
+        list(search.rounds())
+    gain = polished.finish().notes["polish_gain"]
+    assert polished.polish_gain is not None and gain == polished.polish_gain
+    assert polished.best_time("simulated") <= unpolished.best_time("simulated")
+    assert unpolished.finish().notes["polish_gain"] == 0.0 and unpolished.polish_gain is None

@@ -19,7 +19,7 @@ from tapp_core.models import build_model, build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime import OptimizerConfig, WorkerPool, make_optimizer, micro_batch_loss
 from tapp_core.runtime.batches import SyntheticBatches
-from tapp_core.runtime.schedules import Async
+from tapp_core.schedules import Async
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 

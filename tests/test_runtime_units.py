@@ -19,8 +19,8 @@ from tapp_core.runtime.layout import Layout, Route
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
 from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
-from tapp_core.runtime.schedules import Action, Async, GPipe, OneFOneB, schedule_for
 from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
+from tapp_core.schedules import Action, Async, GPipe, OneFOneB, schedule_for
 
 
 def kinds(actions: list[Action]) -> str:

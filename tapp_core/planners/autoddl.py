@@ -22,9 +22,15 @@ from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
 from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.moves import (
+    Groups,
+    boundary_positions,
+    moved_cut,
+    swapped_groups,
+    unused_devices,
+    with_group,
+)
 from tapp_core.planners.space import balanced_cuts, contiguous_plan
-
-Groups = tuple[tuple[str, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -72,18 +78,14 @@ class _Descent:
             yield dataclasses.replace(p, micro_batches=m)
 
     def _boundary(self, p: _Point, j: int) -> Iterator[_Point]:
-        low = p.cuts[j - 1] + 1 if j > 0 else 1
-        high = p.cuts[j + 1] - 1 if j + 1 < len(p.cuts) else self.n - 1
-        for position in range(low, high + 1):
-            yield dataclasses.replace(p, cuts=(*p.cuts[:j], position, *p.cuts[j + 1 :]))
+        for position in boundary_positions(p.cuts, j, self.n):
+            yield dataclasses.replace(p, cuts=moved_cut(p.cuts, j, position))
 
     def _regroup(self, p: _Point) -> Iterator[_Point]:
-        groups = list(p.groups)
-        for a in range(len(groups)):
-            for b in range(a + 1, len(groups)):
-                swapped = list(groups)
-                swapped[a], swapped[b] = groups[b], groups[a]
-                yield dataclasses.replace(p, groups=tuple(swapped))
+        """Two stages' groups swapped; one device of a group exchanged for another (with the stage that has it)."""
+        for swapped in swapped_groups(p.groups):
+            yield dataclasses.replace(p, groups=swapped)
+        groups = p.groups
         used = {d for g in groups for d in g}
         for s, group in enumerate(groups):
             for i, old in enumerate(group):
@@ -98,16 +100,14 @@ class _Descent:
                     yield dataclasses.replace(p, groups=tuple(tuple(g) for g in changed))
 
     def _replicate(self, p: _Point) -> Iterator[_Point]:
-        used = {d for g in p.groups for d in g}
-        for d in self.devices:
-            if d in used:
-                continue
+        """A left-over device added to a stage; a replica dropped."""
+        for d in unused_devices(p.groups, self.devices):
             for s in range(len(p.groups)):
-                yield dataclasses.replace(p, groups=_with(p.groups, s, (*p.groups[s], d)))
+                yield dataclasses.replace(p, groups=with_group(p.groups, s, (*p.groups[s], d)))
         for s, group in enumerate(p.groups):
             if len(group) > 1:
                 for d in group:
-                    yield dataclasses.replace(p, groups=_with(p.groups, s, tuple(x for x in group if x != d)))
+                    yield dataclasses.replace(p, groups=with_group(p.groups, s, tuple(x for x in group if x != d)))
 
     def _restage(self, p: _Point) -> Iterator[_Point]:
         bounds = [0, *p.cuts, self.n]
@@ -115,22 +115,17 @@ class _Descent:
             cuts = p.cuts[:j] + p.cuts[j + 1 :]
             for keep in (p.groups[j], p.groups[j + 1]):
                 yield dataclasses.replace(p, cuts=cuts, groups=(*p.groups[:j], keep, *p.groups[j + 2 :]))
-        used = {d for g in p.groups for d in g}
+        spare = unused_devices(p.groups, self.devices)
         weights = [layer.forward_s + layer.backward_s for layer in self.library.layers]
         for s in range(len(p.groups)):  # split stage s at its work midpoint onto a left-over device
             start, stop = bounds[s], bounds[s + 1]
             if stop - start < 2:
                 continue
             middle = start + balanced_cuts(weights[start:stop], [1.0, 1.0])[0]
-            for d in self.devices:
-                if d not in used:
-                    cuts = (*p.cuts[:s], middle, *p.cuts[s:])
-                    groups = (*p.groups[: s + 1], (d,), *p.groups[s + 1 :])
-                    yield dataclasses.replace(p, cuts=cuts, groups=groups)
-
-
-def _with(groups: Groups, s: int, group: tuple[str, ...]) -> Groups:
-    return (*groups[:s], group, *groups[s + 1 :])
+            for d in spare:
+                cuts = (*p.cuts[:s], middle, *p.cuts[s:])
+                groups = (*p.groups[: s + 1], (d,), *p.groups[s + 1 :])
+                yield dataclasses.replace(p, cuts=cuts, groups=groups)
 
 
 @dataclass
@@ -161,7 +156,7 @@ class AutoDdlPlanner(PlannerBase):
                 break
         if evaluator.best_plan is None:
             raise PlannerError(f"AutoDDL found no plan of {library.model} that fits cluster {cluster.name!r}")
-        notes = {"evaluations": evaluator.evaluations, "sweeps": sweeps}
+        notes: dict[str, object] = {"evaluations": evaluator.evaluations, "sweeps": sweeps}
         return dataclasses.replace(evaluator.best_plan, notes=notes)
 
     def _start(self, library: LayerLibrary, cluster: Cluster, descent: _Descent) -> _Point:

@@ -14,13 +14,15 @@ import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import SCHEDULES, Plan
+from tapp_core.plan import Plan
+from tapp_core.schedules import SCHEDULES
 
 # name -> "module:Class" under tapp_core.planners; imported on first use so that the DP planners never pay
 # for torch's import and no planner module imports another's.
@@ -146,7 +148,8 @@ def _planner_class(name: str) -> type[PlannerBase]:
         raise PlannerError(f"unknown planner {name!r}; choose one of {', '.join(PLANNER_NAMES)}")
     module_name, class_name = _REGISTRY[name].split(":")
     module = importlib.import_module(f"tapp_core.planners.{module_name}")
-    return getattr(module, class_name)
+    planner: type[PlannerBase] = getattr(module, class_name)
+    return planner
 
 
 def planner_options(name: str) -> dict[str, object]:
@@ -163,7 +166,7 @@ def planner_options(name: str) -> dict[str, object]:
     return out
 
 
-def get_planner(name: str, **options: object) -> PlannerBase:
+def get_planner(name: str, **options: Any) -> PlannerBase:
     """Build planner ``name`` with ``options``; an unknown name or option is a ``PlannerError``."""
     cls = _planner_class(name)
     accepted = {f.name for f in dataclasses.fields(cls)}
@@ -172,4 +175,4 @@ def get_planner(name: str, **options: object) -> PlannerBase:
         raise PlannerError(
             f"planner {name!r} has no option(s) {', '.join(unknown)}; it accepts: {', '.join(sorted(accepted))}"
         )
-    return cls(**options)  # type: ignore[arg-type]
+    return cls(**options)

@@ -8,8 +8,9 @@ chains. When stage ``s`` consumes the output of the layer just before it (and so
 - after its last backward, the gradient still flows back through ``s-1..c`` before stage ``c`` can allreduce
   and update;
 - its last micro-batch's backward waits for that micro-batch's round trip through the later stages that
-  form a chain after it: in gpipe that round trip comes before all its backwards, in 1f1b it can hide behind
-  at most the ``w - 1`` other cool-down backwards (``w`` = the stage's warm-up forwards).
+  form a chain after it, which can hide behind at most the backwards the schedule runs between that
+  micro-batch's forward and its backward (``PipelineSchedule.round_trip_cover``: none in gpipe, the other
+  cool-down backwards in 1f1b).
 
 Chain terms use a stage's fastest replica and only the one tensor the layer before the cut sends (latency plus
 its bytes over the link); a stage's own work uses its slowest replica. Transfers are otherwise left out, so
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import Calibration
+from tapp_core.costs import Calibration, allreduce_s, compute_factor, compute_s, transfer_s, update_s
 from tapp_core.library import LayerLibrary
-from tapp_core.planners.costs import LayerCosts, allreduce_s, compute_factor, update_s
+from tapp_core.planners.costs import LayerCosts
+from tapp_core.schedules import PipelineSchedule, schedule_for
 
 
 @dataclass(frozen=True)
@@ -107,23 +109,25 @@ class StepTimeBound:
         self.costs = LayerCosts.from_library(library, samples)
         self.cluster = cluster
         self.calibration = calibration
-        self.schedule = schedule
+        self.schedule: PipelineSchedule = schedule_for(schedule)
         self.micro_batches = micro_batches
+        self._round_trip_cover: dict[tuple[int, int], int] = {}
         n = len(library.layers)
         self.first_consumer = np.array([min(layer.successors, default=n) for layer in library.layers])
         self.activation = np.array([layer.activation_bytes for layer in library.layers], dtype=float)
 
     def terms(self, group: DeviceGroup, start: int, stop: int) -> StageTerms:
         c = self.costs
-        per_mb = self.calibration.per_micro_batch_s
-        forward = float(c.forward_prefix[stop] - c.forward_prefix[start]) * group.share
-        backward = float(c.backward_prefix[stop] - c.backward_prefix[start]) * group.share
+        cal = self.calibration
+        # LayerCosts spreads the fixed parts over the samples, so the work is all per sample.
+        forward = float(c.forward_prefix[stop] - c.forward_prefix[start])
+        backward = float(c.backward_prefix[stop] - c.backward_prefix[start])
         params = c.params(start, stop)
         return StageTerms(
-            forward=forward * group.slowest + per_mb,
-            backward=backward * group.slowest + per_mb,
-            chain_forward=forward * group.fastest + per_mb,
-            chain_backward=backward * group.fastest + per_mb,
+            forward=compute_s(0.0, forward, group.share, group.slowest, cal),
+            backward=compute_s(0.0, backward, group.share, group.slowest, cal),
+            chain_forward=compute_s(0.0, forward, group.share, group.fastest, cal),
+            chain_backward=compute_s(0.0, backward, group.share, group.fastest, cal),
             tail=group.allreduce_fixed
             + group.allreduce_per_byte * params
             + group.update_fixed
@@ -137,26 +141,31 @@ class StepTimeBound:
     def transfer(self, sender: DeviceGroup, receiver: DeviceGroup, start: int) -> float:
         """Least time one micro-batch's transfer into the stage starting at ``start`` can take."""
         links = [self.cluster.link(a, b) for a in sender.devices for b in receiver.devices]
-        latency = min(link.latency for link in links) + self.calibration.per_message_s
         if len(sender.devices) > 1 or len(receiver.devices) > 1:
-            return latency
-        bandwidth = links[0].bandwidth * self.calibration.bandwidth_scale
-        return latency + self.activation[start - 1] * receiver.share / bandwidth
+            # Replicas may exchange as little as one sample: only the least latency is sure.
+            return transfer_s(min(links, key=lambda link: link.latency), 0.0, 1, self.calibration)
+        return transfer_s(links[0], float(self.activation[start - 1]) * receiver.share, 1, self.calibration)
+
+    def round_trip_cover(self, stage: int, n_stages: int) -> int:
+        """The schedule's ``round_trip_cover`` for this micro-batch count (memoised: asked for every candidate)."""
+        key = (stage, n_stages)
+        cover = self._round_trip_cover.get(key)
+        if cover is None:
+            cover = self._round_trip_cover[key] = self.schedule.round_trip_cover(stage, n_stages, self.micro_batches)
+        return cover
 
     def own(self, terms: StageTerms, stage: int, n_stages: int, round_trip: float) -> float:
         """Time from the stage's first forward to its last backward, given the last micro-batch's round trip
-        through the later stages."""
+        through the later stages (which a schedule that does not flush overlaps with the next step)."""
         m = self.micro_batches
-        if self.schedule == "async":
+        if not self.schedule.synchronous:
             return m * (terms.forward + terms.backward)
-        if self.schedule == "gpipe":
-            return m * (terms.forward + terms.backward) + round_trip
-        warmup = min(n_stages - stage, m)
-        return m * terms.forward + (m - warmup + 1) * terms.backward + max((warmup - 1) * terms.backward, round_trip)
+        cover = self.round_trip_cover(stage, n_stages)
+        return m * terms.forward + (m - cover) * terms.backward + max(cover * terms.backward, round_trip)
 
     def stage_bound(self, terms: StageTerms, chain: Chain, stage: int, n_stages: int, round_trip: float = 0.0) -> float:
         own = self.own(terms, stage, n_stages, round_trip)
-        if self.schedule == "async":
+        if not self.schedule.synchronous:
             return own + terms.tail
         after = terms.tail if chain.tail is None else max(terms.tail, chain.backward + chain.tail)
         return chain.forward + own + after

@@ -1,9 +1,10 @@
-"""The cost model's terms in closed form, for planners that reason about stages before building a plan.
+"""The layer library in closed form, for planners that reason about stages before building a plan.
 
 Layers are in topological (library) order, so any contiguous range of them is a valid stage and a *position*
-``p`` (0..n) cuts the model between layer ``p - 1`` and layer ``p``. Times follow ``tapp_core.costmodel``
-(per-sample layer times scaled by samples, slowdown and calibration; transfers as latency plus bytes over
-bandwidth; ring allreduce), so a planner's stage arithmetic agrees with the estimate of the plan it builds.
+``p`` (0..n) cuts the model between layer ``p - 1`` and layer ``p``. ``LayerCosts`` holds prefix sums of the
+per-sample layer times, parameters and cut traffic; the time formulas that turn them into seconds on a device
+(compute factor, update, transfer, ring allreduce) are ``tapp_core.costs``', the ones the cost model uses, so a
+planner's stage arithmetic agrees with the estimate of the plan it builds.
 Layer times are costed at one micro-batch size (``LayerCosts.from_library(library, samples)``): each layer's
 fixed part is spread over those samples. That is exact for a stage on one device; a replica computes fewer
 samples, so for replicated stages the same arithmetic is a lower bound (each replica pays the whole fixed part).
@@ -11,13 +12,11 @@ samples, so for replicated stages the same arithmetic is a lower bound (each rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import Calibration
 from tapp_core.library import LayerLibrary
 
 
@@ -44,7 +43,8 @@ class LayerCosts:
             raise ValueError(f"samples must be at least 1, got {samples}")
 
         def per_sample(total: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-            return (total - fixed) / library.batch_size + fixed / samples
+            spread: np.ndarray = (total - fixed) / library.batch_size + fixed / samples
+            return spread
 
         forward = per_sample(
             np.array([layer.forward_s for layer in library.layers]),
@@ -76,7 +76,8 @@ class LayerCosts:
     @property
     def work_prefix(self) -> np.ndarray:
         """Forward plus backward seconds per sample of layers ``[0, p)``."""
-        return self.forward_prefix + self.backward_prefix
+        total: np.ndarray = self.forward_prefix + self.backward_prefix
+        return total
 
     def work(self, start: int, stop: int) -> float:
         return float(self.work_prefix[stop] - self.work_prefix[start])
@@ -87,35 +88,6 @@ class LayerCosts:
     def clean_cuts(self) -> list[int]:
         """Interior positions crossed by exactly one tensor (between blocks, not inside parallel branches)."""
         return [p for p in range(1, self.n_layers) if self.cut_tensors[p] == 1]
-
-
-def compute_factor(cluster: Cluster, device: str, calibration: Calibration) -> float:
-    """Seconds on ``device`` per second of work on the profiling device."""
-    slowdown = 1.0 / cluster.device(device).speed
-    return slowdown**calibration.slowdown_exponent * calibration.compute_scale
-
-
-def transfer_s(cluster: Cluster, a: str, b: str, nbytes: float, tensors: int, calibration: Calibration) -> float:
-    link = cluster.link(a, b)
-    return tensors * (link.latency + calibration.per_message_s) + nbytes / (
-        link.bandwidth * calibration.bandwidth_scale
-    )
-
-
-def allreduce_s(cluster: Cluster, devices: Sequence[str], param_bytes: float, calibration: Calibration) -> float:
-    """Ring allreduce of a stage's gradients among its replicas (0 for one replica)."""
-    k = len(devices)
-    if k == 1:
-        return 0.0
-    links = [cluster.link(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]]
-    bandwidth = min(link.bandwidth for link in links) * calibration.bandwidth_scale
-    latency = max(link.latency for link in links) + calibration.per_message_s
-    return 2 * (k - 1) / k * param_bytes / bandwidth + 2 * (k - 1) * latency
-
-
-def update_s(cluster: Cluster, device: str, param_bytes: float, calibration: Calibration) -> float:
-    slowdown = (1.0 / cluster.device(device).speed) ** calibration.slowdown_exponent
-    return calibration.update_s_per_param_byte * param_bytes * slowdown + calibration.per_step_s
 
 
 def device_classes(cluster: Cluster) -> list[list[str]]:

@@ -14,13 +14,15 @@ import math
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION, Calibration, estimate
+from tapp_core.costmodel import estimate
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import STATE_PER_PARAM_BYTE, Plan, PlanError, in_flight_micro_batches, validate
+from tapp_core.plan import Plan, PlanError, replica_memory_bytes, replicas_divide, validate
 
 
 class MemoryScreen:
-    """``validate``'s replica and memory checks, vectorised over layers (``plan.stage_memory_bytes``)."""
+    """``validate``'s replica and memory checks (``check_replicas``, ``check_memory``) as one yes or no, with the
+    stage sums vectorised over layers."""
 
     def __init__(self, library: LayerLibrary, cluster: Cluster) -> None:
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
@@ -32,12 +34,9 @@ class MemoryScreen:
         params = np.bincount(stages, self.params, plan.n_stages)
         activations = np.bincount(stages, self.activations, plan.n_stages)
         for stage, devices in enumerate(plan.stage_devices):
-            if plan.micro_batch_size % len(devices):
+            if not replicas_divide(plan.micro_batch_size, len(devices)):
                 return False
-            samples = plan.micro_batch_size // len(devices)
-            in_flight = in_flight_micro_batches(plan, stage)
-            versions = in_flight if plan.schedule == "async" else 0
-            need = (STATE_PER_PARAM_BYTE + versions) * params[stage] + in_flight * activations[stage] * samples
+            need = replica_memory_bytes(plan, stage, float(params[stage]), float(activations[stage]))
             if need > min(self.memory.get(d, 0) for d in devices):
                 return False
         return True

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import allreduce_s, compute_factor
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.antichain import DownSets, down_sets
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import allreduce_s, compute_factor, device_classes
+from tapp_core.planners.costs import device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 
 
@@ -140,7 +141,7 @@ class PipeDreamPlanner(PlannerBase):
             solutions += _OrderDP(states, cluster, order, self, batch, replicas).solve()
         solutions.sort(key=lambda s: s.bottleneck)
         evaluator = PlanEvaluator(library, cluster, self.calibration)
-        tried: set[tuple] = set()
+        tried: set[tuple[tuple[int, tuple[str, ...]], ...]] = set()
         for solution in solutions:
             if len(tried) >= self.candidates and evaluator.best_plan is not None:
                 break
@@ -169,7 +170,7 @@ def _plan_from(
         model=library.model,
         batch_size=batch,
         micro_batches=micro_batches,
-        schedule=schedule,  # type: ignore[arg-type]
+        schedule=schedule,
         stage_of_layer=tuple(int(s) for s in stage_of_layer),
         stage_devices=tuple(devices for _, devices in solution.stages),
     )

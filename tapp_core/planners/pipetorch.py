@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import compute_factor
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import LayerCosts, compute_factor, device_classes
+from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
 
@@ -112,5 +113,5 @@ class PipeTorchPlanner(PlannerBase):
                 evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule, batch))
         if evaluator.best_plan is None:
             raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
-        notes = {"evaluations": evaluator.evaluations, "orders": orders}
+        notes: dict[str, object] = {"evaluations": evaluator.evaluations, "orders": orders}
         return dataclasses.replace(evaluator.best_plan, notes=notes)

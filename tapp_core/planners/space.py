@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, Schedule
+from tapp_core.plan import Plan
 from tapp_core.planners.costs import LayerCosts
 
 
@@ -38,14 +38,10 @@ def contiguous_plan(
         model=library.model,
         batch_size=batch_size,
         micro_batches=micro_batches,
-        schedule=_schedule(schedule),
+        schedule=schedule,
         stage_of_layer=stages_from_cuts(len(library.layers), cuts),
         stage_devices=tuple(tuple(group) for group in stage_devices),
     )
-
-
-def _schedule(name: str) -> Schedule:
-    return name  # type: ignore[return-value]
 
 
 def balanced_cuts(weights: Sequence[float], shares: Sequence[float], allowed: Sequence[int] | None = None) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tapp_core.costmodel import Calibration
+from tapp_core.costs import Calibration
 
 FITTED_CALIBRATION_PATH = Path(__file__).resolve().parents[1] / "calibration.json"
 

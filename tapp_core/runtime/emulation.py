@@ -2,7 +2,8 @@
 
 A device with ``slowdown`` k sleeps (k - 1) times the compute it just did, so the compute it reports is k times
 the real one. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
-behind each other, as on a real wire. The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
+behind each other, as on a real wire. Both link times are ``tapp_core.costs``' formulas, the cost model's, with the
+ideal calibration (the emulation stands in for the hardware, not for the runtime's overheads). The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
 which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tapp_core.cluster import Cluster, Device, Link
+from tapp_core.costs import DEFAULT_CALIBRATION, ring_allreduce_s, transfer_s
 
 
 def now() -> float:
@@ -65,15 +67,14 @@ class Emulation:
         if not self.enabled:
             return 0.0
         # One message at a time on a link, latency included (as the cost model charges every message).
-        arrival = max(now(), self._link_free_at.get(peer, 0.0)) + self.links[peer].transfer_time(nbytes)
+        transfer = transfer_s(self.links[peer], nbytes, 1, DEFAULT_CALIBRATION)
+        arrival = max(now(), self._link_free_at.get(peer, 0.0)) + transfer
         self._link_free_at[peer] = arrival
         return arrival
 
     def allreduce_time(self, peers: list[int], nbytes: int) -> float:
-        """Ring allreduce over the slowest link among ``peers``: 2(n-1) messages of nbytes/n each."""
+        """Ring allreduce among this rank and ``peers`` over the slowest of its links to them: 2(n-1) messages
+        of nbytes/n each."""
         if not self.enabled or not peers:
             return 0.0
-        n = len(peers) + 1
-        slowest = min((self.links[p] for p in peers), key=lambda link: link.bandwidth)
-        latency = max(self.links[p].latency for p in peers)
-        return 2 * (n - 1) * (latency + nbytes / n / slowest.bandwidth)
+        return ring_allreduce_s(len(peers) + 1, nbytes, (self.links[p] for p in peers), DEFAULT_CALIBRATION)

@@ -19,9 +19,9 @@ from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.layout import Layout, Route
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
-from tapp_core.runtime.schedules import Action, ForwardOnly, PipelineSchedule
 from tapp_core.runtime.stage import MODEL_INPUT, Stage
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
+from tapp_core.schedules import Action, ForwardOnly, PipelineSchedule
 
 TAG_MICRO_BATCHES = 1024
 """Micro-batch numbers wrap in tags; MPI keeps messages of one tag between two ranks in order anyway."""

@@ -53,7 +53,7 @@ import torch
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
-from tapp_core.plan import SCHEDULES, Plan, PlanError, replica_slices
+from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape, check_stages_used
 from tapp_core.runtime import placement
 from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
 from tapp_core.runtime.guard import ProcessId, set_parent_death_signal
@@ -116,40 +116,13 @@ def mpiexec_command(
 
 
 def check_runnable(plan: Plan, cluster: Cluster) -> None:
-    """The checks that need neither the model nor a layer library: a known schedule; batch and micro-batches
-    positive and divisible, among replicas too; every stage on a device and holding a layer, every layer on a
-    stage; devices known and used once. Raises ``PlanError`` naming the first problem."""
-    if plan.schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {plan.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if plan.batch_size <= 0 or plan.micro_batches <= 0:
-        raise PlanError(f"batch size ({plan.batch_size}) and micro-batches ({plan.micro_batches}) must be positive")
-    if plan.batch_size % plan.micro_batches:
-        raise PlanError(f"batch size {plan.batch_size} is not divisible by {plan.micro_batches} micro-batches")
-    if plan.n_stages == 0:
-        raise PlanError("plan has no stages")
-    for layer, stage in enumerate(plan.stage_of_layer):
-        if not 0 <= stage < plan.n_stages:
-            raise PlanError(f"layer {layer} is on stage {stage}, but stages are 0..{plan.n_stages - 1}")
-    for stage in range(plan.n_stages):
-        if stage not in plan.stage_of_layer:
-            raise PlanError(f"stage {stage} has no layer")
-    known = set(cluster.device_names)
-    seen: dict[str, int] = {}
-    for stage, devices in enumerate(plan.stage_devices):
-        if not devices:
-            raise PlanError(f"stage {stage} has no device")
-        for device in devices:
-            if device not in known:
-                raise PlanError(
-                    f"stage {stage} uses unknown device {device!r}; cluster {cluster.name!r} has {', '.join(sorted(known))}"
-                )
-            if device in seen:
-                raise PlanError(f"device {device!r} is used by two stages ({seen[device]} and {stage})")
-            seen[device] = stage
-        if replica_slices(plan.micro_batch_size, len(devices))[-1][1] != plan.micro_batch_size:
-            raise PlanError(
-                f"stage {stage} has {len(devices)} replicas, which do not divide the micro-batch of {plan.micro_batch_size} samples"
-            )
+    """The checks that need neither the model nor a layer library (the plan's schedule is checked when it is
+    made): shape, a layer on every stage, devices known and used once, replicas dividing the micro-batch. Raises
+    ``PlanError`` naming the first problem."""
+    check_shape(plan)
+    check_stages_used(plan.stage_of_layer, plan.n_stages)
+    check_devices(plan, cluster)
+    check_replicas(plan)
 
 
 def pool_devices(cluster: Cluster, devices: Sequence[str] | None) -> tuple[str, ...]:

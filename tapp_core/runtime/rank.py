@@ -27,9 +27,9 @@ from tapp_core.runtime.jobs import MeasureJob, PlanJob, PlanSetup, PrepareJob, T
 from tapp_core.runtime.layout import Layout
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
 from tapp_core.runtime.results import OUT_OF_MEMORY, RankResult
-from tapp_core.runtime.schedules import schedule_for
 from tapp_core.runtime.stage import Stage, StageFactory, split_stages
 from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
+from tapp_core.schedules import schedule_for
 
 
 def torch_device(device: Device) -> torch.device:

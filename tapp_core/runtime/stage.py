@@ -21,6 +21,7 @@ from torch.fx.passes.split_module import split_module
 from tapp_core.errors import TappError
 from tapp_core.graph import layer_index, layer_nodes
 from tapp_core.models import INPUT_SHAPE, build_traced_model
+from tapp_core.plan import PlanError, check_edges, check_layers, check_stages_used
 
 MODEL_INPUT = -1
 """Producer of the model's input: the data source, read locally by every stage that needs it."""
@@ -67,22 +68,18 @@ class PipelineGraph:
 def check_stage_assignment(graph_module: torch.fx.GraphModule, stage_of_layer: Sequence[int], n_stages: int) -> None:
     """Raise ``StageError`` unless every layer has a stage, every stage a layer, and no edge runs backward."""
     nodes = layer_nodes(graph_module)
-    if len(stage_of_layer) != len(nodes):
-        raise StageError(f"plan places {len(stage_of_layer)} layers but the traced model has {len(nodes)}")
-    used = set(stage_of_layer)
-    for stage in range(n_stages):
-        if stage not in used:
-            raise StageError(f"stage {stage} has no layer")
     index = layer_index(graph_module)
-    for node in nodes:
-        stage = stage_of_layer[index[node]]
-        if not 0 <= stage < n_stages:
-            raise StageError(f"layer {index[node]} ({node.name}) is on stage {stage}, but stages are 0..{n_stages - 1}")
-        for user in node.users:
-            if user in index and stage_of_layer[index[user]] < stage:
-                raise StageError(
-                    f"edge {node.name} -> {user.name} runs backward: stage {stage} feeds stage {stage_of_layer[index[user]]}"
-                )
+    edges = [(index[node], index[user]) for node in nodes for user in node.users if user in index]
+
+    def name(i: int) -> str:
+        return nodes[i].name
+
+    try:
+        check_layers(stage_of_layer, n_stages, len(nodes), name, "the traced model")
+        check_stages_used(stage_of_layer, n_stages)
+        check_edges(stage_of_layer, edges, name)
+    except PlanError as exc:
+        raise StageError(str(exc)) from None
 
 
 def split_stages(

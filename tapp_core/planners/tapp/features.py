@@ -59,8 +59,8 @@ def op_index(op: str) -> int:
 
 
 def _log_normalised(values: np.ndarray) -> np.ndarray:
-    logged = np.log1p(np.maximum(values, 0.0))
-    top = logged.max()
+    logged: np.ndarray = np.log1p(np.maximum(values, 0.0))
+    top = float(logged.max())
     return logged / top if top > 0 else logged
 
 

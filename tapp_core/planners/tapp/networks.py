@@ -47,7 +47,8 @@ class PartitionNetwork(nn.Module):
 
     def forward(self, layer_vectors: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """(layers, layer_dim), (layers,) -> (layers, groups) logits."""
-        return self.head(self.body(layer_vectors)) + self.split(position)
+        learned: torch.Tensor = self.head(self.body(layer_vectors))
+        return learned + self.split(position)
 
 
 class AllocationNetwork(nn.Module):
@@ -64,7 +65,9 @@ class AllocationNetwork(nn.Module):
 
     def placement_scores(self, groups: torch.Tensor, devices: torch.Tensor) -> torch.Tensor:
         """(samples, slots, group_dim), (devices, device_dim) -> (samples, slots, devices) attention scores."""
-        return self.group_query(groups) @ self.device_key(devices).T / math.sqrt(self.key_dim)
+        queries: torch.Tensor = self.group_query(groups)
+        keys: torch.Tensor = self.device_key(devices)
+        return queries @ keys.T / math.sqrt(self.key_dim)
 
     def link_scores(self, cut_size: torch.Tensor, log_bandwidth: torch.Tensor) -> torch.Tensor:
         """(samples,) normalised cut size, (samples, devices) log bandwidth from the previous device."""

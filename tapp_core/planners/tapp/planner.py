@@ -1,6 +1,6 @@
-"""TAPP as a planner: build the search from the options, run its rounds, polish the best simulated plans (a local
-search over stage boundaries, micro-batch counts, device moves and relay stages, see ``TappSearch.polish``), return
-the best with the search's statistics."""
+"""TAPP as a planner: build the search from the options, run its rounds, finish it (``TappSearch.finish``: when
+nothing was measured, the polish of ``polish``, a local search over stage boundaries, micro-batch counts, device
+moves and relay stages, from the best simulated plans), return the best with the search's statistics."""
 
 from __future__ import annotations
 
@@ -15,32 +15,21 @@ from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
 from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.planners.tapp.options import SearchOptions
 from tapp_core.planners.tapp.policy import PolicyConfig
 from tapp_core.planners.tapp.rewards import MeasuredReward, Measurer, SimulatedReward
-from tapp_core.planners.tapp.search import REWARD_KINDS, SearchConfig, TappSearch
+from tapp_core.planners.tapp.search import SearchConfig, TappSearch
 
 
 @dataclass
-class TappPlanner(PlannerBase):
+class TappPlanner(PlannerBase, SearchOptions):
+    """TAPP's planner: its search options are ``SearchOptions``'s fields (one definition, with their defaults),
+    the planner's own are below."""
+
     name = "tapp"
 
-    reward: str = "simulated"
-    """'simulated' (cost model), 'measured' (worker pool) or 'hybrid' (cost model, then measurements)."""
-    rounds: int = 250
-    samples_per_round: int = 8
-    """Samples per policy per round."""
-    population: int = 8
-    learning_rate: float = 0.01
-    entropy_weight: float = 0.02
-    imitation_weight: float = 1.0
     groups: int | None = None
     """Most pipeline stages; None: one per device."""
-    time_limit_s: float | None = None
-    polish: bool = True
-    """After the rounds, a local search from the population's best simulated plans (``TappSearch.polish``); its
-    gain is in the plan's notes as ``polish_gain``."""
-    measured_rounds: int = 3
-    measured_per_round: int = 1
     pool: Measurer | None = None
     """measured / hybrid: what measures plans (a started ``WorkerPool``); None: start one on the cluster."""
     checkpoint: str | os.PathLike[str] | None = None
@@ -49,25 +38,16 @@ class TappPlanner(PlannerBase):
     """Continue the search saved at ``checkpoint`` (up to ``rounds`` rounds in all) instead of starting anew."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.reward not in REWARD_KINDS:
-            raise PlannerError(f"tapp planner: reward must be one of {', '.join(REWARD_KINDS)}, got {self.reward!r}")
+        PlannerBase.__post_init__(self)
+        SearchOptions.__post_init__(self)
         if self.resume and self.checkpoint is None:
             raise PlannerError("tapp planner: resume needs a checkpoint path")
 
     def config(self, library: LayerLibrary, cluster: Cluster, budget: int | None) -> SearchConfig:
+        """The search's configuration: these options, and what this library, cluster and budget fix."""
         return SearchConfig(
-            reward=self.reward,
-            rounds=self.rounds,
-            samples_per_round=self.samples_per_round,
-            population=self.population,
-            learning_rate=self.learning_rate,
-            entropy_weight=self.entropy_weight,
-            imitation_weight=self.imitation_weight,
-            measured_rounds=self.measured_rounds,
-            measured_per_round=self.measured_per_round,
+            **self.option_values(),
             budget=budget,
-            time_limit_s=self.time_limit_s,
             seed=self.seed,
             batch_size=self.resolved_batch_size(library),
             micro_batch_choices=self.micro_batch_choices(library),
@@ -87,7 +67,9 @@ class TappPlanner(PlannerBase):
             assert self.checkpoint is not None
             if not Path(self.checkpoint).is_file():
                 raise PlannerError(f"tapp planner: cannot resume, checkpoint {self.checkpoint} does not exist")
-            return TappSearch.resume(self.checkpoint, library, cluster, simulated, measured, rounds=self.rounds)
+            return TappSearch.resume(
+                self.checkpoint, library, cluster, simulated, measured, rounds=self.rounds, polish=self.polish
+            )
         return TappSearch(library, cluster, self.config(library, cluster, budget), simulated, measured, self.checkpoint)
 
     def _plan(
@@ -110,10 +92,8 @@ class TappPlanner(PlannerBase):
                             phase=report.phase,
                         )
                     )
-            if self.polish and search.best["measured"][1] is None:
-                search.polish()
             try:
-                return search.result()
+                return search.finish()
             except RuntimeError as exc:
                 raise PlannerError(
                     f"tapp found no plan of {library.model} that runs on {cluster.name!r}: {exc}"

@@ -103,6 +103,14 @@ def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
 
 
 class TappPolicy(nn.Module):
+    # Buffers (registered in __init__), declared for the type checker.
+    op_ids: torch.Tensor
+    numeric: torch.Tensor
+    devices: torch.Tensor
+    log_bandwidth: torch.Tensor
+    slot_position: torch.Tensor
+    work_position: torch.Tensor
+
     def __init__(
         self,
         library: LayerLibrary,
@@ -340,7 +348,7 @@ class TappPolicy(nn.Module):
             model=self.library.model,
             batch_size=self.batch_size,
             micro_batches=int(micro),
-            schedule=self.schedule,  # type: ignore[arg-type]
+            schedule=self.schedule,
             stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
         )

@@ -9,14 +9,23 @@ the same values.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, validate
 from tapp_core.planners.evaluation import PlanEvaluator
+
+
+@dataclass(frozen=True)
+class TimedPlan:
+    """A plan with its step time in seconds under one reward source."""
+
+    step_time_s: float
+    plan: Plan
 
 
 @runtime_checkable
@@ -33,9 +42,13 @@ class RewardSource(Protocol):
         """Step time of every plan in seconds; ``inf`` for a plan that failed."""
         ...
 
-    def state(self) -> dict[str, object]: ...
+    def state(self) -> Mapping[str, object]:
+        """What a checkpoint keeps (plain data: ``torch.save`` writes it, ``load_state`` reads it back)."""
+        ...
 
-    def load_state(self, state: dict[str, object]) -> None: ...
+    def load_state(self, state: Any) -> None:
+        """Continue from ``state()``'s value, as read back from a checkpoint."""
+        ...
 
 
 @runtime_checkable
@@ -43,6 +56,17 @@ class Measurer(Protocol):
     """Anything that runs a plan and measures it, such as ``tapp_core.runtime.pool.WorkerPool``."""
 
     def measure(self, plan: Plan) -> Measurement: ...
+
+
+class SimulatedState(TypedDict):
+    cache: dict[str, float]
+    evaluations: int
+    failures: int
+    best_plan: dict[str, object] | None
+
+
+class MeasuredState(TypedDict):
+    measurements: dict[str, dict[str, object]]
 
 
 class SimulatedReward:
@@ -58,7 +82,7 @@ class SimulatedReward:
     def step_times(self, plans: Sequence[Plan]) -> list[float]:
         return [self.evaluator.step_time(plan) for plan in plans]
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> SimulatedState:
         best = self.evaluator.best_plan
         return {
             "cache": self.evaluator.export_cache(),
@@ -67,13 +91,13 @@ class SimulatedReward:
             "best_plan": best.to_dict() if best is not None else None,
         }
 
-    def load_state(self, state: dict[str, object]) -> None:
+    def load_state(self, state: SimulatedState) -> None:
         best = state["best_plan"]
         self.evaluator.restore(
-            state["cache"],  # type: ignore[arg-type]
-            int(state["evaluations"]),  # type: ignore[call-overload]
-            int(state["failures"]),  # type: ignore[call-overload]
-            Plan.from_dict(best) if best is not None else None,  # type: ignore[arg-type]
+            state["cache"],
+            int(state["evaluations"]),
+            int(state["failures"]),
+            Plan.from_dict(best) if best is not None else None,
         )
 
 
@@ -109,9 +133,8 @@ class MeasuredReward:
             return math.inf
         return known.step_time_s
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> MeasuredState:
         return {"measurements": {key: m.to_dict() for key, m in self.measurements.items()}}
 
-    def load_state(self, state: dict[str, object]) -> None:
-        saved = state["measurements"]
-        self.measurements = {key: Measurement.from_dict(m) for key, m in saved.items()}  # type: ignore[union-attr]
+    def load_state(self, state: MeasuredState) -> None:
+        self.measurements = {key: Measurement.from_dict(m) for key, m in state["measurements"].items()}

@@ -1,0 +1,72 @@
+"""TAPP's search options and their defaults, written once.
+
+``SearchOptions`` is what a user chooses about the search. The TAPP planner's options are these fields (it
+extends the class), a search's configuration (``search.SearchConfig``) is these fields plus what the run fixes
+(seed, batch, micro-batch counts, schedule, budget, policy), and the flow's budget (``tasks.search.SearchBudget``)
+overrides a few of them by name. A new option is added here and nowhere else.
+
+The classes are not frozen because the planner, a mutable dataclass like every planner, extends them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tapp_core.planners.base import PlannerError
+
+REWARD_KINDS = ("simulated", "measured", "hybrid")
+_LEAST = {
+    "rounds": 1,
+    "samples_per_round": 1,
+    "population": 1,
+    "exploit_every": 1,
+    "restart_after": 0,
+    "measured_rounds": 0,
+    "measured_per_round": 1,
+}
+"""The least value of each count option."""
+
+
+@dataclass
+class SearchOptions:
+    reward: str = "simulated"
+    """'simulated' (cost model), 'measured' (worker pool) or 'hybrid' (cost model, then measurements)."""
+    rounds: int = 250
+    samples_per_round: int = 8
+    """Samples per policy per round."""
+    population: int = 8
+    exploit_every: int = 50
+    restart_after: int = 40
+    """Rounds without improvement after which a policy (not the leader) restarts from a new random split; 0: never."""
+    initial_splits: tuple[str, ...] = ("uniform", "speed", "shuffled")
+    """Starting split of each policy in turn (see ``PolicyConfig.initial_split``; 'shuffled' takes the policy's
+    seed)."""
+    learning_rate: float = 0.01
+    entropy_weight: float = 0.02
+    baseline_decay: float = 0.9
+    failure_penalty: float = 3.0
+    imitation_weight: float = 1.0
+    """Self-imitation: weight of the pull towards the best plans seen that beat the baseline (0: off)."""
+    imitation_plans: int = 4
+    measured_rounds: int = 3
+    """hybrid: how many final rounds use measurements."""
+    measured_per_round: int = 1
+    """hybrid: how many of each policy's best samples of a round (by the cost model) are measured."""
+    time_limit_s: float | None = None
+    """Stop the rounds after this many seconds (None: no limit); a hybrid search still runs its measured rounds."""
+    polish: bool = True
+    """After the rounds, when nothing was measured: a local search from the population's best simulated plans
+    (``polish.Polish``); its gain is in the plan's notes as ``polish_gain``."""
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARD_KINDS:
+            raise PlannerError(f"TAPP search: reward must be one of {', '.join(REWARD_KINDS)}, got {self.reward!r}")
+        for name, least in _LEAST.items():
+            if getattr(self, name) < least:
+                raise PlannerError(f"TAPP search: {name} must be at least {least}, got {getattr(self, name)}")
+
+    def option_values(self) -> dict[str, Any]:
+        """The values of these options alone (of a planner or a configuration that extends them), by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(SearchOptions)}

@@ -1,0 +1,190 @@
+"""TAPP's polish: a local search over the cost model from the best plans the policy-gradient rounds found.
+
+The policies learn where the good plans are; a few exact steps around the best of them find what sampling is
+unlikely to hit (a boundary one layer over, a relay stage). The polish starts from the ``starts`` fastest
+distinct plans the search remembers (its best plan and every policy's elite: different policies hold different
+basins, and the best plan's basin is not always the one whose neighbourhood holds the best plan), and continues
+while it improves and the budget lasts.
+
+A *descent* keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved by
+1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan and from the ``tries`` most
+promising moves: device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused
+device; each also with its stages re-balanced to the new speeds), because a device move pays off only once the
+boundaries follow it; and relay insertions (``relay_moves``). The moves that AutoDDL's coordinate descent makes
+too come from ``tapp_core.planners.moves``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from tapp_core.cluster import Cluster
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.moves import (
+    boundary_positions,
+    cuts_of,
+    moved_cut,
+    swapped_groups,
+    unused_devices,
+    with_group,
+)
+from tapp_core.planners.space import balanced_cuts, stages_from_cuts
+from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
+
+SPAN = 32
+"""Largest boundary shift a descent tries, in layers (it tries 1, 2, 4, ... up to it)."""
+TRIES = 4
+"""Device and relay moves a pass descends from, the most promising first."""
+STARTS = 8
+"""Distinct remembered plans the polish starts from, the fastest first."""
+
+
+def polish_starts(remembered: Iterable[TimedPlan], count: int = STARTS) -> list[TimedPlan]:
+    """The ``count`` fastest distinct plans of ``remembered`` that ran (of equal plans, the first)."""
+    seen: dict[str, TimedPlan] = {}
+    for item in remembered:
+        if math.isfinite(item.step_time_s):
+            seen.setdefault(item.plan.id, item)
+    return sorted(seen.values(), key=lambda item: item.step_time_s)[:count]
+
+
+class Polish:
+    """The local search on one reward source (the cost model); ``exhausted()`` says when the budget is spent."""
+
+    def __init__(
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        reward: RewardSource,
+        micro_batch_choices: Sequence[int],
+        exhausted: Callable[[], bool],
+    ) -> None:
+        self.library = library
+        self.cluster = cluster
+        self.reward = reward
+        self.micro_batch_choices = tuple(micro_batch_choices)
+        self.exhausted = exhausted
+        self._work_by_samples: dict[int, np.ndarray] = {}
+
+    def run(self, best: TimedPlan, starts: Sequence[TimedPlan], span: int = SPAN, tries: int = TRIES) -> TimedPlan:
+        """The fastest of ``best`` and the plans found from each of ``starts`` in turn, while the budget lasts."""
+        for start in starts:
+            if self.exhausted():
+                break
+            found = self.improve(start, span, tries)
+            if found.step_time_s < best.step_time_s:
+                best = found
+        return best
+
+    def improve(self, start: TimedPlan, span: int = SPAN, tries: int = TRIES) -> TimedPlan:
+        """Passes from ``start`` while one improves: a descent from the plan and from its ``tries`` best moves."""
+        best = start
+        while not self.exhausted():
+            moves = self.device_moves(best.plan) + self.relay_moves(best.plan, span)
+            times = self.reward.step_times(moves)
+            order = np.argsort(times)[:tries]
+            candidates = [best] + [TimedPlan(float(times[i]), moves[i]) for i in order if math.isfinite(times[i])]
+            found = min((self.descend(candidate, span) for candidate in candidates), key=lambda t: t.step_time_s)
+            if found.step_time_s >= best.step_time_s:
+                break
+            best = found
+        return best
+
+    def descend(self, start: TimedPlan, span: int = SPAN) -> TimedPlan:
+        """Steepest descent over ``shifts`` until no neighbour is faster."""
+        best = start
+        while not self.exhausted():
+            neighbours = self.shifts(best.plan, span)
+            times = self.reward.step_times(neighbours)
+            i = int(np.argmin(times))
+            if times[i] >= best.step_time_s:
+                break
+            best = TimedPlan(float(times[i]), neighbours[i])
+        return best
+
+    def shifts(self, plan: Plan, span: int) -> list[Plan]:
+        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``."""
+        neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.micro_batch_choices]
+        cuts = cuts_of(plan)
+        if cuts is None:
+            return neighbours
+        n = len(plan.stage_of_layer)
+        sizes = sorted({*(2**k for k in range(span.bit_length()) if 2**k <= span), span} - {0})
+        for j, cut in enumerate(cuts):
+            allowed = boundary_positions(cuts, j, n)
+            for shift in (sign * size for size in sizes for sign in (-1, 1)):
+                if cut + shift in allowed:
+                    stages = stages_from_cuts(n, moved_cut(cuts, j, cut + shift))
+                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages))
+        return neighbours
+
+    def device_moves(self, plan: Plan) -> list[Plan]:
+        """Two stages' devices swapped; a stage moved to, or replicated onto, an unused device; each of these also
+        with its stages re-balanced to the new speeds (``rebalanced``)."""
+        groups = plan.stage_devices
+        moves = [dataclasses.replace(plan, stage_devices=swapped) for swapped in swapped_groups(groups)]
+        unused = unused_devices(groups, self.cluster.device_names)
+        for stage in range(len(groups)):
+            for device in unused:
+                moves.append(dataclasses.replace(plan, stage_devices=with_group(groups, stage, (device,))))
+                replicated = with_group(groups, stage, (*groups[stage], device))
+                moves.append(dataclasses.replace(plan, stage_devices=replicated))
+        return moves + [self.rebalanced(move) for move in moves]
+
+    def relay_moves(self, plan: Plan, span: int) -> list[Plan]:
+        """A one-layer stage on unused devices inserted beside a stage boundary, the boundary first moved by 0, 1,
+        2, 4, ... up to ``span`` layers either way. Under 1F1B stage ``s`` of ``S`` runs ``S - s`` warm-up forwards,
+        so a cheap extra stage gives every stage before it one more micro-batch in flight (filling its bubbles,
+        at the price of its activations' memory and two small transfers); where it goes and on which devices is
+        the search's to find. The relay's devices: the unused ones of one speed (1, 2, 4, ... or all of them),
+        or every unused device."""
+        unused = unused_devices(plan.stage_devices, self.cluster.device_names)
+        cuts = cuts_of(plan)
+        if not unused or cuts is None:
+            return []
+        n = len(plan.stage_of_layer)
+        bounds = [0, *cuts, n]
+        relays = self._relay_groups(unused)
+        sizes = {0, *(2**k for k in range(span.bit_length()) if 2**k <= span), span}
+        moves = []
+        for j, cut in enumerate(cuts):
+            positions = {cut + sign * size for size in sizes for sign in (-1, 1)}
+            for low in sorted({p - 1 for p in positions} | positions):  # the relay's layer, before or after
+                if not bounds[j] < low < low + 1 < bounds[j + 2]:
+                    continue
+                stages = stages_from_cuts(n, [*cuts[:j], low, low + 1, *cuts[j + 1 :]])
+                for relay in relays:
+                    devices = (*plan.stage_devices[: j + 1], relay, *plan.stage_devices[j + 1 :])
+                    moves.append(dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices))
+        return moves
+
+    def _relay_groups(self, unused: Sequence[str]) -> list[tuple[str, ...]]:
+        """The device groups a relay stage may run on, sorted: every unused device, or 1, 2, 4, ... or all of the
+        unused devices of one speed."""
+        by_speed: dict[float, list[str]] = {}
+        for device in unused:
+            by_speed.setdefault(self.cluster.device(device).speed, []).append(device)
+        relays = {tuple(unused)}
+        for same in by_speed.values():
+            relays |= {tuple(same[:k]) for k in (*(2**i for i in range(len(same).bit_length())), len(same))}
+        return sorted(relays)
+
+    def rebalanced(self, plan: Plan) -> Plan:
+        """The plan's devices with contiguous stages whose work matches each stage's speed (its slowest replica's
+        speed times its replicas), costed at the plan's micro-batch size."""
+        work = self.layer_work(plan.micro_batch_size)
+        shares = [len(group) * min(self.cluster.device(d).speed for d in group) for group in plan.stage_devices]
+        cuts = balanced_cuts(work.tolist(), shares)
+        return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
+
+    def layer_work(self, samples: int) -> np.ndarray:
+        """Per-layer work per sample at micro-batches of ``samples`` (what the polish re-balances by), cached."""
+        if samples not in self._work_by_samples:
+            self._work_by_samples[samples] = np.diff(LayerCosts.from_library(self.library, samples).work_prefix)
+        return self._work_by_samples[samples]
