@@ -15,8 +15,8 @@ Nothing runs that should not, and nothing is left behind:
   connection that fails is dropped and logged, and the pool goes on waiting for its rank 0 until the start
   timeout. The port closes once rank 0 is in.
 - The processes. The ranks die with this process at any moment, start included (``guard``): mpiexec gets a
-  parent-death signal when started from the main thread, every rank watches this process, and rank 0 aborts the
-  MPI job when its link closes during a job. ``close`` ends them in order; SIGTERM, while a pool is open and no
+  parent-death signal when started from the main thread, every rank on this host watches this process, every rank
+  its own parent and its launch deadline, and rank 0 aborts the MPI job when its link closes during a job. ``close`` ends them in order; SIGTERM, while a pool is open and no
   one else handles it, becomes ``SystemExit`` so that ``with`` blocks close their pools; pools still open at
   exit are closed.
 - The folder. The pool's ``tapp-pool-*`` folder goes with ``close``; one left by a SIGKILL is removed by the next
