@@ -195,7 +195,8 @@ def calibrate(
     slowdowns = _speed_slowdowns(library, cluster)
     terms = device_terms(library, cluster, DEFAULT_CALIBRATION)
     figures: dict[str, KindCalibration] = {}
-    with WorkerPool(cluster) as pool:
+    first_of_kind = [next(d.name for d in cluster.devices if device_kind(d).name == k) for k in cluster_kinds(cluster)]
+    with WorkerPool(cluster, devices=first_of_kind) as pool:
         pool.prepare(library.model)
         for measured in measure_kinds(pool, library, cluster, steps, warmup):
             found = kinds[measured.kind]
