@@ -47,7 +47,7 @@ class Links:
 
 
 def result_frame(evaluations: Mapping[str, Evaluation]) -> pd.DataFrame:
-    """One row per evaluated method, fastest first: step time (measured median, else the estimate), its spread and
+    """One row per evaluated method, fastest first (TAPP first among equals): step time (measured median, else the estimate), its spread and
     source, its ratio to TAPP's, communication share, and the plan's shape. Values unrounded."""
     tapp = evaluations.get("tapp")
     rows = []
@@ -70,7 +70,9 @@ def result_frame(evaluations: Mapping[str, Evaluation]) -> pd.DataFrame:
             }
         )
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    return frame.sort_values(["step_time_s", "method"], kind="stable").reset_index(drop=True)
+    frame["_not_tapp"] = frame["method"] != "tapp"  # TAPP first among equal times
+    ordered = frame.sort_values(["step_time_s", "_not_tapp", "method"], kind="stable")
+    return ordered.drop(columns="_not_tapp").reset_index(drop=True)
 
 
 def plan_devices(plan: Plan) -> str:
@@ -97,22 +99,22 @@ def shown_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict(frame: pd.DataFrame, failed: Sequence[str] = ()) -> str:
-    """One line: which method has the shortest step time and where TAPP stands (by median; no significance
-    claimed), then what failed."""
+    """One line: the method(s) with the shortest step time (methods whose times are equal share a place), where
+    TAPP stands, BSP/TAPP; then what failed. By median; no significance is claimed."""
     if frame.empty:
         return "No method finished." + (f" Failed: {', '.join(failed)}." if failed else "")
-    best = frame.iloc[0]
-    source = "measured median" if best["step_time_source"] == "measured" else "estimated by the cost model"
-    text = f"**Fastest: {best['method']}**, {number(float(best['step_time_s']))} s per step ({source})"
-    tapp = frame[frame["method"] == "tapp"]
-    if not tapp.empty and best["method"] != "tapp":
-        rank = int(tapp.index[0]) + 1
-        text += f"; TAPP {number(float(tapp['step_time_s'].iloc[0]))} s, rank {rank} of {len(frame)}"
-    elif not tapp.empty:
-        text += f", TAPP's plan, of {len(frame)} methods"
-    bsp = frame[frame["method"] == "bsp"]
-    if not tapp.empty and not bsp.empty:
-        text += f"; BSP/TAPP {ratio(float(bsp['step_time_s'].iloc[0] / tapp['step_time_s'].iloc[0]))}"
+    times = dict(zip(frame["method"], frame["step_time_s"].astype(float), strict=True))
+    best = min(times.values())
+    fastest = [method for method, time in times.items() if time == best]
+    source = frame.loc[frame["method"] == fastest[0], "step_time_source"].iloc[0]
+    how = "measured median" if source == "measured" else "estimated by the cost model"
+    tied = " (equal)" if len(fastest) > 1 else ""
+    text = f"**Fastest: {', '.join(fastest)}**{tied}, {number(best)} s per step ({how})"
+    if "tapp" in times and "tapp" not in fastest:
+        rank = 1 + sum(time < times["tapp"] for time in times.values())
+        text += f"; TAPP {number(times['tapp'])} s, place {rank} of {len(times)}"
+    if "tapp" in times and "bsp" in times:
+        text += f"; BSP/TAPP {ratio(times['bsp'] / times['tapp'])}"
     text += "."
     if failed:
         text += f" Failed: {', '.join(failed)} (see their runs)."
