@@ -32,7 +32,7 @@ from tapp_core.plan import Plan
 from tapp_core.planners import get_planner
 
 LIBRARIES = Path(__file__).resolve().parent / "libraries"
-PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
+PLANNERS = ("single-cpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
 ORACLE_CLUSTERS = ("hetero4",)
 PAPER_SPEEDUP_OVER_BSP = {"alexnet": 1.33, "vgg16": 1.30, "inception_v3": 1.49}
 TAPP_GAP_BAR = 0.03
