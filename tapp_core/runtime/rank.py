@@ -20,6 +20,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.data import batch_loader, open_dataset
 from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.plan import Plan
+from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import StageEngine
@@ -41,6 +42,14 @@ def torch_device(cluster: Cluster, rank: int) -> torch.device:
 
 def plan_ranks(layout: Layout) -> list[int]:
     return [rank for ranks in layout.stage_ranks for rank in ranks]
+
+
+def claim_gpu(device: torch.device) -> None:
+    """Make ``device`` this process's current GPU and initialise CUDA there: its memory statistics, streams and
+    events need CUDA initialised (``reset_peak_memory_stats`` on a fresh process fails with "Invalid device
+    argument"), and work a thread queues without naming a device goes to the current one."""
+    torch.cuda.set_device(device)
+    gpu.init()
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -142,6 +151,8 @@ class Rank:
         self.cluster = cluster
         self.device_name = cluster.devices[self.rank].name
         self.device = torch_device(cluster, self.rank)
+        if self.device.type == "cuda" and torch.cuda.is_available():  # else its plans fail, saying why
+            claim_gpu(self.device)
         self.factory = StageFactory()
 
     def run(self, job: WorkJob) -> RankResult:
@@ -154,7 +165,7 @@ class Rank:
         start = now()
         result = RankResult(job=job.id, rank=self.rank, device=self.device_name, status="ok")
         try:
-            graph_module, _ = self.factory.traced(job.model, job.seed)
+            graph_module = self.factory.traced(job.model, job.seed)
             self.factory.split(job.model, job.seed, (0,) * len(layer_nodes(graph_module)), 1)
         except Exception as exc:
             result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
