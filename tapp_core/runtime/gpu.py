@@ -5,11 +5,22 @@ Only called on ranks that run on a GPU; importing this module does not initialis
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
-def init() -> None:
-    """Initialise CUDA in this process (memory statistics need it)."""
+def cuda_aware_mpi() -> bool:
+    """Whether the MPI library reads and writes GPU memory itself (``TAPP_MPI_CUDA_AWARE=1``); else GPU tensors
+    travel through pinned host memory."""
+    return os.environ.get("TAPP_MPI_CUDA_AWARE", "") == "1"
+
+
+def claim(device: torch.device) -> None:
+    """Make ``device`` this process's current GPU and initialise CUDA there: its memory statistics need CUDA
+    initialised (``reset_peak_memory_stats`` in a fresh process fails with "Invalid device argument"), and work
+    queued without naming a device goes to the current one."""
+    torch.cuda.set_device(device)
     torch.cuda.init()  # type: ignore[no-untyped-call]
 
 

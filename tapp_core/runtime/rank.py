@@ -44,14 +44,6 @@ def plan_ranks(layout: Layout) -> list[int]:
     return [rank for ranks in layout.stage_ranks for rank in ranks]
 
 
-def claim_gpu(device: torch.device) -> None:
-    """Make ``device`` this process's current GPU and initialise CUDA there: its memory statistics, streams and
-    events need CUDA initialised (``reset_peak_memory_stats`` on a fresh process fails with "Invalid device
-    argument"), and work a thread queues without naming a device goes to the current one."""
-    torch.cuda.set_device(device)
-    gpu.init()
-
-
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -152,7 +144,7 @@ class Rank:
         self.device_name = cluster.devices[self.rank].name
         self.device = torch_device(cluster, self.rank)
         if self.device.type == "cuda" and torch.cuda.is_available():  # else its plans fail, saying why
-            claim_gpu(self.device)
+            gpu.claim(self.device)
         self.factory = StageFactory()
 
     def run(self, job: WorkJob) -> RankResult:

@@ -15,7 +15,6 @@ are), so the copy overlaps the compute queued after it.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from mpi4py import MPI
 
 from tapp_core.runtime import gpu
 from tapp_core.runtime.emulation import Emulation, now, sleep_until
+from tapp_core.runtime.gpu import cuda_aware_mpi
 
 ABORT_TAG = 1
 DATA_TAG_BASE = 16
@@ -60,10 +60,6 @@ class PlanAborted(RuntimeError):
 
 class PlanTimeout(RuntimeError):
     """The plan ran past its time limit."""
-
-
-def cuda_aware_mpi() -> bool:
-    return os.environ.get("TAPP_MPI_CUDA_AWARE", "") == "1"
 
 
 def _buffer(tensor: torch.Tensor) -> list[object]:
