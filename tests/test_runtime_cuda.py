@@ -164,6 +164,13 @@ def test_device_batches_are_the_sources_batches_on_the_gpu() -> None:
                 torch.testing.assert_close(y.cpu(), source.get(step)[1], rtol=0, atol=0)
     finally:
         batches.close()
+    labels_only = DeviceBatches(SyntheticBatches(8, seed=1), device, steps=2, inputs=False)
+    try:
+        x, y = labels_only.get(1)
+        assert x.device.type == "cpu" and y.device == device
+        torch.testing.assert_close(y.cpu(), source.get(1)[1], rtol=0, atol=0)
+    finally:
+        labels_only.close()
     # An iterator of exactly ``steps`` batches is read in order and never past its end.
     loader = [(torch.full((4, 2), float(i)), torch.full((4,), i)) for i in range(3)]
     from_loader = DeviceBatches(IteratorBatches(loader, 4), device, steps=3)

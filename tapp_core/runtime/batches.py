@@ -53,14 +53,18 @@ class DeviceBatches:
     A host thread asks ``source`` for the next steps' batches (``depth`` ahead), pins them and copies them to
     ``device`` on a side stream; ``get`` makes the current stream wait for that copy (on the GPU, not on the
     host). So neither making a batch nor copying it is on a step's critical path, and the values are the
-    source's own: a GPU rank sees the same batches as a CPU rank. Steps must be asked for in increasing order
-    (each as often as wanted), below ``steps``. ``close`` stops the thread.
+    source's own: a GPU rank sees the same batches as a CPU rank. Without ``inputs`` (a last stage that reads
+    only the labels) the inputs stay on the host. Steps must be asked for in increasing order (each as often as
+    wanted), below ``steps``. ``close`` stops the thread.
     """
 
-    def __init__(self, source: BatchSource, device: torch.device, steps: int, depth: int = 2) -> None:
+    def __init__(
+        self, source: BatchSource, device: torch.device, steps: int, inputs: bool = True, depth: int = 2
+    ) -> None:
         self.source = source
         self.device = device
         self.steps = steps
+        self.inputs = inputs
         self.depth = depth
         self._stream = gpu.new_stream(device)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tapp-batches")
@@ -74,8 +78,8 @@ class DeviceBatches:
             x, y, copied = self._loading.pop(step).result()
             current = torch.cuda.current_stream(self.device)
             current.wait_event(copied)
-            x.record_stream(current)  # allocated on the side stream, used (and freed) on this one
-            y.record_stream(current)
+            for tensor in (x, y) if self.inputs else (y,):
+                tensor.record_stream(current)  # allocated on the side stream, used (and freed) on this one
             self._ready[step] = (x, y)
             self._ready.pop(step - 8, None)
         self._prefetch(step + self.depth)
@@ -95,10 +99,11 @@ class DeviceBatches:
         x, y = self.source.get(step)
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             # The pinned copies may be freed at once: the host allocator keeps them until the copies are done.
-            x_device = x.pin_memory().to(self.device, non_blocking=True)
-            y_device = y.pin_memory().to(self.device, non_blocking=True)
+            if self.inputs:
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
             copied = gpu.recorded_event(stream=self._stream)
-        return x_device, y_device, copied
+        return x, y, copied
 
 
 class IteratorBatches:

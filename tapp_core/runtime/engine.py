@@ -170,7 +170,10 @@ class StageEngine:
 
     def train(self, steps: int, batches: BatchSource) -> RankRecord:
         self.stage.module.train()
-        on_device = DeviceBatches(batches, self.stage.device, steps) if self._reads_data and self.clock.gpu else None
+        on_device = None
+        if self._reads_data and self.clock.gpu:
+            reads_input = any(v.producer == MODEL_INPUT for v in self.stage.inputs)
+            on_device = DeviceBatches(batches, self.stage.device, steps, inputs=reads_input)
         try:
             return self._train(steps, on_device or batches)
         finally:
