@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect import flow
 
 from reports import runs
+from reports.paper import Report
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
@@ -103,48 +104,34 @@ def tapp_experiment(
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
     budget = SearchBudget(search_rounds, samples_per_round, measured_rounds if measure else 0, measured_per_round)
     runtime = RuntimeSettings(enabled=measure, steps=steps, warmup=warmup, seed=seed)
+    training = TrainSettings(train_epochs, train_steps, data_dir) if train_epochs > 0 else None
     chosen_methods = methods_for(target, methods)
+    params = {
+        "model": model,
+        "cluster": cluster,
+        "batch_size": batch_size,
+        "dataset": dataset,
+        "data_dir": data_dir,
+        "methods": ",".join(chosen_methods),
+        "search_rounds": search_rounds,
+        "samples_per_round": samples_per_round,
+        "measured_rounds": budget.measured_rounds,
+        "measured_per_round": budget.measured_per_round,
+        "measured_steps": budget.measured_steps,
+        "measure": measure,
+        "steps": steps,
+        "warmup": warmup,
+        "train_epochs": train_epochs,
+        "seed": seed,
+    }
     name = f"{model} on {target.name}, batch {batch_size}"
     try:
         with tracked_run(name, tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment, uri=uri) as parent:
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
-            parent.log_params(
-                {
-                    "model": model,
-                    "cluster": cluster,
-                    "batch_size": batch_size,
-                    "dataset": dataset,
-                    "data_dir": data_dir,
-                    "methods": ",".join(chosen_methods),
-                    "search_rounds": search_rounds,
-                    "samples_per_round": samples_per_round,
-                    "measured_rounds": budget.measured_rounds,
-                    "measured_per_round": budget.measured_per_round,
-                    "measured_steps": budget.measured_steps,
-                    "measure": measure,
-                    "steps": steps,
-                    "warmup": warmup,
-                    "train_epochs": train_epochs,
-                    "seed": seed,
-                }
+            parent.log_params(params)
+            evaluations, report = _run_stages(
+                parent, tags, target, chosen_methods, budget, runtime, training, out, experiment
             )
-            parent.log_dict(target.model_dump(mode="json"), "cluster.json")
-            calibration = load_fitted_calibration()
-            parent.log_dict(calibration.to_dict(), "calibration.json")
-            library = profile_stage(parent.ref, tags, target)
-            with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
-                sampling = budget.sampling_runtime(runtime)
-                search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
-                tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
-            evaluations, failed = _evaluate(
-                parent, tags, library, target, chosen_methods, tapp_plan, runtime, calibration
-            )
-            if train_epochs > 0:
-                failed += _train(parent, tags, target, evaluations, TrainSettings(train_epochs, train_steps, data_dir))
-            report = report_experiment(parent.ref, tags, out, experiment)
-            _summarise(parent, evaluations)
-            if failed:
-                raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
     finally:
         close_pools()
     return ExperimentResult(
@@ -155,6 +142,36 @@ def tapp_experiment(
         step_time_table=report.tables.step_time.to_markdown(),
         evaluations=evaluations,
     )
+
+
+def _run_stages(
+    parent: TrackedRun,
+    tags: ExperimentTags,
+    target: Cluster,
+    methods: tuple[str, ...],
+    budget: SearchBudget,
+    runtime: RuntimeSettings,
+    training: TrainSettings | None,
+    out: str,
+    experiment: str,
+) -> tuple[dict[str, Evaluation], Report]:
+    """Profile, search, sample, evaluate every method (and train each plan), report; all under ``parent``."""
+    parent.log_dict(target.model_dump(mode="json"), "cluster.json")
+    calibration = load_fitted_calibration()
+    parent.log_dict(calibration.to_dict(), "calibration.json")
+    library = profile_stage(parent.ref, tags, target)
+    with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
+        sampling = budget.sampling_runtime(runtime)
+        search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
+        tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
+    evaluations, failed = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
+    if training is not None:
+        failed += _train(parent, tags, target, evaluations, training)
+    report = report_experiment(parent.ref, tags, out, experiment)
+    _summarise(parent, evaluations)
+    if failed:
+        raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
+    return evaluations, report
 
 
 def _evaluate(
@@ -179,8 +196,8 @@ def _evaluate(
         )
         if state.is_completed():
             result = evaluations[method] = state.result()
-            if result.measured:
-                measured.setdefault(result.plan.id, (method, result.measurement))  # type: ignore[arg-type]
+            if result.ok_measurement is not None:
+                measured.setdefault(result.plan.id, (method, result.ok_measurement))
             progress.update(done, f"{method} {result.step_time_s:.4f} s")
         else:
             failed.append(f"evaluation of {method}")

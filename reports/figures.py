@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -42,7 +43,8 @@ MIN_LABEL_FRACTION = 0.012
 class HasTimeline(Protocol):
     """An Estimate, or a Measurement that recorded its operations."""
 
-    timeline: Sequence[TimelineOp]
+    @property
+    def timeline(self) -> Sequence[TimelineOp]: ...
 
 
 def gantt(
@@ -100,7 +102,7 @@ def _device_order(timeline: Sequence[TimelineOp]) -> list[str]:
     return sorted(first, key=first.__getitem__)
 
 
-def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_iterations: bool) -> None:
+def _draw_bar(axes: Axes, op: TimelineOp, row: int, span: float, several_iterations: bool) -> None:
     colour = KIND_COLOURS.get(op.kind, "#999999")
     if op.kind in SEND_LANE:
         axes.broken_barh(
@@ -109,9 +111,9 @@ def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_itera
             facecolor=colour,
             edgecolor="white",
             linewidth=0.3,
-        )  # type: ignore[attr-defined]
+        )
         return
-    axes.broken_barh(  # type: ignore[attr-defined]
+    axes.broken_barh(
         [(op.start, op.duration)],
         (row - ROW_HEIGHT / 2, ROW_HEIGHT),
         facecolor=colour,
@@ -124,7 +126,7 @@ def _draw_bar(axes: object, op: TimelineOp, row: int, span: float, several_itera
         and op.duration >= MIN_LABEL_FRACTION * span
     ):
         label = f"{op.iteration}.{op.micro_batch}" if several_iterations else str(op.micro_batch)
-        axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")  # type: ignore[attr-defined]
+        axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")
 
 
 # --- Search and comparison figures (read back from MLflow by reports.paper) ----------------------------------

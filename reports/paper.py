@@ -47,7 +47,8 @@ def write_report(
         if not history.empty:
             report.figure_files.append(reward_figure(stage, history, folder))
     for row in tables.evaluations[tables.evaluations[runs.METHOD] == "tapp"].itertuples(index=False):
-        report.figure_files.append(gantt_figure(client, row, folder))
+        key = (str(row.model), str(row.cluster), row.batch_size)
+        report.figure_files.append(gantt_figure(client, str(row.run_id), key, folder))
     return report
 
 
@@ -64,7 +65,7 @@ def step_time_figure(evaluations: pd.DataFrame, path: Path) -> Path:
 
     frame = pd.DataFrame(
         {
-            "group": [_group(r.model, r.cluster, r.batch_size) for r in evaluations.itertuples(index=False)],
+            "group": [_group(str(r.model), str(r.cluster), r.batch_size) for r in evaluations.itertuples(index=False)],
             "method": [method_label(m) for m in evaluations[runs.METHOD]],
             "step_time_s": evaluations[runs.STEP_TIME],
         }
@@ -90,13 +91,14 @@ def reward_figure(stage: runs.RunRow, history: pd.DataFrame, folder: Path) -> Pa
     return reward_curve(history, folder / f"reward_curve_{_slug(model, cluster, 'b' + batch)}.png", title=title)
 
 
-def gantt_figure(client: MlflowClient, row: object, folder: Path) -> Path:
+def gantt_figure(client: MlflowClient, run_id: str, key: tuple[str, str, object], folder: Path) -> Path:
+    """The timeline of the estimate logged by TAPP's evaluation run ``run_id``; ``key`` is (model, cluster, batch)."""
     from reports.figures import gantt
 
     with tempfile.TemporaryDirectory(prefix="tapp-estimate-") as tmp:
-        local = client.download_artifacts(row.run_id, runs.ESTIMATE_ARTIFACT, tmp)  # type: ignore[attr-defined]
+        local = client.download_artifacts(run_id, runs.ESTIMATE_ARTIFACT, tmp)
         predicted = Estimate.from_dict(json.loads(Path(local).read_text()))
-    model, cluster, batch = row.model, row.cluster, row.batch_size  # type: ignore[attr-defined]
+    model, cluster, batch = key
     path = folder / f"gantt_tapp_{_slug(model, cluster, f'b{batch}')}.png"
     gantt(predicted, path, title=f"TAPP's plan for {model_label(model)} on {cluster}, batch {batch} (estimated)")
     return path

@@ -136,7 +136,7 @@ def frame(rows: Iterable[RunRow], tag_columns: tuple[str, ...], metric_columns: 
     for row in rows:
         record: dict[str, object] = {t: row.tags.get(t, "") for t in tag_columns}
         if BATCH_SIZE in record:
-            record[BATCH_SIZE] = int(record[BATCH_SIZE] or 0)  # type: ignore[call-overload]
+            record[BATCH_SIZE] = int(row.tags.get(BATCH_SIZE) or 0)
         record.update({m: row.metrics.get(m, float("nan")) for m in metric_columns})
         record["run_id"] = row.run_id
         record["start_time"] = row.start_time

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import SupportsFloat
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -72,7 +73,7 @@ class Table:
             return str(value)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return MISSING
-        return self.formats[column](float(value))  # type: ignore[arg-type]
+        return self.formats[column](_number(value))
 
     def text_rows(self) -> list[list[str]]:
         return [
@@ -120,9 +121,15 @@ class Table:
         return written
 
 
-def _shortest(value: float) -> str:
+def _number(value: object) -> float:
+    if isinstance(value, str | SupportsFloat):
+        return float(value)
+    raise TypeError(f"table cell {value!r} is not a number")
+
+
+def _shortest(value: object) -> str:
     """The shortest text that reads back as exactly this float."""
-    return repr(float(value))
+    return repr(_number(value))
 
 
 def _md_row(cells: Sequence[str]) -> str:
@@ -181,7 +188,12 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
     estimated = evaluations[evaluations[runs.STEP_TIME_SOURCE] == "estimated"]
     if not estimated.empty:
         which = ", ".join(
-            sorted({f"{model_label(r.model)}/{method_label(r.method)}" for r in estimated.itertuples(index=False)})
+            sorted(
+                {
+                    f"{model_label(str(r.model))}/{method_label(str(r.method))}"
+                    for r in estimated.itertuples(index=False)
+                }
+            )
         )
         return [f"Step times in seconds; estimated by the cost model (not measured) for: {which}."]
     return ["Step times in seconds."]

@@ -15,7 +15,7 @@ import pickle
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ class DataError(TappError):
     """Data that cannot be used; the message names the file (or folder) and the problem."""
 
 
-class InMemoryImages(Dataset):
+class InMemoryImages(Dataset[tuple[torch.Tensor, int]]):
     """uint8 images (N, 3, 32, 32) and int labels, normalised per channel and optionally augmented on access."""
 
     name: str = "images"
@@ -324,15 +324,23 @@ def open_dataset(
     raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}")
 
 
+class Samples(Protocol):
+    """What ``BatchLoader`` reads: a torch map-style dataset with a length, of (image, label) samples. One with a
+    ``get_batch(indices, generator=...)`` method (``InMemoryImages``) is read a batch at a time."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]: ...
+
+
 class BatchLoader:
     """Batches of a dataset in an order (and with augmentation) fixed by (seed, epoch); iterating again repeats them."""
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, seed: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = True
+        self, dataset: Samples, batch_size: int, seed: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = True
     ) -> None:
         if batch_size < 1:
             raise DataError(f"batch size must be positive, got {batch_size}")
-        size = len(dataset)  # type: ignore[arg-type]
+        size = len(dataset)
         if drop_last and size < batch_size:
             raise DataError(f"dataset of {size} samples has no full batch of {batch_size}")
         self.dataset = dataset
@@ -343,11 +351,11 @@ class BatchLoader:
         self.drop_last = drop_last
 
     def __len__(self) -> int:
-        size = len(self.dataset)  # type: ignore[arg-type]
+        size = len(self.dataset)
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        size = len(self.dataset)  # type: ignore[arg-type]
+        size = len(self.dataset)
         order_generator = torch.Generator().manual_seed(_mix_seed(self.seed, self.epoch, "order"))
         augment_generator = torch.Generator().manual_seed(_mix_seed(self.seed, self.epoch, "augment"))
         order = torch.randperm(size, generator=order_generator) if self.shuffle else torch.arange(size)
@@ -358,14 +366,15 @@ class BatchLoader:
     def _batch(self, indices: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         get_batch = getattr(self.dataset, "get_batch", None)
         if get_batch is not None:
-            return get_batch(indices, generator=generator)
+            batch: tuple[torch.Tensor, torch.Tensor] = get_batch(indices, generator=generator)
+            return batch
         # A plain torch Dataset: its own augmentation, if any, is outside our control.
         samples = [self.dataset[int(i)] for i in indices]
         return torch.stack([x for x, _ in samples]), torch.as_tensor([int(y) for _, y in samples], dtype=torch.int64)
 
 
 def batch_loader(
-    dataset: Dataset, batch_size: int, seed: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = True
+    dataset: Samples, batch_size: int, seed: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = True
 ) -> BatchLoader:
     """(x, y) batches that are the same on every process given the same dataset, seed and epoch."""
     return BatchLoader(dataset, batch_size, seed, epoch=epoch, shuffle=shuffle, drop_last=drop_last)

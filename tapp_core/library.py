@@ -15,8 +15,10 @@ sizes; a library without the fit has fixed parts of 0, which is the linear model
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import SupportsFloat, SupportsInt
 
 import pandas as pd
 
@@ -118,6 +120,7 @@ class LayerLibrary:
 
     @classmethod
     def load(cls, directory: str | Path) -> LayerLibrary:
+        """Read a library that ``save`` wrote; a missing or malformed file raises ``LibraryError`` naming it."""
         src = Path(directory)
         for name in (LAYERS_FILE, META_FILE):
             if not (src / name).is_file():
@@ -126,20 +129,22 @@ class LayerLibrary:
             meta = json.loads((src / META_FILE).read_text())
             frame = pd.read_csv(src / LAYERS_FILE, keep_default_na=False)
             layers = [_layer_from_row(row) for row in frame.to_dict("records")]
-        except (ValueError, KeyError, SyntaxError) as exc:
+            return cls(
+                model=str(meta["model"]),
+                batch_size=int(meta["batch_size"]),
+                device=str(meta["device"]),
+                threads=int(meta["threads"]),
+                layers=layers,
+                input_bytes=int(meta["input_bytes"]),
+                whole_model_s=float(meta["whole_model_s"]),
+                torch_version=str(meta.get("torch_version", "")),
+                date=str(meta.get("date", "")),
+                extra=dict(meta.get("extra", {})),
+            )
+        except KeyError as exc:
+            raise LibraryError(f"layer library {src} is corrupt: no {exc} field") from None
+        except (ValueError, TypeError, AttributeError, SyntaxError) as exc:
             raise LibraryError(f"layer library {src} is corrupt: {exc}") from None
-        return cls(
-            model=meta["model"],
-            batch_size=int(meta["batch_size"]),
-            device=meta["device"],
-            threads=int(meta["threads"]),
-            layers=layers,
-            input_bytes=int(meta["input_bytes"]),
-            whole_model_s=float(meta["whole_model_s"]),
-            torch_version=meta.get("torch_version", ""),
-            date=meta.get("date", ""),
-            extra=meta.get("extra", {}),
-        )
 
 
 def _ints(text: object, sep: str) -> tuple[int, ...]:
@@ -147,22 +152,34 @@ def _ints(text: object, sep: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(sep)) if text else ()
 
 
-def _layer_from_row(row: dict[str, object]) -> Layer:
+def _int(value: object) -> int:
+    if isinstance(value, str | SupportsInt):
+        return int(value)
+    raise ValueError(f"{value!r} is not an integer")
+
+
+def _float(value: object) -> float:
+    if isinstance(value, str | SupportsFloat):
+        return float(value)
+    raise ValueError(f"{value!r} is not a number")
+
+
+def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
     return Layer(
-        index=int(row["index"]),  # type: ignore[arg-type]
+        index=_int(row["index"]),
         name=str(row["name"]),
         op=str(row["op"]),
         successors=_ints(row["successors"], " "),
         predecessors=_ints(row["predecessors"], " "),
-        flops=float(row["flops"]),  # type: ignore[arg-type]
-        param_bytes=int(row["param_bytes"]),  # type: ignore[arg-type]
-        activation_bytes=int(row["activation_bytes"]),  # type: ignore[arg-type]
+        flops=_float(row["flops"]),
+        param_bytes=_int(row["param_bytes"]),
+        activation_bytes=_int(row["activation_bytes"]),
         output_shape=_ints(row["output_shape"], "x"),
-        forward_s=float(row["forward_s"]),  # type: ignore[arg-type]
-        backward_s=float(row["backward_s"]),  # type: ignore[arg-type]
+        forward_s=_float(row["forward_s"]),
+        backward_s=_float(row["backward_s"]),
         # Libraries written before the affine fit have no fixed parts: the linear model.
-        forward_fixed_s=float(row.get("forward_fixed_s") or 0.0),  # type: ignore[arg-type]
-        backward_fixed_s=float(row.get("backward_fixed_s") or 0.0),  # type: ignore[arg-type]
+        forward_fixed_s=_float(row.get("forward_fixed_s") or 0.0),
+        backward_fixed_s=_float(row.get("backward_fixed_s") or 0.0),
     )
 
 

@@ -95,18 +95,23 @@ class Evaluation:
     measurement: Measurement | None
 
     @property
+    def ok_measurement(self) -> Measurement | None:
+        """The measurement, if there is one and it succeeded."""
+        return self.measurement if self.measurement is not None and self.measurement.ok else None
+
+    @property
     def measured(self) -> bool:
-        return self.measurement is not None and self.measurement.ok
+        return self.ok_measurement is not None
 
     @property
     def step_time_s(self) -> float:
-        return self.measurement.step_time_s if self.measured else self.estimate.step_time  # type: ignore[union-attr]
+        measured = self.ok_measurement
+        return measured.step_time_s if measured is not None else self.estimate.step_time
 
     @property
     def communication_share(self) -> float:
-        if self.measured:
-            return self.measurement.communication_share  # type: ignore[union-attr]
-        return self.estimate.communication_share
+        measured = self.ok_measurement
+        return measured.communication_share if measured is not None else self.estimate.communication_share
 
 
 def plan_params(plan: Plan) -> dict[str, object]:
@@ -164,7 +169,9 @@ def evaluate_method(
         started = time.perf_counter()
         chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed, calibration)
         run.log_params(plan_params(chosen))
-        run.log_metrics({"planning_wall_s": float(chosen.notes.get("search_wall_s", time.perf_counter() - started))})  # type: ignore[arg-type]
+        search_wall_s = chosen.notes.get("search_wall_s")
+        planning_wall_s = search_wall_s if isinstance(search_wall_s, int | float) else time.perf_counter() - started
+        run.log_metrics({"planning_wall_s": float(planning_wall_s)})
         run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
         validate(chosen, library, cluster)
         predicted = estimate(chosen, library, cluster, calibration)
@@ -172,9 +179,9 @@ def evaluate_method(
         run.log_metrics(estimate_metrics(predicted))
         measured = None
         if runtime is not None and runtime.enabled:
-            if chosen.id in (measured_plans or {}):
+            if measured_plans is not None and chosen.id in measured_plans:
                 # The same plan as an earlier method (planners often agree): one measurement serves both.
-                source, measured = measured_plans[chosen.id]  # type: ignore[index]
+                source, measured = measured_plans[chosen.id]
                 run.set_tags({MEASUREMENT_FROM: source})
             else:
                 (measured,) = measure_plans([chosen], cluster, tags.model, runtime)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
@@ -61,10 +63,10 @@ def close_pools() -> None:
         pool.close()
 
 
-def _pool_failed(task: object, task_run: object, state: object) -> bool:
+def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     """Retry only when the pool itself failed; a failing plan is an answer, not an accident."""
     try:
-        state.result()  # type: ignore[attr-defined]
+        state.result()
     except PoolError:
         return True
     except Exception:

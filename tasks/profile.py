@@ -1,50 +1,20 @@
-"""Profiling: the layer library of a model (cached by its inputs), and its record in MLflow."""
+"""Profiling: the layer library of a model (from the profile cache shared with the command line), and its record
+in MLflow."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
 import tempfile
 import time
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
-import torch
 from prefect import task
-from prefect.context import TaskRunContext
+from prefect.cache_policies import NO_CACHE
 
 from reports import runs
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
-from tapp_core.profiler import profile_model
+from tapp_core.profile_cache import ProfileCache, ProfileKey
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
-
-PROFILER_SOURCE = Path(__file__).resolve().parent.parent / "tapp_core" / "profiler.py"
-
-
-def profile_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """Same model, batch, device, threads and repeats on the same host, torch and profiler = same library.
-
-    A model given as ``file.py:callable`` also keys on the file's content, so editing the model re-profiles it.
-    """
-    spec = str(parameters["model"])
-    source, _, _ = spec.rpartition(":")
-    model_file = Path(source) if source.endswith(".py") else None
-    key = {
-        **{k: parameters[k] for k in ("model", "batch_size", "device", "threads", "repeats")},
-        "model_file": _digest(model_file) if model_file and model_file.is_file() else "",
-        "host": platform.node(),
-        "torch": torch.__version__,
-        "profiler": _digest(PROFILER_SOURCE),
-    }
-    return "profile-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def profiling_threads(cluster: Cluster) -> int:
@@ -53,12 +23,15 @@ def profiling_threads(cluster: Cluster) -> int:
     return max(cpus, key=lambda d: d.speed).threads if cpus else 1
 
 
-@task(name="profile", cache_key_fn=profile_cache_key, cache_expiration=timedelta(days=30))
+# Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
+@task(name="profile", cache_policy=NO_CACHE)
 def profile_layers(
     model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
 ) -> LayerLibrary:
-    """The layer library of ``model`` at ``batch_size`` on a ``device``-kind device with ``threads`` threads."""
-    return profile_model(model, batch_size, device=device, threads=threads, repeats=repeats)
+    """The layer library of ``model`` at ``batch_size`` on a ``device``-kind device with ``threads`` threads,
+    from the profile cache (``$TAPP_CACHE_DIR``, else ``.tapp``), profiled and stored there if missing."""
+    key = ProfileKey.of(model, batch_size, device=device, threads=threads, repeats=repeats)
+    return ProfileCache().library(key)
 
 
 def record_library(run: TrackedRun, library: LayerLibrary) -> None:

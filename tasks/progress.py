@@ -45,7 +45,8 @@ class StageProgress:
         self.description = description
         self._artifact: UUID | None = None
         if _in_prefect_run():
-            self._artifact = create_progress_artifact(0.0, description=description)
+            artifact = create_progress_artifact(0.0, description=description)
+            self._artifact = artifact if isinstance(artifact, UUID) else None  # a coroutine only in async code
         self._notify(0, "")
 
     def update(self, done: int, status: str = "") -> None:

@@ -82,7 +82,8 @@ def open_store(uri: str) -> None:
     except MlflowException as exc:
         raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.message}") from None
     except sqlalchemy.exc.SQLAlchemyError as exc:  # a file that is not a database at all
-        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.orig or exc}") from None
+        reason = getattr(exc, "orig", None) or exc  # the database driver's own error, when there is one
+        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {reason}") from None
 
 
 @functools.cache

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,12 +37,20 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A session-wide MLflow SQLite store (artifacts beside it), migrated once."""
+    """A session-wide MLflow SQLite store (artifacts beside it), migrated once.
+
+    MLflow resolves a SQLite store's default artifact root (``./mlruns``) against the working directory of the
+    moment it first opens the store, and keeps that store object for the process. Opened from the checkout, every
+    experiment any test makes in it would write its artifacts to the checkout's ``mlruns/``; opened from its own
+    folder, they stay beside the database.
+    """
     from tasks.tracking import open_store
 
     folder = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    open_store(uri)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        open_store(uri)
     return uri
 
 
@@ -63,3 +73,51 @@ def work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TAPP_CACHE_DIR", str(tmp_path / ".tapp"))
     return tmp_path
+
+
+# --- Tests write only under their temporary folders ------------------------------------------------------------
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+LEFT_ALONE = (".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", "__pycache__")
+"""Paths the test run may create or change in the checkout: the environment and tool caches."""
+_UNTRACKED_BEFORE = pytest.StashKey[set[str] | None]()
+
+
+def _untracked_files() -> set[str] | None:
+    """Files of the checkout git does not track (ignored ones included), apart from ``LEFT_ALONE``; None without
+    git."""
+    excluded = [f":(exclude,glob)**/{name}/**" for name in LEFT_ALONE]
+    try:
+        listed = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".", *excluded],
+            cwd=CHECKOUT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line[3:] for line in listed.splitlines() if line[:2] in ("??", "!!")}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_UNTRACKED_BEFORE] = _untracked_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if the tests left files in the checkout: they must write only under their temporary folders."""
+    before = session.config.stash.get(_UNTRACKED_BEFORE, None)
+    after = _untracked_files()
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        shown = "\n  ".join(left[:20]) + (f"\n  ... and {len(left) - 20} more" if len(left) > 20 else "")
+        message = f"the tests left {len(left)} file(s) in the checkout {CHECKOUT}:\n  {shown}"
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(message, red=True, bold=True)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

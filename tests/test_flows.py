@@ -29,6 +29,7 @@ from flows.sweep import benchmark_sweep
 from reports import runs
 from tapp_core.cluster import ClusterError
 from tapp_core.errors import TappError
+from tapp_core.library import LayerLibrary
 from tapp_core.models import ModelError
 from tasks.profile import profile_layers
 from tasks.tracking import TrackingError
@@ -189,15 +190,20 @@ def test_report_command_and_paper_table_flow_write_identical_tables(
     assert "TAPP" in cli.output
 
 
-def test_profiling_is_cached_by_its_inputs(prefect_harness: None) -> None:
-    @flow
-    def profile_twice() -> list[str]:
-        states = [profile_layers(*args, return_state=True) for args in [("mlp", 8, "cpu", 1, 1)] * 2]
-        other = profile_layers("mlp", 4, "cpu", 1, 1, return_state=True)
-        return [s.name for s in (*states, other)]
+def test_profiling_is_cached_by_its_inputs(prefect_harness: None, work_dir: Path) -> None:
+    """The profile task reads the profile cache: the same inputs give the stored library, others a new profile."""
 
-    _, again, other_batch = profile_twice()
-    assert again == "Cached" and other_batch != "Cached"
+    @flow
+    def profile_twice() -> list[LayerLibrary]:
+        return [
+            profile_layers(*args)
+            for args in [("mlp", 8, "cpu", 1, 1), ("mlp", 8, "cpu", 1, 1), ("mlp", 4, "cpu", 1, 1)]
+        ]
+
+    first, again, other_batch = profile_twice()
+    assert again.to_frame().equals(first.to_frame()) and again.metadata() == first.metadata()
+    assert other_batch.batch_size == 4
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2
 
 
 @pytest.mark.parametrize(

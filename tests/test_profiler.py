@@ -16,6 +16,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.models import build_model, build_traced_model
 from tapp_core.profiler import (
     PROFILE_VERSION,
+    CpuClock,
     ProfileError,
     fixed_part,
     profile_graph,
@@ -148,30 +149,56 @@ def test_times_and_metadata_recorded(tiny_cnn: LayerLibrary) -> None:
     assert tiny_cnn.extra["flops_per_sample"] == sum(layer.flops for layer in tiny_cnn.layers)
 
 
-class _Sleep(torch.autograd.Function):
-    """Identity whose forward and backward each take a known time."""
+class TickingClock:
+    """A clock that moves only when told to: the time a profile reads is exactly the time ``tick`` added."""
 
-    SECONDS = 0.03
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps = False
+        """Also sleep for each tick (for profiles timed on the real clock)."""
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        if self.sleeps:
+            time.sleep(seconds)
+
+    def mark(self) -> float:
+        return self.now
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+    def sync(self) -> None:
+        pass
+
+
+CLOCK = TickingClock()
+FORWARD_S, BACKWARD_S = 0.03, 0.05
+"""What the ticking layer's forward and backward cost on ``CLOCK``; every other operation costs nothing there."""
+
+
+class _Tick(torch.autograd.Function):
+    """Identity whose forward and backward each move ``CLOCK`` by a known time."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(_Sleep.SECONDS)
+        CLOCK.tick(FORWARD_S)
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        time.sleep(_Sleep.SECONDS)
+        CLOCK.tick(BACKWARD_S)
         return grad
 
 
-def sleep_identity(x: torch.Tensor) -> torch.Tensor:
-    return _Sleep.apply(x)
+def tick_identity(x: torch.Tensor) -> torch.Tensor:
+    return _Tick.apply(x)
 
 
-torch.fx.wrap("sleep_identity")  # a leaf for tracing: one call_function layer
+torch.fx.wrap("tick_identity")  # a leaf for tracing: one call_function layer
 
 
-class SleepyNet(nn.Module):
+class TickingNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
@@ -179,33 +206,47 @@ class SleepyNet(nn.Module):
         self.fc = nn.Linear(4 * 32 * 32, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = sleep_identity(self.relu(self.conv(x)))
+        h = tick_identity(self.relu(self.conv(x)))
         return self.fc(torch.flatten(h, 1))
 
 
 def test_time_is_charged_to_the_layer_that_spends_it() -> None:
-    library = profile_graph(trace_model(SleepyNet()), "sleepy", BATCH, **FAST)
-    sleeper = next(layer for layer in library.layers if layer.op == "sleep_identity")
-    others = [layer for layer in library.layers if layer is not sleeper]
-    assert sleeper.forward_s >= _Sleep.SECONDS
-    assert sleeper.backward_s >= _Sleep.SECONDS
-    assert sum(layer.forward_s for layer in others) < _Sleep.SECONDS
-    assert sum(layer.backward_s for layer in others) < _Sleep.SECONDS
-    # Both sleeps happen in the whole-model step too, so the layers cannot add up to much less or more.
-    assert 0.7 < library.layer_time_sum_s / library.whole_model_s < 1.3
-    assert library.extra["ops_without_flop_rule"] == ["sleep_identity"]
+    """On a clock that only the ticking layer moves, that layer is charged all of the time and no other layer any."""
+    library = profile_graph(trace_model(TickingNet()), "ticking", BATCH, clock=CLOCK, **FAST)
+    ticker = next(layer for layer in library.layers if layer.op == "tick_identity")
+    others = [layer for layer in library.layers if layer is not ticker]
+    assert (ticker.forward_s, ticker.backward_s) == pytest.approx((FORWARD_S, BACKWARD_S))
+    assert all(layer.forward_s == layer.backward_s == 0.0 for layer in others)
+    assert library.extra["loss_s"] == 0.0
+    # The whole-model steps, timed on the same clock, see the same two ticks: the layers add up exactly.
+    assert library.whole_model_s == pytest.approx(FORWARD_S + BACKWARD_S)
+    assert library.layer_time_sum_s == pytest.approx(library.whole_model_s)
+    assert library.extra["ops_without_flop_rule"] == ["tick_identity"]
 
 
-def test_a_sleep_is_a_fixed_cost_and_the_fit_says_so() -> None:
-    library = profile_graph(trace_model(SleepyNet()), "sleepy", 16, **FAST)
+def test_a_slow_layer_is_charged_its_time_on_the_real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on the host's clock, where every layer costs something: the ticking layer, made to sleep, is the
+    slowest layer forward and backward, and its time is at least its sleep."""
+    monkeypatch.setattr(CLOCK, "sleeps", True)
+    # One thread (no waits between threads on a loaded host) and medians of 5 steps, robust to two slow ones.
+    library = profile_graph(
+        trace_model(TickingNet()), "sleepy", BATCH, threads=1, clock=CpuClock(), repeats=5, warmup=1
+    )
+    ticker = next(layer for layer in library.layers if layer.op == "tick_identity")
+    assert max(library.layers, key=lambda layer: layer.forward_s) is ticker
+    assert max(library.layers, key=lambda layer: layer.backward_s) is ticker
+    assert ticker.forward_s >= FORWARD_S and ticker.backward_s >= BACKWARD_S  # a sleep never ends early
+
+
+def test_a_fixed_cost_is_fitted_as_fixed() -> None:
+    """The ticking layer costs as much for 2 samples as for 16: all of it is per call (a linear fit would say none),
+    and the layers whose time is nothing have no fixed part either."""
+    library = profile_graph(trace_model(TickingNet()), "ticking", 16, clock=CLOCK, **FAST)
     assert library.extra["small_batch_size"] == 2 and library.extra["profile_version"] == PROFILE_VERSION
-    sleeper = next(layer for layer in library.layers if layer.op == "sleep_identity")
-    # The sleep takes as long for 2 samples as for 16: most of it is per call (a linear fit would say none). Not
-    # "all": on a busy machine one of the two timings can run several milliseconds long.
-    assert sleeper.forward_fixed_s >= 0.5 * sleeper.forward_s
-    assert sleeper.backward_fixed_s >= 0.5 * sleeper.backward_s
-    assert all(0.0 <= layer.forward_fixed_s <= layer.forward_s for layer in library.layers)
-    assert all(0.0 <= layer.backward_fixed_s <= layer.backward_s for layer in library.layers)
+    ticker = next(layer for layer in library.layers if layer.op == "tick_identity")
+    assert (ticker.forward_fixed_s, ticker.backward_fixed_s) == pytest.approx((FORWARD_S, BACKWARD_S))
+    others = [layer for layer in library.layers if layer is not ticker]
+    assert all(layer.forward_fixed_s == layer.backward_fixed_s == 0.0 for layer in others)
 
 
 def test_the_fixed_part_is_the_intercept_clipped_to_the_time() -> None:
@@ -275,3 +316,30 @@ def test_bad_arguments_are_refused(bad: dict[str, object]) -> None:
     arguments: dict[str, object] = {"batch_size": BATCH, **FAST, **bad}
     with pytest.raises(ProfileError):
         profile_model("mlp", **arguments)  # type: ignore[arg-type]
+
+
+class FunctionalNet(nn.Module):
+    """The functional forms of conv, linear and pooling, and a matmul: each counted by its function's rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.fc_weight = nn.Parameter(torch.randn(10, 4 * 8 * 8))
+        self.mix = nn.Parameter(torch.randn(10, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.conv2d(x, self.weight, None, 1, 1)
+        h = torch.nn.functional.max_pool2d(h, 4)
+        h = torch.nn.functional.linear(torch.flatten(h, 1), self.fc_weight)
+        return torch.matmul(h, self.mix)
+
+
+def test_function_forms_have_flop_rules() -> None:
+    library = profile_graph(trace_model(FunctionalNet()), "functional", BATCH, **FAST)
+    flops = {layer.op: layer.flops for layer in library.layers}
+    assert flops["conv2d"] == 2 * 4 * 32 * 32 * 3 * 3 * 3  # no bias
+    assert flops["max_pool2d"] == 4 * 8 * 8 * 4 * 4
+    assert flops["linear"] == 2 * 4 * 8 * 8 * 10
+    assert flops["matmul"] == 2 * 10 * 10
+    assert flops["get_attr"] == 0
+    assert library.extra["ops_without_flop_rule"] == []

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from flows.server import free_port
 from reports import runs
 from tapp_core.cluster import load_cluster, parse_cluster
-from tapp_core.costmodel import DEFAULT_CALIBRATION
+from tapp_core.costs import DEFAULT_CALIBRATION
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import PlanError, single_stage_plan
@@ -21,7 +21,7 @@ from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
 from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, single_device_plan
 from tasks.measure import RuntimeSettings
-from tasks.profile import profile_cache_key, record_library
+from tasks.profile import record_library
 from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
 from tests.test_planners_common import chain_library, small_cluster
@@ -79,23 +79,6 @@ def test_tags_carry_the_comparison_keys(tracking_uri: str, experiment_name: str)
     }
     assert stored["mlflow.parentRunId"] == parent.run_id == stored[runs.EXPERIMENT_RUN]
     assert stored["code_version"] == code_version() != "unknown"
-
-
-def test_profile_cache_key_follows_the_inputs() -> None:
-    base = {"model": "alexnet", "batch_size": 64, "device": "cpu", "threads": 1, "repeats": 5}
-    key = profile_cache_key(None, base)  # type: ignore[arg-type]
-    assert key == profile_cache_key(None, dict(base))  # type: ignore[arg-type]
-    assert key != profile_cache_key(None, {**base, "batch_size": 32})  # type: ignore[arg-type]
-    assert key != profile_cache_key(None, {**base, "threads": 2})  # type: ignore[arg-type]
-
-
-def test_user_model_file_edits_change_the_profile_key(tmp_path: Path) -> None:
-    model_file = tmp_path / "net.py"
-    model_file.write_text("def net(): ...\n")
-    params = {"model": f"{model_file}:net", "batch_size": 8, "device": "cpu", "threads": 1, "repeats": 1}
-    before = profile_cache_key(None, params)  # type: ignore[arg-type]
-    model_file.write_text("def net(): return None\n")
-    assert profile_cache_key(None, params) != before  # type: ignore[arg-type]
 
 
 def test_layer_library_is_logged_and_reads_back(

@@ -41,7 +41,8 @@ class AlexNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)
         x = torch.flatten(x, 1)
-        return self.classifier(x)
+        logits: torch.Tensor = self.classifier(x)
+        return logits
 
 
 def alexnet(num_classes: int = 10) -> AlexNet:

@@ -25,7 +25,8 @@ class BasicConv2d(nn.Module):
         self.relu = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.relu(self.bn(self.conv(x)))
+        out: torch.Tensor = self.relu(self.bn(self.conv(x)))
+        return out
 
 
 class InceptionA(nn.Module):
@@ -199,7 +200,8 @@ class InceptionV3(nn.Module):
         x = self.avgpool(x)
         x = self.dropout(x)
         x = torch.flatten(x, 1)
-        return self.fc(x)
+        logits: torch.Tensor = self.fc(x)
+        return logits
 
 
 def inception_v3(num_classes: int = 10) -> InceptionV3:

@@ -86,7 +86,7 @@ def _factory_for(spec: str, num_classes: int) -> Callable[[], object]:
     module = _load_file(source) if _looks_like_path(source) else _import_module(source)
     if not hasattr(module, attribute):
         raise ModelError(f"model spec {spec!r}: {source!r} has no attribute {attribute!r}")
-    factory = getattr(module, attribute)
+    factory: Callable[[], object] = getattr(module, attribute)
     if not callable(factory):
         raise ModelError(
             f"model spec {spec!r}: {attribute!r} in {source!r} is a {type(factory).__name__}, not callable"

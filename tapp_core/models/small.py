@@ -27,7 +27,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu1(self.fc1(self.flatten(x)))
         x = self.relu2(self.fc2(x))
-        return self.fc3(x)
+        logits: torch.Tensor = self.fc3(x)
+        return logits
 
 
 class TinyCNN(nn.Module):
@@ -43,7 +44,8 @@ class TinyCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu1(self.conv1(x))
         x = self.pool(self.relu2(self.conv2(x)))
-        return self.fc(torch.flatten(x, 1))
+        logits: torch.Tensor = self.fc(torch.flatten(x, 1))
+        return logits
 
 
 class TinyBranchy(nn.Module):
@@ -71,7 +73,8 @@ class TinyBranchy(nn.Module):
         h = self.refine(h)
         h = torch.relu(h + skip)
         h = self.pool(h)
-        return self.fc(torch.flatten(h, 1))
+        logits: torch.Tensor = self.fc(torch.flatten(h, 1))
+        return logits
 
 
 def mlp(num_classes: int = 10) -> MLP:

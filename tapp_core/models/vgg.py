@@ -54,7 +54,8 @@ class VGG16(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.BatchNorm2d):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
@@ -65,7 +66,8 @@ class VGG16(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)
         x = torch.flatten(x, 1)
-        return self.classifier(x)
+        logits: torch.Tensor = self.classifier(x)
+        return logits
 
 
 def vgg16(num_classes: int = 10) -> VGG16:

@@ -177,7 +177,7 @@ class OraclePlanner(PlannerBase):
                 break
         if evaluator.best_plan is None:
             raise PlannerError(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
-        notes = {
+        notes: dict[str, object] = {
             "evaluations": evaluator.evaluations,
             "proved_optimal": search.complete,
             "cut_positions": len(positions),

@@ -141,7 +141,7 @@ class PipeDreamPlanner(PlannerBase):
             solutions += _OrderDP(states, cluster, order, self, batch, replicas).solve()
         solutions.sort(key=lambda s: s.bottleneck)
         evaluator = PlanEvaluator(library, cluster, self.calibration)
-        tried: set[tuple] = set()
+        tried: set[tuple[tuple[int, tuple[str, ...]], ...]] = set()
         for solution in solutions:
             if len(tried) >= self.candidates and evaluator.best_plan is not None:
                 break

@@ -113,5 +113,5 @@ class PipeTorchPlanner(PlannerBase):
                 evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule, batch))
         if evaluator.best_plan is None:
             raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
-        notes = {"evaluations": evaluator.evaluations, "orders": orders}
+        notes: dict[str, object] = {"evaluations": evaluator.evaluations, "orders": orders}
         return dataclasses.replace(evaluator.best_plan, notes=notes)

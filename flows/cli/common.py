@@ -1,0 +1,112 @@
+"""What the ``tapp`` commands share: the consoles, the options several commands take, the error handling, and
+the layer library and plan every planning or runtime command starts from."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from tapp_core.errors import TappError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from tapp_core.cluster import Cluster
+    from tapp_core.library import LayerLibrary
+    from tapp_core.plan import Plan
+
+console = Console()
+error_console = Console(stderr=True)
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="alexnet | vgg16 | inception_v3 | mlp | tiny_cnn | tiny_branchy | module:callable | file.py:callable",
+    ),
+]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="mini-batch size")]
+LibraryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--library", help="a profiled layer library folder (tapp profile --out); profiled and cached if not given"
+    ),
+]
+PlanFileOpt = Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")]
+SeedOpt = Annotated[int, typer.Option()]
+EmulateOpt = Annotated[bool | None, typer.Option("--emulate/--no-emulate", help="default: the cluster file's")]
+ExperimentOpt = Annotated[str, typer.Option(help="MLflow experiment name")]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def reports_user_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Print a TappError's message and exit 2 instead of a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except TappError as exc:
+            error_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``message`` as an error; the caller raises the returned exit (status 1: the work failed)."""
+    error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def progress_bars(description: str = "[bold]{task.description}") -> Progress:
+    """Rich bars: description, bar, done/total, elapsed time, then the task's ``status`` field."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, TextColumn("{task.fields[status]}"), console=console)
+
+
+def print_markdown(text: str) -> None:
+    """Tables as their Markdown text: readable at any terminal width, and pastes as it is."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def library_for(model: str, batch_size: int, library: Path | None, device: str = "cpu") -> LayerLibrary:
+    """The layer library to plan with: the given folder, else the profile cache's library of (model, batch, device)
+    with torch's threads, profiled and stored there if missing (``tapp_core.profile_cache``)."""
+    from tapp_core.library import LayerLibrary
+    from tapp_core.profile_cache import ProfileCache, ProfileKey
+
+    if library is not None:
+        loaded = LayerLibrary.load(library)
+        if loaded.model != model:
+            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
+        return loaded
+    cache = ProfileCache()
+    key = ProfileKey.of(model, batch_size, device=device)
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    with console.status(f"profiling {model} at batch {batch_size} on {device} (cached in {cache.path(key)})"):
+        return cache.profile(key)
+
+
+def load_plan(model: str, plan_file: Path, cluster: str) -> tuple[Plan, Cluster]:
+    """The plan in ``plan_file`` (which must be for ``model``) and the cluster named ``cluster``."""
+    from tapp_core.cluster import load_cluster
+    from tapp_core.plan import Plan
+
+    chosen = Plan.load(plan_file)
+    if chosen.model != model:
+        raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
+    return chosen, load_cluster(cluster)

@@ -1,0 +1,90 @@
+"""The ``tapp`` commands that need no Prefect or MLflow, run as a user runs them (through Typer's runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tapp_core.library import LayerLibrary
+from tapp_core.plan import Plan
+
+MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
+SMALL_CLUSTER = "name: small\ndevices:\n  - {name: other, memory: 1GiB}\nlinks: {bandwidth: 1Gbit/s, latency: 0}\n"
+
+
+def tapp(*args: str, exit_code: int = 0) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == exit_code, result.output
+    return result.output
+
+
+def test_profile_writes_the_library(work_dir: Path) -> None:
+    output = tapp("profile", *MODEL, "--out", "lib", "--repeats", "1", "--threads", "1")
+    library = LayerLibrary.load(work_dir / "lib")
+    assert (library.model, library.batch_size, library.threads, len(library)) == ("tiny_cnn", 8, 1, 7)
+    assert "sum-of-layers / whole-model ratio" in output
+    assert not (work_dir / ".tapp").exists()  # an explicit profile is not cached
+
+
+def test_plan_then_simulate_share_the_cached_library(work_dir: Path) -> None:
+    tapp("plan", *MODEL, "--planner", "even", "--out", "plan.json")
+    (entry,) = (work_dir / ".tapp" / "libraries").iterdir()
+    plan = Plan.load(work_dir / "plan.json")
+    assert (plan.model, plan.batch_size, plan.planner) == ("tiny_cnn", 8, "even")
+
+    printed = json.loads(tapp("simulate", "--model", "tiny_cnn", "--plan", "plan.json", "--json"))
+    assert printed["step_time"] > 0
+    tapp("simulate", "--model", "tiny_cnn", "--plan", "plan.json", "--gantt", "g.png")
+    assert (work_dir / "g.png").stat().st_size > 0
+    assert [p.name for p in (work_dir / ".tapp" / "libraries").iterdir()] == [entry.name]  # profiled once
+
+
+def test_a_corrupt_cached_library_is_profiled_again(work_dir: Path) -> None:
+    tapp("plan", *MODEL, "--planner", "bsp", "--out", "plan.json")
+    (entry,) = (work_dir / ".tapp" / "libraries").iterdir()
+    (entry / "library.json").write_text("{}")
+    tapp("plan", *MODEL, "--planner", "bsp", "--out", "plan.json")
+    assert LayerLibrary.load(entry).model == "tiny_cnn"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("plan", *MODEL, "--planner", "magic"), "magic"),
+        (("plan", "--model", "resnet9000"), "unknown model 'resnet9000'"),
+        (("simulate", "--model", "mlp", "--plan", "plan.json"), "is for model 'tiny_cnn', not 'mlp'"),
+        (("measure", "--model", "tiny_cnn", "--plan", "plan.json", "--cluster", "small.yaml"), "that cluster"),
+        (("plan", *MODEL, "--library", "nowhere"), "has no layers.csv"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(work_dir: Path, args: tuple[str, ...], message: str) -> None:
+    Plan.from_dict(_tiny_plan()).save(work_dir / "plan.json")
+    (work_dir / "small.yaml").write_text(SMALL_CLUSTER)
+    output = tapp(*args, exit_code=2)
+    assert output.startswith("error: ") and message in output
+    assert "Traceback" not in output
+
+
+def _tiny_plan() -> dict[str, object]:
+    """A one-stage plan of tiny_cnn (7 layers) on the local cluster's cpu0."""
+    return {
+        "model": "tiny_cnn",
+        "batch_size": 8,
+        "stage_of_layer": [0] * 7,
+        "stage_devices": [["cpu0"]],
+        "micro_batches": 1,
+        "schedule": "gpipe",
+    }
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_measure_prints_the_measurement(work_dir: Path) -> None:
+    Plan.from_dict(_tiny_plan()).save(work_dir / "plan.json")
+    output = tapp("measure", "--model", "tiny_cnn", "--plan", "plan.json", "--steps", "2", "--warmup", "1")
+    measured = json.loads(output[output.index("{") :])
+    assert measured["error"] is None and measured["step_time_s"] > 0

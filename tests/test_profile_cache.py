@@ -1,0 +1,90 @@
+"""The one profile cache: its key, its entries on disk, and its use by both the command line and the flow."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.cli.common import library_for
+from tapp_core.library import LayerLibrary
+from tapp_core.profile_cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey
+from tasks.profile import profile_layers
+
+QUICK = {"repeats": 1, "warmup": 0}
+
+
+def same_library(a: LayerLibrary, b: LayerLibrary) -> bool:
+    """Equal rows and metadata: the same profile, since a new one has other times and another date."""
+    return a.to_frame().equals(b.to_frame()) and a.metadata() == b.metadata()
+
+
+def test_the_key_follows_every_input() -> None:
+    key = ProfileKey.of("mlp", 8, threads=1)
+    assert key == ProfileKey.of("mlp", 8, threads=1) and key.digest == ProfileKey.of("mlp", 8, threads=1).digest
+    others = [
+        ProfileKey.of("tiny_cnn", 8, threads=1),
+        ProfileKey.of("mlp", 16, threads=1),
+        ProfileKey.of("mlp", 8, threads=2),
+        ProfileKey.of("mlp", 8, threads=1, repeats=3),
+        ProfileKey.of("mlp", 8, threads=1, seed=1),
+        replace(key, torch_version="0.0.1"),
+        replace(key, host="elsewhere"),
+        replace(key, kind=DeviceKind("cuda", 1, "NVIDIA H100 80GB HBM3")),
+    ]
+    assert len({key.digest, *(other.digest for other in others)}) == len(others) + 1
+    assert key.kind == DeviceKind("cpu", 1) and key.kind.label == "cpu-t1"
+    assert key.torch_version == torch.__version__
+    assert ProfileKey.of("mlp", 8).kind.threads == torch.get_num_threads()  # torch's threads when none are given
+
+
+def test_editing_a_model_file_changes_the_key(tmp_path: Path) -> None:
+    model_file = tmp_path / "net.py"
+    model_file.write_text("def net(): ...\n")
+    before = ProfileKey.of(f"{model_file}:net", 8, threads=1)
+    model_file.write_text("def net(): return None\n")
+    assert ProfileKey.of(f"{model_file}:net", 8, threads=1).sources != before.sources
+
+
+def test_a_library_is_profiled_once_then_read_back(tmp_path: Path) -> None:
+    cache = ProfileCache(tmp_path)
+    key = ProfileKey.of("mlp", 8, threads=1, **QUICK)
+    assert cache.get(key) is None
+    first = cache.library(key)
+    entry = cache.path(key)
+    assert sorted(p.name for p in entry.iterdir()) == sorted(["layers.csv", "library.json", KEY_FILE])
+    assert json.loads((entry / KEY_FILE).read_text())["torch_version"] == torch.__version__
+    assert same_library(cache.library(key), first)
+    assert [p.name for p in (tmp_path / "libraries").iterdir()] == [entry.name]  # no staging folder left
+
+
+def test_a_torch_upgrade_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ProfileCache(tmp_path)
+    cache.library(ProfileKey.of("mlp", 8, threads=1, **QUICK))
+    monkeypatch.setattr(torch, "__version__", "99.0.0")
+    assert cache.get(ProfileKey.of("mlp", 8, threads=1, **QUICK)) is None
+
+
+@pytest.mark.parametrize(
+    ("broken_file", "content"),
+    [("library.json", "{}"), ("library.json", "not json"), ("layers.csv", "index\nx\n"), (KEY_FILE, "{}")],
+)
+def test_a_corrupt_entry_is_removed_and_profiled_again(tmp_path: Path, broken_file: str, content: str) -> None:
+    cache = ProfileCache(tmp_path)
+    key = ProfileKey.of("mlp", 8, threads=1, **QUICK)
+    cache.library(key)
+    (cache.path(key) / broken_file).write_text(content)
+    assert cache.get(key) is None
+    assert not cache.path(key).exists()
+    rebuilt = cache.library(key)
+    assert same_library(LayerLibrary.load(cache.path(key)), rebuilt)
+
+
+def test_the_command_line_and_the_flow_share_one_cache(work_dir: Path) -> None:
+    by_flow = profile_layers.fn("mlp", 8, "cpu", torch.get_num_threads(), 5)
+    by_cli = library_for("mlp", 8, library=None)
+    assert same_library(by_cli, by_flow)
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 1
