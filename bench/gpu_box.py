@@ -7,7 +7,8 @@
 1. The cluster: ``--cluster`` (a name or a YAML file), else this host detected (``tapp_core.detect``: every GPU,
    the cores split into CPU ranks, links by MPI ping-pong). It must hold a cuda device unless ``--cpu-only``.
 2. Per model: a layer library per device kind (cpu with its threads, cuda with its GPU model), profiled in this
-   process on this host at the batch size and cached under ``--library-dir``.
+   process on this host at the batch size, in the project's profile cache (``--cache-dir``, else
+   ``$TAPP_CACHE_DIR`` or ``.tapp``, as ``tapp profile``).
 3. Plans: SingleGPU and SingleCPU (the whole model on the fastest device of that kind), then every planner
    (bsp, even, pipetorch, pipedream, autoddl, tapp; ``--methods`` adds oracle). The same plan found by two
    methods is measured once.
@@ -42,10 +43,10 @@ from tapp_core.cluster import Cluster, Device, load_cluster, parse_cluster  # no
 from tapp_core.costmodel import estimate  # noqa: E402
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from tapp_core.errors import TappError  # noqa: E402
-from tapp_core.library import LayerLibrary, LibraryError  # noqa: E402
+from tapp_core.library import LayerLibrary  # noqa: E402
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profiler import PROFILE_VERSION, profile_model  # noqa: E402
+from tapp_core.profile_cache import DeviceKind, ProfileCache, ProfileKey  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
 
 GPU_MODELS = ("alexnet", "vgg16", "inception_v3")
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tapp-budget", type=int, default=None, help="TAPP's evaluations (default 200; 30 cpu-only)")
     parser.add_argument("--tapp-reward", choices=("simulated", "hybrid"), default="simulated")
     parser.add_argument("--calibration", type=Path, default=None, help="a calibration file (default: ideal)")
-    parser.add_argument("--library-dir", type=Path, default=ROOT / "out" / "gpu-box-libraries")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="profile cache (default: as tapp profile's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measured turn")
     args = parser.parse_args(argv)
@@ -127,36 +128,30 @@ def cpu_part(cluster: Cluster) -> Cluster:
     return parse_cluster(data, f"{cluster.name} (CPU devices)")
 
 
-def kind_of(device: Device) -> str:
-    """The kind a layer library is profiled for: cpu with its thread count, cuda with its GPU model.
-    PER-KIND: the layer libraries' own kind key replaces this."""
-    if device.kind == "cuda":
-        return f"cuda-{(device.gpu_model or f'gpu{device.gpu_index or 0}').replace(' ', '_')}"
-    return f"cpu-t{device.threads}"
+def kind_of(device: Device) -> DeviceKind:
+    """The kind a device's layer library is profiled for: cpu with its thread count, cuda with its GPU model."""
+    return DeviceKind.of(f"cuda:{device.gpu_index or 0}" if device.kind == "cuda" else "cpu", device.threads)
 
 
-def profile_kinds(model: str, batch_size: int, cluster: Cluster, cache: Path) -> dict[str, LayerLibrary]:
-    """A layer library per device kind of ``cluster``, profiled here (cached). PER-KIND: ``tapp profile
-    --cluster`` makes these."""
-    libraries: dict[str, LayerLibrary] = {}
+def profile_kinds(model: str, batch_size: int, cluster: Cluster, cache: Path | None) -> dict[DeviceKind, LayerLibrary]:
+    """A layer library per device kind of ``cluster``, profiled here (``ProfileCache`` under ``cache``).
+    PER-KIND: ``tapp profile --cluster`` makes these."""
+    libraries: dict[DeviceKind, LayerLibrary] = {}
     for device in cluster.devices:
         kind = kind_of(device)
         if kind in libraries:
             continue
-        folder = cache / f"{model}_b{batch_size}_{kind}_v{PROFILE_VERSION}"
-        try:
-            libraries[kind] = LayerLibrary.load(folder)
-        except LibraryError:
-            where = f"cuda:{device.gpu_index or 0}" if device.kind == "cuda" else "cpu"
-            started = time.perf_counter()
-            libraries[kind] = profile_model(model, batch_size, device=where, threads=device.threads)
-            libraries[kind].save(folder)
-            print(f"profiled {model} on {kind} in {time.perf_counter() - started:.0f} s", flush=True)
-        print(f"{model} on {kind}: whole step {libraries[kind].whole_model_s * 1e3:.2f} ms", flush=True)
+        started = time.perf_counter()
+        libraries[kind] = ProfileCache(cache).library(ProfileKey.of(model, batch_size, kind.device, kind.threads))
+        print(
+            f"{model} on {kind.label}: whole step {libraries[kind].whole_model_s * 1e3:.2f} ms "
+            f"(profiled or read in {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
     return libraries
 
 
-def costed(cluster: Cluster, libraries: dict[str, LayerLibrary]) -> tuple[LayerLibrary, Cluster]:
+def costed(cluster: Cluster, libraries: dict[DeviceKind, LayerLibrary]) -> tuple[LayerLibrary, Cluster]:
     """TODAY'S COSTING, PER-KIND replaces it: the fastest kind's library, and every device's ``speed`` that kind's
     whole step over its own kind's (the runtime ignores ``speed`` on a real cluster; the cost model uses it)."""
     step = {kind: library.whole_model_s for kind, library in libraries.items()}
@@ -299,12 +294,14 @@ def main() -> int:
     except TappError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"cluster {cluster.name}: " + ", ".join(f"{d.name} ({kind_of(d)})" for d in cluster.devices), flush=True)
+    print(
+        f"cluster {cluster.name}: " + ", ".join(f"{d.name} ({kind_of(d).label})" for d in cluster.devices), flush=True
+    )
     errors: list[float] = []
     bars: dict[str, bool | None] = {}
     with WorkerPool(cluster) as pool:
         for model in args.models:
-            libraries = profile_kinds(model, args.batch_size, cluster, args.library_dir)
+            libraries = profile_kinds(model, args.batch_size, cluster, args.cache_dir)
             library, planned_on = costed(cluster, libraries)
             pool.prepare(model)
             methods = plan_methods(args, library, planned_on, calibration, pool)

@@ -19,7 +19,7 @@ def test_gpu_box_runs_on_a_cpu_only_host(tmp_path: Path) -> None:
     methods = ["single-gpu", "single-cpu", "bsp", "pipetorch", "tapp"]
     command = [sys.executable, str(ROOT / "bench" / "gpu_box.py"), "--cpu-only", "--threads", "1"]
     command += ["--methods", *methods, "--tapp-budget", "8", "--steps", "3", "--warmup", "1"]
-    command += ["--library-dir", str(tmp_path / "libraries")]
+    command += ["--cache-dir", str(tmp_path / "cache")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=380, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
@@ -34,4 +34,4 @@ def test_gpu_box_runs_on_a_cpu_only_host(tmp_path: Path) -> None:
     assert any(
         line.startswith("TAPP <= 1.05 x best of SingleGPU/SingleCPU/BSP/Pipe-Torch, tiny_cnn: ") for line in lines
     )
-    assert list((tmp_path / "libraries").glob("tiny_cnn_b64_cpu-t1_v*/layers.csv"))
+    assert list((tmp_path / "cache").glob("libraries/tiny_cnn_b64_cpu-t1_*/layers.csv"))
