@@ -349,11 +349,13 @@ def cell_line(cell: Cell, planner: str) -> str:
         return f"{planner}: not run"
     oracle = f"{_percent(cell.gap(planner, 'oracle'))} to the oracle" if cell.oracle_proved else "oracle not proved"
     single, other = cell.best("single"), cell.best("other")
-    return (
-        f"{planner}: {oracle}; {_percent(cell.gap(planner, 'single'))} to the best single device"
-        f" ({single.planner if single else '-'}); {_percent(cell.gap(planner, 'other'))} to the best other planner"
-        f" ({other.planner if other else '-'}); search {mine.wall_s:.1f} s"
+    parts = [] if cell.get("oracle") is None else [oracle]
+    if single is not None:
+        parts.append(f"{_percent(cell.gap(planner, 'single'))} to the best single device ({single.planner})")
+    parts.append(
+        f"{_percent(cell.gap(planner, 'other'))} to the best other planner ({other.planner if other else '-'})"
     )
+    return f"{planner}: " + "; ".join([*parts, f"search {mine.wall_s:.1f} s"])
 
 
 def _worst(values: Iterable[tuple[float | None, str]]) -> tuple[float, str] | None:
