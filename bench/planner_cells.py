@@ -34,11 +34,12 @@ from tapp_core.cluster import Cluster
 from tapp_core.costmodel import estimate
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
-from tapp_core.planners import get_planner, planner_options
+from tapp_core.plan import Plan, PlanError, validate
+from tapp_core.planners import DEFAULT_MICRO_BATCHES, get_planner, planner_options
 from tapp_core.planners.base import ProgressCallback
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.oracle import OraclePlanner
+from tapp_core.planners.space import contiguous_plan
 
 OTHER_PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl")
 TAPP = "tapp"
@@ -186,21 +187,34 @@ def run_cell(library: LayerLibrary, cluster: Cluster, settings: Settings) -> Cel
             f"{library.model} {cluster.name} {name}: {result.step_time_s:.4f} s in {result.wall_s:.1f} s {result.note}"
         )
     if settings.single_devices:
-        cell.results += single_device_results(library, cluster)
+        cell.results += single_device_results(library, cluster, settings.schedule)
     return cell
 
 
-def single_device_results(library: LayerLibrary, cluster: Cluster) -> list[Result]:
-    """Every device alone, the whole model on it (``n/a`` where it does not fit)."""
+def single_device_results(
+    library: LayerLibrary,
+    cluster: Cluster,
+    schedule: str = "1f1b",
+    micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES,
+) -> list[Result]:
+    """Every device alone, the whole model on it, at its best micro-batch count under ``schedule`` (more micro-batches
+    hold fewer activations under 1F1B, so a device too small at one may fit at another); ``n/a`` where none fits."""
     out = []
     for device in cluster.devices:
-        plan = single_stage_plan(library, [device.name], planner=f"{SINGLE}{device.name}")
-        try:
-            validate(plan, library, cluster)
-        except PlanError:
-            out.append(Result(f"{SINGLE}{device.name}", math.inf, 0.0, 0, None, "n/a: does not fit"))
-            continue
-        out.append(Result(f"{SINGLE}{device.name}", estimate(plan, library, cluster).step_time, 0.0, 1, plan))
+        name = f"{SINGLE}{device.name}"
+        best = Result(name, math.inf, 0.0, 0, None, "n/a: does not fit")
+        for m in (m for m in micro_batches if library.batch_size % m == 0):
+            plan = contiguous_plan(library, [], [[device.name]], m, schedule, library.batch_size)
+            try:
+                validate(plan, library, cluster)
+            except PlanError:
+                continue
+            step = estimate(plan, library, cluster).step_time
+            if step < best.step_time_s:
+                best = Result(name, step, 0.0, best.evaluations + 1, plan)
+            else:
+                best.evaluations += 1
+        out.append(best)
     return out
 
 

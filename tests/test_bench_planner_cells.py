@@ -55,7 +55,23 @@ def test_single_device_results_mark_devices_the_model_does_not_fit() -> None:
     )
     results = {r.planner: r for r in single_device_results(library, cluster)}
     assert math.isfinite(results["single:big"].step_time_s) and results["single:big"].plan is not None
+    assert results["single:big"].plan.micro_batches == 1, "one device: extra micro-batches only add per-call costs"
     assert results["single:small"].step_time_s == math.inf and results["single:small"].note.startswith("n/a")
+
+
+def test_a_single_device_may_fit_only_with_more_micro_batches_under_1f1b() -> None:
+    library = chain_library(4, activation_bytes=[40 * 2**20] * 4)  # 160 MiB a sample: 1.25 GiB for the batch of 8
+    cluster = parse_cluster(
+        {
+            "name": "t",
+            "devices": [{"name": "small", "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
+        }
+    )
+    (result,) = single_device_results(library, cluster, "1f1b")
+    assert result.plan is not None and result.plan.micro_batches == 2 and result.plan.schedule == "1f1b"
+    (gpipe,) = single_device_results(library, cluster, "gpipe")
+    assert gpipe.plan is None, "GPipe keeps every micro-batch's activations: the whole batch never fits"
 
 
 def _cell(times: dict[str, float], proved: bool = True) -> Cell:
