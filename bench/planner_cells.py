@@ -7,7 +7,7 @@ A cell holds one ``Result`` per contender:
 - ``tapp``: the full planner; ``tapp-rl``: the RL alone (``RL_ALONE_OPTIONS``: no polish, and no warm start once
   TAPP has one), a run of its own with the same seed, rounds and time limit;
 - every other planner (``OTHER_PLANNERS``), each optionally in a child process killed at a time limit;
-- ``single:<device>``: every single-device plan (``n/a`` where the model does not fit the device).
+- ``single:<device>``: every device alone, at its best micro-batch count (``n/a`` where the model never fits).
 
 TAPP's gaps: to the oracle (only where it proved optimality), to the best single device, to the best other planner
 and to the best known plan (every contender but TAPP's own rows, the oracle's unproved best included); the last is

@@ -17,7 +17,7 @@ Issue 14 (TAPP on clusters nobody tuned it for): ``--random N --seed S`` generat
 (``bench/random_clusters.py``; ``--seed`` picks the family and seeds the planners, ``--planner-seed`` sets the
 planners' apart) and judges every model on every one of them as a *cell* (``bench/planner_cells.py``): the
 time-boxed oracle (``--oracle-time-limit``; it says whether it proved optimality), TAPP, the RL alone (no polish,
-no warm start; ``--no-rl-alone`` skips it), every other planner and every single-device plan, a table per cell,
+no warm start; ``--no-rl-alone`` skips it), every other planner and every single-device plan, a table per cluster,
 then a summary with the issue's bars; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
 clusters as files; a cluster given to ``--clusters`` as a file is judged the same way. ``--scale`` runs hetero8
 doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle.
