@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/ui_check.py [--tracking-uri URI] [--experiment tapp] [--out out/ui_check]
                                        [--view-key KEY] [--browser /usr/bin/chromium] [--strict]
+                                       [--tapp-args "--model tiny_cnn --rounds 4"]
 
-Without ``--tracking-uri`` it first runs ``tapp run --estimate-only`` in a temporary folder (its own MLflow SQLite
-store and Prefect home, about a minute here) and checks that. With an ``http(s)`` URI it browses that server; with
+Without ``--tracking-uri`` it first runs ``tapp run --estimate-only`` (with ``--tapp-args``) in a temporary folder
+(its own MLflow SQLite store and Prefect home, a few minutes here) and checks that, opening the runs link that
+``tapp run`` printed (its host rebased onto the MLflow server this script starts). With an ``http(s)`` URI it browses that server; with
 any other store URI (``sqlite:///...``, ``postgresql://...``) it starts ``mlflow server`` on a free loopback port.
 
 It looks at the experiment's newest parent run (a run with children and no parent) the way a new user would, in
@@ -15,7 +17,8 @@ a fresh browser profile:
 2. the runs list: the experiment's saved view (an experiment tag ``mlflow.sharedViewState.KEY``, opened with
    ``?viewStateShareKey=KEY``) when there is one, else the parent's children filtered, sorted by ``step_time_s``;
    are the ``method`` and ``step_time_s`` columns there, and who comes first;
-3. the parent run's page: does its description (``mlflow.note.content``) show the result table;
+3. the parent run's page: does its description (``mlflow.note.content``) show the result table; and the report
+   its description links to (``07-report``);
 4. the chart view of the same runs: which metric the first chart plots;
 5. the compare page of the method runs: which metric the parallel-coordinates plot starts with;
 6. a table logged with ``log_table`` (listed in the run's ``mlflow.loggedArtifacts`` tag), in the artifact view.
@@ -159,16 +162,18 @@ def stop_group(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_tapp(workdir: Path, timeout_s: float) -> str:
-    """``tapp run --estimate-only`` in ``workdir`` with its own store and Prefect home; return the store's URI."""
+def run_tapp(workdir: Path, timeout_s: float, extra: list[str]) -> tuple[str, str | None]:
+    """``tapp run --estimate-only`` in ``workdir`` with its own store and Prefect home; return the store's URI and
+    the runs link it printed (None if it printed none)."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     environment = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_HOME": str(workdir / "prefect-home")}
     environment.pop("PREFECT_API_URL", None)
     tapp = Path(sys.executable).with_name("tapp")
     command = [str(tapp)] if tapp.exists() else [sys.executable, "-m", "flows.cli"]
     print(f"running {' '.join(command)} run --estimate-only in {workdir} ...", flush=True)
+    environment["COLUMNS"] = "400"  # its links on one line each
     with process_group(
-        [*command, "run", "--estimate-only"], workdir / "tapp-run.log", cwd=workdir, env=environment
+        [*command, "run", "--estimate-only", *extra], workdir / "tapp-run.log", cwd=workdir, env=environment
     ) as process:
         try:
             status = process.wait(timeout=timeout_s)
@@ -176,10 +181,11 @@ def run_tapp(workdir: Path, timeout_s: float) -> str:
             raise CheckError(
                 f"tapp run did not finish in {timeout_s:.0f} s (log: {workdir / 'tapp-run.log'})"
             ) from error
+    output = (workdir / "tapp-run.log").read_text(errors="replace")
     if status != 0:
-        tail = (workdir / "tapp-run.log").read_text(errors="replace")[-2000:]
-        raise CheckError(f"tapp run failed with status {status}:\n{tail}")
-    return uri
+        raise CheckError(f"tapp run failed with status {status}:\n{output[-2000:]}")
+    printed = re.search(r"methods by step time:\s*(\S+)", output)
+    return uri, printed.group(1) if printed else None
 
 
 @contextlib.contextmanager
@@ -341,6 +347,7 @@ def check_store(experiment: Experiment, view_key: str | None, report: Report) ->
         f"log_table artifacts: {', '.join(tables)}",
         "no run logged a table (mlflow.loggedArtifacts), so the artifact view has none",
     )
+    check_description_numbers(note, report)
     source = {tag: parent.data.tags.get(tag) for tag in ("mlflow.source.name", "mlflow.source.type", "mlflow.user")}
     report.check(
         all(source.values()),
@@ -349,7 +356,44 @@ def check_store(experiment: Experiment, view_key: str | None, report: Report) ->
         f"unset on the parent: "
         f"{[tag for tag, value in source.items() if not value]} (the Source and Created by fields show -)",
     )
+    flow_run = parent.data.tags.get("prefect.flow_run_id")
+    report.check(
+        bool(flow_run),
+        "prefect tags",
+        f"prefect.flow_run_id={flow_run}, prefect.flow_run_url={parent.data.tags.get('prefect.flow_run_url')}",
+        "no prefect.flow_run_id tag on the parent",
+    )
     check_metrics(experiment, report)
+    check_params(experiment, report)
+
+
+def check_description_numbers(note: str, report: Report) -> None:
+    """The description's table shows rounded numbers (at most 4 significant digits)."""
+    cells = [cell.strip() for line in note.splitlines() if line.startswith("| ") for cell in line.split("|")]
+    numbers = [cell for cell in cells if re.fullmatch(r"\d+\.\d+", cell)]
+    long = [cell for cell in numbers if len(cell.replace(".", "").lstrip("0")) > 4]
+    report.check(
+        bool(numbers) and not long,
+        "rounded",
+        f"the description's {len(numbers)} numbers have at most 4 significant digits",
+        f"unrounded numbers in the description: {long[:5] or 'no numbers at all'}",
+    )
+
+
+def check_params(experiment: Experiment, report: Report) -> None:
+    """The tapp method run names its planner; the parent and the search run count the same search rounds."""
+    methods = {run.data.tags.get("method"): run for run in experiment.methods}
+    tapp = methods.get("tapp")
+    planner = tapp.data.params.get("planner") if tapp is not None else None
+    report.check(planner == "tapp", "planner param", "the tapp run's planner is 'tapp'", f"tapp's planner: {planner!r}")
+    search = [run for run in experiment.children if run.data.tags.get("stage") == "search"]
+    rounds = (experiment.parent.data.params.get("search_rounds"), *(r.data.params.get("search_rounds") for r in search))
+    report.check(
+        len(set(rounds)) == 1 and len(rounds) == 2,
+        "search rounds",
+        f"parent and search run agree: search_rounds={rounds[0]}",
+        f"search_rounds on the parent and the search run: {rounds}",
+    )
 
 
 def check_metrics(experiment: Experiment, report: Report) -> None:
@@ -401,10 +445,18 @@ def find_browser(explicit: str | None) -> tuple[str | None, str]:
     return None, "no Chromium found (apt-get install chromium, or --browser PATH)"
 
 
-def urls(base: str, experiment: Experiment, view_key: str | None) -> dict[str, str]:
+def rebased(url: str, base: str) -> str:
+    """``url`` with its scheme and host replaced by ``base``'s (links name the UI's default address)."""
+    parts = urllib.parse.urlsplit(url)
+    return base + url[len(f"{parts.scheme}://{parts.netloc}") :]
+
+
+def urls(base: str, experiment: Experiment, view_key: str | None, printed: str | None) -> dict[str, str]:
     """The pages to open, by screenshot name."""
     eid, parent_id = experiment.experiment_id, experiment.parent.info.run_id
-    if view_key is not None:
+    if printed is not None:
+        runs = rebased(printed, base)
+    elif view_key is not None:
         runs = f"{base}/#/experiments/{eid}/runs?" + urllib.parse.urlencode(
             {"viewStateShareKey": view_key, "workflowType": "machine_learning"}
         )
@@ -431,6 +483,10 @@ def urls(base: str, experiment: Experiment, view_key: str | None) -> dict[str, s
         if tables:
             pages["06-table"] = f"{base}/#/experiments/{eid}/runs/{run.info.run_id}/artifacts/{tables[0]}"
             break
+    note = experiment.parent.data.tags.get("mlflow.note.content", "")
+    linked = re.search(r"\]\((\S+/artifacts/report/\S+)\)", note)
+    if linked:
+        pages["07-report"] = rebased(linked.group(1), base)
     return pages
 
 
@@ -552,6 +608,17 @@ def look_compare(page: Any, experiment: Experiment, report: Report) -> None:
     )
 
 
+def look_report(page: Any, experiment: Experiment, report: Report) -> None:
+    settle(page, "text=step_time.md")
+    body = page.inner_text("body")
+    report.check(
+        "Single-step training time" in body,
+        "report link",
+        "the description's report link opens the step-time table",
+        "the description's report link did not show the step-time table",
+    )
+
+
 def look_table(page: Any, experiment: Experiment, report: Report) -> None:
     settle(page, "text=View as table")
     body = page.inner_text("body")
@@ -571,6 +638,7 @@ LOOKS = {
     "04-charts": look_charts,
     "05-compare": look_compare,
     "06-table": look_table,
+    "07-report": look_report,
 }
 
 
@@ -587,11 +655,16 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--require-browser", action="store_true", help="fail when no browser is found")
     parser.add_argument("--strict", action="store_true", help="exit 1 when something is MISSING")
     parser.add_argument("--tapp-timeout", type=float, default=900.0, help="seconds allowed for tapp run")
+    parser.add_argument("--tapp-args", default="", help="more arguments for tapp run, e.g. '--model tiny_cnn'")
     return parser.parse_args()
 
 
 def check(arguments: argparse.Namespace, workdir: Path, report: Report) -> None:
-    tracking_uri = arguments.tracking_uri or run_tapp(workdir, arguments.tapp_timeout)
+    printed = None
+    tracking_uri = arguments.tracking_uri
+    if not tracking_uri:
+        tracking_uri, printed = run_tapp(workdir, arguments.tapp_timeout, arguments.tapp_args.split())
+        report.check(bool(printed), "printed link", f"tapp run printed {printed}", "tapp run printed no runs link")
     experiment = open_experiment(tracking_uri, arguments.experiment)
     view_key = pick_view(experiment, arguments.view_key)
     if arguments.view_key and view_key is None:
@@ -604,7 +677,7 @@ def check(arguments: argparse.Namespace, workdir: Path, report: Report) -> None:
             raise CheckError(f"no browser: {why_not}")
         return
     with mlflow_ui(tracking_uri, arguments.out) as base:
-        pages = urls(base, experiment, view_key)
+        pages = urls(base, experiment, view_key, printed)
         browse(executable, pages, experiment, arguments.out, report)
     report.add("INFO", "runs URL", pages["02-runs"])
 

@@ -143,9 +143,11 @@ def measurement_metrics(measured: Measurement) -> dict[str, float]:
     }
 
 
-def record_evaluation(run: TrackedRun, result: Evaluation) -> None:
-    """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete)."""
+def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str, float] | None = None) -> None:
+    """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete), and
+    before the ``details`` (MLflow's compare page plots the metric a run logged first)."""
     run.log_metrics({runs.STEP_TIME: result.step_time_s, runs.COMMUNICATION_SHARE: result.communication_share})
+    run.log_metrics(details or {})
     run.set_tags({runs.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
 
 
@@ -171,12 +173,12 @@ def evaluate_method(
         run.log_params(plan_params(chosen))
         search_wall_s = chosen.notes.get("search_wall_s")
         planning_wall_s = search_wall_s if isinstance(search_wall_s, int | float) else time.perf_counter() - started
-        run.log_metrics({"planning_wall_s": float(planning_wall_s)})
+        details = {"planning_wall_s": float(planning_wall_s)}  # logged after the step time, or when it fails
         run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
         validate(chosen, library, cluster)
         predicted = estimate(chosen, library, cluster, calibration)
         run.log_dict(predicted.to_dict(), runs.ESTIMATE_ARTIFACT)
-        run.log_metrics(estimate_metrics(predicted))
+        details.update(estimate_metrics(predicted))
         measured = None
         if runtime is not None and runtime.enabled:
             if measured_plans is not None and chosen.id in measured_plans:
@@ -187,8 +189,9 @@ def evaluate_method(
                 (measured,) = measure_plans([chosen], cluster, tags.model, runtime)
             run.log_text(measured.to_json(), "measurement.json")
             if not measured.ok:
+                run.log_metrics(details)
                 raise EvaluationFailed(f"{method}: plan {chosen.id} failed on the runtime: {measured.error}")
-            run.log_metrics(measurement_metrics(measured))
+            details.update(measurement_metrics(measured))
         result = Evaluation(method, run.run_id, chosen, predicted, measured)
-        record_evaluation(run, result)
+        record_evaluation(run, result, details)
     return result

@@ -74,7 +74,7 @@ def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     return False
 
 
-@task(name="measure-plans", retries=2, retry_delay_seconds=5, retry_condition_fn=_pool_failed, cache_policy=NO_CACHE)
+@task(name="measure-plans", task_run_name="measure-plans", retries=2, retry_delay_seconds=5, retry_condition_fn=_pool_failed, cache_policy=NO_CACHE)
 def measure_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> list[Measurement]:
     """Measure each plan on the workers, in order; failed plans come back with ``error`` set."""
     pool = pool_for(cluster)

@@ -24,7 +24,7 @@ def profiling_threads(cluster: Cluster) -> int:
 
 
 # Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
-@task(name="profile", cache_policy=NO_CACHE)
+@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
 def profile_layers(
     model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
 ) -> LayerLibrary:
@@ -74,5 +74,9 @@ def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeat
         library = profile_cluster_layers(tags.model, tags.batch_size, cluster, repeats)
         record_library(run, library)
         run.log_metrics({"wall_s": time.perf_counter() - started})
-    progress.update(1, f"{len(library.layers)} layers, kinds {', '.join(library.kind_libraries)}")
+    progress.update(
+        1,
+        f"{len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms on {library.kind.name}"
+        + (f" (kinds {', '.join(library.kind_libraries)})" if library.kinds else ""),
+    )
     return library

@@ -1,4 +1,5 @@
-"""Commands that describe the machine the plans run on: ``calibrate`` (the cost model's calibration, measured)."""
+"""Commands that describe the machine the plans run on: ``calibrate`` (the cost model's calibration, measured) and
+``cluster detect`` (the cluster file of this host)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import BatchOpt, ClusterOpt, LibraryOpt, ModelOpt, console
+from flows.cli.common import BatchOpt, ClusterOpt, LibraryOpt, ModelOpt, console, reports_user_errors
 
 
 def calibrate(
@@ -36,3 +37,26 @@ def calibrate(
     )
     path = calibration.save(out or calibration_path(cluster))
     console.print(f"wrote {path}")
+
+
+cluster_app = typer.Typer(no_args_is_help=True, help="Describe the cluster of this host.")
+
+
+@cluster_app.command("detect")
+@reports_user_errors
+def detect(
+    out: Annotated[Path, typer.Option("--out", "-o", help="the cluster file to write (YAML)")],
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="threads per CPU rank (default: 4 when the cores allow, else chosen)")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="the cluster's name (default: the file's name)")] = None,
+) -> None:
+    """Write this host's cluster: every GPU a cuda device, the CPU cores split into CPU ranks, and the links between
+    them measured by a short MPI ping-pong. Then `tapp profile --cluster FILE` and `tapp calibrate --cluster FILE`."""
+    from tapp_core.detect import summary, write_detected_cluster
+
+    with console.status("detecting this host and measuring its links"):
+        cluster = write_detected_cluster(out, threads, name)
+    for line in summary(cluster):
+        console.print(line, highlight=False)
+    console.print(f"wrote {out}")

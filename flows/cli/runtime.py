@@ -8,12 +8,22 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from flows.cli.common import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    DEFAULT_PLAN,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
     ClusterOpt,
+    DataDirOpt,
+    DatasetOpt,
     EmulateOpt,
     LibraryOpt,
     ModelOpt,
     PlanFileOpt,
     SeedOpt,
+    StepsOpt,
+    WarmupOpt,
+    chosen_dataset,
     console,
     error_console,
     fail,
@@ -41,11 +51,11 @@ def _plan_to_run(model: str, plan_file: Path, cluster: str, library: Path | None
 
 
 def measure(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
-    plan_file: PlanFileOpt = Path("plan.json"),
-    steps: Annotated[int, typer.Option(min=1, help="timed steps after the warm-up")] = 5,
-    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps, not counted")] = 2,
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    plan_file: PlanFileOpt = DEFAULT_PLAN,
+    steps: StepsOpt = DEFAULT_STEPS,
+    warmup: WarmupOpt = DEFAULT_WARMUP,
     library: LibraryOpt = None,
     seed: SeedOpt = 0,
     emulate: EmulateOpt = None,
@@ -65,14 +75,12 @@ def measure(
 
 
 def train(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
-    plan_file: PlanFileOpt = Path("plan.json"),
-    data_dir: Annotated[
-        Path | None, typer.Option(help="CIFAR-10 folder (cifar-10-batches-py); default $TAPP_DATA_DIR")
-    ] = None,
-    dataset: Annotated[str, typer.Option(help="cifar10 | fashion-mnist | synthetic")] = "cifar10",
-    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    plan_file: PlanFileOpt = DEFAULT_PLAN,
+    data_dir: DataDirOpt = None,
+    dataset: DatasetOpt = None,
+    epochs: Annotated[int, typer.Option(min=1, help="passes over the training set")] = 1,
     steps_per_epoch: Annotated[int | None, typer.Option(min=1, help="cut each epoch short (smoke runs)")] = None,
     augment: Annotated[bool, typer.Option(help="random crop and flip")] = False,
     library: LibraryOpt = None,
@@ -85,6 +93,7 @@ def train(
 
     chosen, target = _plan_to_run(model, plan_file, cluster, library)
     directory = str(data_dir) if data_dir is not None else None
+    dataset = chosen_dataset(dataset, data_dir)
     test_set = open_dataset(dataset, directory, train=False)  # fails here, before any rank starts, if data is missing
     with error_console.status(f"training plan {chosen.id} on {target.name} for {epochs} epoch(s)"):
         result = run_train(

@@ -26,13 +26,6 @@ from tapp_core.kinds import cluster_kinds
 from tapp_core.library import LayerLibrary
 
 CALIBRATION_SUFFIX = ".calibration.json"
-CUDA_AWARE_ENV = "TAPP_MPI_CUDA_AWARE"
-"""Set to 1 when the MPI library reads GPU memory itself (``tapp_core.runtime.transport.cuda_aware_mpi``)."""
-
-
-def cuda_aware_mpi_configured() -> bool:
-    """Whether ``TAPP_MPI_CUDA_AWARE=1`` (read without importing MPI, as the launching process never does)."""
-    return os.environ.get(CUDA_AWARE_ENV, "") == "1"
 
 
 def calibration_path(cluster: str | os.PathLike[str]) -> Path:
@@ -41,9 +34,7 @@ def calibration_path(cluster: str | os.PathLike[str]) -> Path:
     return path.with_name(path.stem + CALIBRATION_SUFFIX)
 
 
-def check_calibration(
-    calibration: Calibration, cluster: Cluster, library: LayerLibrary | None, source: str
-) -> None:
+def check_calibration(calibration: Calibration, cluster: Cluster, library: LayerLibrary | None, source: str) -> None:
     """Refuse ``calibration`` (read from ``source``) unless it was made on this host, for every kind of
     ``cluster``, with this MPI's CUDA-awareness, and with ``library``'s torch and profiler (without a library:
     this process's, which will profile it)."""
@@ -61,10 +52,12 @@ def check_calibration(
             f"{refused}: it measured the kinds {', '.join(made.kinds)}, cluster {cluster.name!r} also has "
             f"{', '.join(missing)}; {rerun}"
         )
-    if made.cuda_aware_mpi != cuda_aware_mpi_configured():
+    from tapp_core.runtime.gpu import cuda_aware_mpi
+
+    if made.cuda_aware_mpi != cuda_aware_mpi():
         raise CalibrationError(
-            f"{refused}: it was measured with {CUDA_AWARE_ENV}={int(made.cuda_aware_mpi)}, "
-            f"it is {int(cuda_aware_mpi_configured())} now; {rerun}"
+            f"{refused}: it was measured with TAPP_MPI_CUDA_AWARE={int(made.cuda_aware_mpi)}, "
+            f"it is {int(cuda_aware_mpi())} now; {rerun}"
         )
     for kind, (torch_version, profiler_version) in _software(library).items():
         if torch_version != made.torch_version:
@@ -160,7 +153,6 @@ class ProbeResult:
 
 __all__ = [
     "CALIBRATION_SUFFIX",
-    "CUDA_AWARE_ENV",
     "KindProbe",
     "Line",
     "PairProbe",
@@ -168,5 +160,4 @@ __all__ = [
     "calibration_path",
     "check_calibration",
     "cluster_calibration",
-    "cuda_aware_mpi_configured",
 ]

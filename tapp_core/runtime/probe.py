@@ -35,8 +35,9 @@ from tapp_core.cluster import Cluster
 from tapp_core.kinds import device_kind
 from tapp_core.runtime.calibration import KindProbe, Line, PairProbe, ProbeResult
 from tapp_core.runtime.emulation import Emulation, configure_threads
+from tapp_core.runtime.gpu import claim, cuda_aware_mpi
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
-from tapp_core.runtime.transport import DATA_TAG_BASE, Control, Transport, cuda_aware_mpi, poll
+from tapp_core.runtime.transport import DATA_TAG_BASE, Control, Transport, poll
 
 UPDATE_BYTES = (2**18, 2**25)
 """Parameter bytes of the two timed optimiser steps: 256 KiB and 32 MiB, in four tensors each."""
@@ -166,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu")
     if spec.kind == "cuda":
         device = torch.device("cuda", spec.gpu_index or 0)
-        torch.cuda.set_device(device)
-        torch.zeros(1, device=device)  # initialise CUDA before anything is timed
+        claim(device)  # CUDA initialised before anything is timed
     kinds = probe_kinds(comm, cluster, device)
     pairs = probe_pairs(comm, cluster, device, args.emulate)
     if comm.Get_rank() == 0:
