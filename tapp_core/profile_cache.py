@@ -210,11 +210,12 @@ class ProfileCache:
         warmup: int = 2,
         seed: int = 0,
         kinds: Iterable[str] | None = None,
+        fresh: bool = False,
     ) -> LayerLibrary:
         """One library per kind of ``cluster`` that this host has (``local_kinds``; only ``kinds`` if given), from
-        the cache or profiled, as one library: the fastest device's kind is the reference (``with_kinds``). A
-        cluster none of whose kinds is here gets the library of this host's CPU with the threads of its fastest
-        CPU device, which its devices' speeds then scale."""
+        the cache or profiled (``fresh``: always profiled, and stored), as one library: the fastest device's kind
+        is the reference (``with_kinds``). A cluster none of whose kinds is here gets the library of this host's
+        CPU with the threads of its fastest CPU device, which its devices' speeds then scale."""
         here = local_kinds(cluster)
         wanted = list(kinds) if kinds is not None else list(here)
         missing = [name for name in wanted if name not in here]
@@ -229,8 +230,9 @@ class ProfileCache:
             return self.library(ProfileKey.of(model, batch_size, "cpu", threads, repeats, warmup, seed))
         fastest = device_kind(cluster.fastest_device()).name
         wanted.sort(key=lambda name: name != fastest)
+        get = self.profile if fresh else self.library
         libraries = [
-            self.library(ProfileKey.of(model, batch_size, *here[name], repeats=repeats, warmup=warmup, seed=seed))
+            get(ProfileKey.of(model, batch_size, *here[name], repeats=repeats, warmup=warmup, seed=seed))
             for name in wanted
         ]
         return libraries[0].with_kinds(libraries[1:])

@@ -24,7 +24,7 @@ def profiling_threads(cluster: Cluster) -> int:
 
 
 # Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
-@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
+@task(name="profile-kind", task_run_name="profile-kind", cache_policy=NO_CACHE)
 def profile_layers(
     model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
 ) -> LayerLibrary:
@@ -34,7 +34,7 @@ def profile_layers(
     return ProfileCache().library(key)
 
 
-@task(name="profile-cluster", cache_policy=NO_CACHE)
+@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
 def profile_cluster_layers(model: str, batch_size: int, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
     """The layer library of ``model`` at ``batch_size`` for every device kind of ``cluster`` this host has (the
     fastest device's kind as the reference), from the profile cache, profiled and stored there if missing."""

@@ -48,11 +48,14 @@ def test_profile_cluster_profiles_every_kind_of_the_cluster(work_dir: Path, clus
     assert "tiny_cnn on cpu-t1" in output and "tiny_cnn on cpu-t2" in output
     assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2  # cached, one entry per kind
 
-    tapp("profile", *MODEL, "--cluster", str(cluster_file), "--threads", "2", "--out", "one", "--repeats", "1")
+    tapp("profile", *MODEL, "--threads", "2", "--out", "one", "--repeats", "1")  # one kind, not cached
     only = load_libraries(work_dir / "one")
     assert list(only.kind_libraries) == ["cpu-t2"]
-    output = tapp("profile", *MODEL, "--cluster", str(cluster_file), "--threads", "3", exit_code=2)
-    assert "no kind with device any and threads 3" in output
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2
+    elsewhere = work_dir / "elsewhere.yaml"
+    elsewhere.write_text(TWO_THREAD_COUNTS.replace("memory: 1GiB}", "memory: 1GiB, host: another-host}"))
+    output = tapp("profile", *MODEL, "--cluster", str(elsewhere), exit_code=2)
+    assert "this host has none of the device kinds of cluster 'unequal' (cpu-t1, cpu-t2)" in output
 
 
 def test_plan_and_simulate_cost_each_kind_and_pick_up_the_calibration(work_dir: Path, cluster_file: Path) -> None:

@@ -8,20 +8,34 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import BatchOpt, ClusterOpt, LibraryOpt, ModelOpt, console, reports_user_errors
+from flows.cli.common import (
+    DEFAULT_BATCH,
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
+    BatchOpt,
+    ClusterOpt,
+    LibraryOpt,
+    ModelOpt,
+    StepsOpt,
+    WarmupOpt,
+    console,
+    reports_user_errors,
+)
 
 
 def calibrate(
-    cluster: ClusterOpt = "local",
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="where to write it (default: beside the cluster file, where it is picked up)"),
     ] = None,
-    model: ModelOpt = "alexnet",
-    batch_size: BatchOpt = 64,
+    model: ModelOpt = DEFAULT_MODEL,
+    batch_size: BatchOpt = DEFAULT_BATCH,
     library: LibraryOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="measured steps of each single-device plan")] = 5,
-    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps before them")] = 2,
+    steps: StepsOpt = DEFAULT_STEPS,
+    warmup: WarmupOpt = DEFAULT_WARMUP,
 ) -> None:
     """Measure the cost model's calibration on this machine: per-message cost, GPU staging, update rate and compute
     scale per device kind. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""

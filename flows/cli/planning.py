@@ -47,25 +47,21 @@ CalibrationOpt = Annotated[
 def profile(
     model: ModelOpt = DEFAULT_MODEL,
     batch_size: BatchOpt = DEFAULT_BATCH,
-    out: Annotated[Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json")] = Path("library"),
-    cluster: Annotated[
-        str | None,
-        typer.Option(
-            "--cluster",
-            "-c",
-            help="profile every device kind of this cluster that this host has (one folder per kind under --out), "
-            "or only the kind --threads / --device picks",
-        ),
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cpu)")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's)")] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json (a folder per kind)")
+    ] = Path("library"),
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    device: Annotated[str | None, typer.Option(help="profile this one kind: cpu or cuda")] = None,
+    threads: Annotated[int | None, typer.Option(help="profile this one kind: torch threads")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per layer; the median is kept")] = 5,
 ) -> None:
-    """Trace a model and build its layer library: per-layer times, FLOPs, parameter and activation bytes."""
+    """Trace a model and build its layer libraries: per-layer times, FLOPs, parameter and activation bytes. One
+    library per device kind of the cluster that this host has (also stored in the profile cache, where `tapp plan`,
+    `simulate` and `run` find them), or of the one kind --device / --threads name."""
     from tapp_core.library import save_libraries
 
-    if cluster is not None:
-        library = _profile_cluster(model, batch_size, cluster, device, threads, repeats)
+    if device is None and threads is None:
+        library = _profile_cluster(model, batch_size, cluster, repeats)
     else:
         from tapp_core.profiler import profile_model
 
@@ -83,32 +79,21 @@ def profile(
     console.print(f"wrote {out / 'layers.csv'} and {out / 'library.json'}" if not library.kinds else f"wrote {out}")
 
 
-def _profile_cluster(
-    model: str, batch_size: int, cluster: str, device: str | None, threads: int | None, repeats: int
-) -> LayerLibrary:
-    """The libraries of ``cluster``'s kinds that this host has (from the profile cache, or profiled), or of the one
-    kind that ``device`` / ``threads`` pick among them."""
+def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) -> LayerLibrary:
+    """Every kind of ``cluster`` that this host has, profiled afresh and stored in the profile cache."""
     from tapp_core.cluster import load_cluster
-    from tapp_core.errors import TappError
     from tapp_core.kinds import cluster_kinds
     from tapp_core.profile_cache import ProfileCache, local_kinds
 
     target = load_cluster(cluster)
     here = local_kinds(target)
-    kinds = list(here)
-    if device is not None or threads is not None:
-        kinds = [
-            name
-            for name, (profiled_on, count) in here.items()
-            if (device is None or profiled_on.split(":")[0] == device) and (threads is None or count == threads)
-        ]
-        if not kinds:
-            raise TappError(
-                f"cluster {target.name!r} has no kind with device {device or 'any'} and threads {threads or 'any'} "
-                f"on this host (its kinds: {', '.join(cluster_kinds(target))}; here: {', '.join(here) or 'none'})"
-            )
-    with console.status(f"profiling {model} at batch {batch_size} on {', '.join(kinds) or 'this host'}"):
-        return ProfileCache().cluster_libraries(model, batch_size, target, repeats=repeats, kinds=kinds)
+    if not here:
+        raise TappError(
+            f"this host has none of the device kinds of cluster {target.name!r} ({', '.join(cluster_kinds(target))}): "
+            "profile them on their hosts, or name one kind with --device / --threads"
+        )
+    with console.status(f"profiling {model} at batch {batch_size} on {', '.join(here)}"):
+        return ProfileCache().cluster_libraries(model, batch_size, target, repeats=repeats, fresh=True)
 
 
 def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
