@@ -27,13 +27,12 @@ library scaled by each device's ``speed``.
 
 from __future__ import annotations
 
-import platform
-import socket
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tapp_core.cluster import Cluster, Device
+from tapp_core.runtime.placement import is_local_host
 
 if TYPE_CHECKING:
     from tapp_core.library import LayerLibrary
@@ -96,13 +95,6 @@ def cluster_kinds(cluster: Cluster) -> dict[str, DeviceKind]:
     return kinds
 
 
-def is_this_host(host: str | None) -> bool:
-    """Whether ``host`` (a device's or a library's; None: the device names none) is the machine running this."""
-    if host is None:
-        return True
-    return host in {"localhost", "127.0.0.1", platform.node(), socket.gethostname(), socket.getfqdn()}
-
-
 @dataclass(frozen=True)
 class DeviceLibrary:
     """The library a device is costed from, and whether its ``speed`` multiplies that library's times."""
@@ -149,10 +141,10 @@ def device_library(library: LayerLibrary, cluster: Cluster, device: str) -> Devi
                 stacklevel=3,
             )
     profiled_on_its_host = bool(chosen.host) and (
-        chosen.host == spec.host or (is_this_host(spec.host) and is_this_host(chosen.host))
+        chosen.host == spec.host or (is_local_host(spec.host) and is_local_host(chosen.host))
     )
     speed_applies = cluster.emulated or not own or not profiled_on_its_host
     return DeviceLibrary(chosen, kind, own, speed_applies)
 
 
-__all__ = ["DeviceKind", "DeviceLibrary", "cluster_kinds", "device_kind", "device_library", "is_this_host"]
+__all__ = ["DeviceKind", "DeviceLibrary", "cluster_kinds", "device_kind", "device_library"]

@@ -34,9 +34,10 @@ import torch
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
-from tapp_core.kinds import DeviceKind, device_kind, is_this_host
+from tapp_core.kinds import DeviceKind, device_kind
 from tapp_core.library import LayerLibrary, LibraryError
 from tapp_core.profiler import PROFILE_VERSION, profile_model
+from tapp_core.runtime.placement import is_local_host
 
 CACHE_DIR_ENV = "TAPP_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".tapp")
@@ -66,7 +67,7 @@ def local_kinds(cluster: Cluster) -> dict[str, tuple[str, int]]:
     found: dict[str, tuple[str, int]] = {}
     for device in cluster.devices:
         kind = device_kind(device)
-        if kind.name in found or not is_this_host(device.host):
+        if kind.name in found or not is_local_host(device.host):
             continue
         if not kind.is_cuda:
             found[kind.name] = ("cpu", device.threads)
