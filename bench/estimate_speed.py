@@ -3,14 +3,18 @@
 Without ``--library`` it synthesizes a 400-layer library with Inception-style branches (four parallel branches
 per block, joined by a concatenation), the size of the largest of the paper's three models. With ``--library
 DIR`` it uses a library written by ``tapp profile``. The plan splits the layers into contiguous stages of about
-equal time on the cluster's first devices.
+equal time on the cluster's first devices. ``--kinds N`` costs every device from the library of its own kind:
+the library gets N - 1 other kinds (CPUs of 2..N threads, each layer's time scaled by its own random factor),
+the cluster's devices take 1..N threads in turn, and the cluster is real (not emulated), profiled here.
 
-    .venv/bin/python bench/estimate_speed.py [--library DIR] [--cluster hetero4] [--repeats 200]
+    .venv/bin/python bench/estimate_speed.py [--library DIR] [--cluster hetero4] [--repeats 200] [--kinds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import platform
 import random
 import statistics
 import time
@@ -79,6 +83,23 @@ def synthetic_library(n_layers: int = 400, batch_size: int = 64, seed: int = 0) 
     )
 
 
+def with_kinds(library: LayerLibrary, cluster: Cluster, kinds: int) -> tuple[LayerLibrary, Cluster]:
+    """``library`` with ``kinds - 1`` more CPU kinds, on ``cluster`` made real with its devices' threads 1..kinds."""
+    rng = random.Random(1)
+    here = dataclasses.replace(library, host=platform.node(), threads=1)
+    others = []
+    for threads in range(2, kinds + 1):
+        layers = []
+        for layer in here.layers:
+            factor = rng.uniform(0.3, 1.0)
+            layers.append(
+                dataclasses.replace(layer, forward_s=layer.forward_s * factor, backward_s=layer.backward_s * factor)
+            )
+        others.append(dataclasses.replace(here, layers=layers, threads=threads))
+    devices = tuple(d.model_copy(update={"threads": 1 + i % kinds}) for i, d in enumerate(cluster.devices))
+    return here.with_kinds(others), cluster.model_copy(update={"emulated": False, "devices": devices})
+
+
 def even_time_plan(library: LayerLibrary, devices: tuple[str, ...], micro_batches: int, schedule: str) -> Plan:
     """Contiguous stages (layers are numbered topologically, so every edge runs forward) of about equal time."""
     times = np.array([layer.forward_s + layer.backward_s for layer in library.layers])
@@ -115,14 +136,18 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--kinds", type=int, default=1, help="device kinds, each costed from its own library")
     args = parser.parse_args()
 
     library = LayerLibrary.load(args.library) if args.library else synthetic_library()
     cluster = load_cluster(args.cluster)
+    if args.kinds > 1:
+        library, cluster = with_kinds(library, cluster, args.kinds)
     devices = cluster.device_names[: args.stages]
     print(
         f"library: {library.model} ({len(library.layers)} layers, {len(library.edges())} edges, "
-        f"batch {library.batch_size}); cluster {cluster.name}; {len(devices)} stages, {args.micro_batches} micro-batches"
+        f"batch {library.batch_size}); cluster {cluster.name}; {len(devices)} stages, {args.micro_batches} micro-batches; "
+        f"{len(library.kind_libraries)} kind(s)"
     )
     worst = 0.0
     for schedule in SCHEDULES:

@@ -206,7 +206,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     from tapp_core.planners.tapp.search import TappSearch
     from tapp_core.profiler import profile_model
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.calibration import load_fitted_calibration
+    from tapp_core.runtime.calibration import cluster_calibration
     from tasks.evaluate import baseline_plan
     from tasks.measure import RuntimeSettings
     from tasks.profile import profiling_threads
@@ -214,7 +214,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
 
     started = time.perf_counter()
     cluster = load_cluster(args.cluster)
-    calibration = load_fitted_calibration()
+    calibration = cluster_calibration(args.cluster, cluster)  # `tapp calibrate`, else the ideal one
     runtime = RuntimeSettings()
     library = profile_model(args.model, args.batch_size, threads=profiling_threads(cluster))
     budget = SearchBudget()

@@ -194,14 +194,14 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: each final plan measured ``--repeats`` times
     on the worker pool, in turns so that load drift touches all alike; medians side by side."""
-    from tapp_core.runtime.calibration import load_fitted_calibration
+    from tapp_core.runtime.calibration import cluster_calibration
     from tapp_core.runtime.pool import WorkerPool
 
     cluster = load_cluster("local")
-    calibration = load_fitted_calibration()
+    calibration = cluster_calibration("local", cluster)  # `tapp calibrate --cluster local`, else ideal
     table = Table(
         title=f"Measured on the local cluster: median of {args.repeats} measurements per plan; "
-        f"estimates with the fitted calibration ({calibration.note or 'ideal'})"
+        f"estimates with the measured calibration ({calibration.note or 'ideal'})"
     )
     for column in ("model", "planner", "measured s", "estimated s", "search s", "plan"):
         table.add_column(column)

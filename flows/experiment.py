@@ -28,7 +28,7 @@ from tapp_core.errors import TappError
 from tapp_core.metrics import Measurement
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
-from tapp_core.runtime.calibration import load_fitted_calibration
+from tapp_core.runtime.calibration import cluster_calibration
 from tasks import prefect_ui, summary
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
 from tasks.measure import RuntimeSettings, close_pools
@@ -171,6 +171,7 @@ def tapp_experiment(
     """
     methods = tuple(methods)
     target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
+    calibration = cluster_calibration(cluster, target)  # measured by `tapp calibrate`, else the ideal one
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
     budget = search_budget(search_rounds, samples_per_round, measured_rounds, measured_per_round, measure)
     runtime = runtime_settings(measure, steps, warmup, seed)
@@ -208,7 +209,7 @@ def tapp_experiment(
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
             evaluations, reported, text = _run_stages(
-                parent, tags, target, chosen_methods, budget, runtime, training, out, experiment
+                parent, tags, target, calibration, chosen_methods, budget, runtime, training, out, experiment
             )
     finally:
         close_pools()
@@ -228,6 +229,7 @@ def _run_stages(
     parent: TrackedRun,
     tags: ExperimentTags,
     target: Cluster,
+    calibration: Calibration,
     methods: tuple[str, ...],
     budget: SearchBudget,
     runtime: RuntimeSettings,
@@ -238,7 +240,6 @@ def _run_stages(
     """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
     ``parent``."""
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
-    calibration = load_fitted_calibration()
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
     with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:

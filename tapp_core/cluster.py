@@ -1,8 +1,10 @@
 """Clusters: the unequal devices a plan runs on and the links between them, read from YAML.
 
-A device's ``speed`` is relative to the machine the layer library was profiled on: a layer that took
-``t`` seconds there takes ``t / speed`` on the device. ``slowdown`` is the same thing written the other way
-(``slowdown = 1 / speed``); a file gives one or the other. On one host, devices are emulated: each is an MPI
+A device's *kind* (``tapp_core.kinds``: ``kind`` with its ``threads``, a GPU's ``gpu_model``) decides which layer
+library its layers are costed from. Its ``speed`` multiplies that library's times (a layer that took ``t``
+seconds there takes ``t / speed`` on the device) where it applies: on emulated clusters, and for a device costed
+from another kind's library or one profiled on another machine (``tapp_core.kinds`` says exactly when).
+``slowdown`` is the same thing written the other way (``slowdown = 1 / speed``); a file gives one or the other. On one host, devices are emulated: each is an MPI
 rank pinned to ``threads`` threads that sleeps ``(slowdown - 1)`` times the compute it just did.
 """
 

@@ -9,12 +9,19 @@ Replicas
     equal contiguous sample ranges (``plan.replica_slices``); each replica computes only its range. The formulas
     below are defined once, in ``tapp_core.costs``.
 
+Devices and kinds
+    Every device is costed from the layer library of its kind (a CPU with its threads, a GPU with its model:
+    ``library.kinds``), with its kind's figures of the calibration, and with the slowdown of its ``speed`` only
+    where that applies (emulated clusters, libraries of another kind or host): ``costs.device_terms``, whose
+    rules are ``tapp_core.kinds``'. A single library on an emulated cluster is one library scaled by each
+    device's ``speed``.
+
 Compute
-    A replica's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers, the
-    layer's fixed time plus its per-sample time times ``samples`` (``Layer.forward_fixed_s`` and the rest of
-    ``forward_s`` over ``library.batch_size``; a library without fixed parts scales linearly), times
-    ``slowdown ** calibration.slowdown_exponent`` (``slowdown = 1 / device.speed``), times
-    ``calibration.compute_scale``, plus ``calibration.per_micro_batch_s`` (``costs.compute_s``).
+    A replica's forward (backward) of one micro-batch of ``samples`` takes, summed over its stage's layers in its
+    device's library, the layer's fixed time plus its per-sample time times ``samples``
+    (``Layer.forward_fixed_s`` and the rest of ``forward_s`` over ``library.batch_size``; a library without fixed
+    parts scales linearly), times the device's ``compute_factor`` (slowdown times its kind's ``compute_scale``),
+    plus its kind's ``per_micro_batch_s`` (``costs.compute_s``).
 
 Cut traffic
     For every layer ``u`` of stage ``a`` and every later stage ``b`` holding one of ``u``'s successors, ``u``'s
@@ -23,8 +30,9 @@ Cut traffic
     message. Between replicated stages, source replica ``p`` sends to destination replica ``q`` the samples their
     ranges share. The data source (inputs and labels) is local to every replica and costs nothing.
     All tensors one operation sends to one replica leave together as one *transfer* on the directed link between
-    the two devices: ``n_tensors * (latency + per_message_s) + bytes / (bandwidth * bandwidth_scale)``
-    (``costs.transfer_s``). A directed link carries one transfer at a time, first come first served (queueing).
+    the two devices: ``n_tensors * (latency + per_message_s) + bytes / (bandwidth * bandwidth_scale)``, plus the
+    staging of a GPU end through host memory unless MPI is CUDA-aware (``costs.device_transfer_s``). A directed
+    link carries one transfer at a time, first come first served (queueing).
     Transfers never occupy a replica: sends overlap compute, and a replica only waits for what it must receive.
 
 Schedules
@@ -38,10 +46,10 @@ Schedules
 
 End of an iteration
     At a stage's update action its replicas allreduce their gradients (ring: ``2(k-1)/k * param bytes`` over the
-    slowest link among the replicas plus ``2(k-1) * (latency + per_message_s)``, ``costs.allreduce_s``),
-    starting when the last replica is ready; then every replica runs the update: ``update_s_per_param_byte *
-    param bytes * slowdown ** slowdown_exponent + per_step_s`` (``costs.update_s``). The step ends when the last
-    device finishes its update.
+    slowest link among the replicas plus ``2(k-1) * (latency + per_message_s)``, plus GPU replicas' staging,
+    ``costs.allreduce_s``), starting when the last replica is ready; then every replica runs the update: its
+    kind's ``update_s_per_param_byte * param bytes * slowdown + per_step_s`` (``costs.update_s``). The step ends
+    when the last device finishes its update.
 
 Step time
     A synchronous schedule (gpipe, 1f1b): the one simulated step. async: ``W = async_warmup_iterations(S, M)``
@@ -81,10 +89,11 @@ from tapp_core.cluster import Cluster
 from tapp_core.costs import (
     DEFAULT_CALIBRATION,
     Calibration,
+    DeviceTerms,
     allreduce_s,
-    compute_factor,
     compute_s,
-    transfer_s,
+    device_terms,
+    device_transfer_s,
     update_s,
 )
 from tapp_core.library import Layer, LayerLibrary
@@ -320,13 +329,21 @@ def _per_step(
 
 
 @dataclass(frozen=True)
-class _StageAggregates:
+class _StageTimes:
+    """Per stage, from one kind's library."""
+
     forward_s: np.ndarray
-    """Per stage: forward time per sample on the profiling device, beyond the fixed part."""
+    """Per stage: forward time per sample on the library's device, beyond the fixed part."""
     backward_s: np.ndarray
     forward_fixed_s: np.ndarray
     """Per stage: forward time per call that does not depend on the number of samples."""
     backward_fixed_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class _StageAggregates:
+    stage: np.ndarray
+    """The plan's stage of every layer."""
     param_bytes: np.ndarray
     cut_bytes: np.ndarray
     """``cut_bytes[a, b]``: bytes per sample stage ``a`` sends to stage ``b`` in the forward pass."""
@@ -397,17 +414,24 @@ def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     sent_layer, sent_to = np.divmod(sent, n_stages)
     pair = stage[sent_layer] * n_stages + sent_to
     square = n_stages * n_stages
+    return _StageAggregates(
+        stage=stage,
+        param_bytes=np.bincount(stage, arrays.param_bytes, n_stages),
+        cut_bytes=np.bincount(pair, arrays.activation_bytes[sent_layer], square).reshape(n_stages, n_stages),
+        cut_tensors=np.bincount(pair, minlength=square).reshape(n_stages, n_stages),
+    )
+
+
+def _stage_times(stage: np.ndarray, n_stages: int, library: LayerLibrary) -> _StageTimes:
+    arrays = _layer_arrays(library)
     per_sample = 1.0 / library.batch_size
     forward_fixed = np.bincount(stage, arrays.forward_fixed_s, n_stages)
     backward_fixed = np.bincount(stage, arrays.backward_fixed_s, n_stages)
-    return _StageAggregates(
+    return _StageTimes(
         forward_s=(np.bincount(stage, arrays.forward_s, n_stages) - forward_fixed) * per_sample,
         backward_s=(np.bincount(stage, arrays.backward_s, n_stages) - backward_fixed) * per_sample,
         forward_fixed_s=forward_fixed,
         backward_fixed_s=backward_fixed,
-        param_bytes=np.bincount(stage, arrays.param_bytes, n_stages),
-        cut_bytes=np.bincount(pair, arrays.activation_bytes[sent_layer], square).reshape(n_stages, n_stages),
-        cut_tensors=np.bincount(pair, minlength=square).reshape(n_stages, n_stages),
     )
 
 
@@ -450,27 +474,25 @@ class _SimulatedReplica:
 
 
 def _make_replicas(
-    plan: Plan, cluster: Cluster, aggregates: _StageAggregates, calibration: Calibration
+    plan: Plan, aggregates: _StageAggregates, terms: Mapping[str, DeviceTerms]
 ) -> list[_SimulatedReplica]:
     replicas: list[_SimulatedReplica] = []
+    times: dict[int, _StageTimes] = {}  # per library (by id): the kinds the plan's devices use
     for stage, devices in enumerate(plan.stage_devices):
         for replica, (first, stop) in enumerate(replica_slices(plan.micro_batch_size, len(devices))):
             name = devices[replica]
             samples = stop - first
-            factor = compute_factor(cluster, name, calibration)
+            device = terms[name]
+            own = times.get(id(device.library))
+            if own is None:
+                own = times[id(device.library)] = _stage_times(aggregates.stage, plan.n_stages, device.library)
+            factor = device.compute_factor
+            per_call = device.figures.per_micro_batch_s
             forward_s = compute_s(
-                float(aggregates.forward_fixed_s[stage]),
-                float(aggregates.forward_s[stage]),
-                samples,
-                factor,
-                calibration,
+                float(own.forward_fixed_s[stage]), float(own.forward_s[stage]), samples, factor, per_call
             )
             backward_s = compute_s(
-                float(aggregates.backward_fixed_s[stage]),
-                float(aggregates.backward_s[stage]),
-                samples,
-                factor,
-                calibration,
+                float(own.backward_fixed_s[stage]), float(own.backward_s[stage]), samples, factor, per_call
             )
             replicas.append(
                 _SimulatedReplica(
@@ -479,7 +501,7 @@ def _make_replicas(
                     device=name,
                     samples=(first, stop),
                     duration={FORWARD: forward_s, BACKWARD: backward_s},
-                    update_s=update_s(cluster, name, float(aggregates.param_bytes[stage]), calibration),
+                    update_s=update_s(device, float(aggregates.param_bytes[stage])),
                 )
             )
     return replicas
@@ -490,7 +512,11 @@ def _shared_samples(a: tuple[int, int], b: tuple[int, int]) -> int:
 
 
 def _connect_replicas(
-    replicas: list[_SimulatedReplica], cluster: Cluster, aggregates: _StageAggregates, calibration: Calibration
+    replicas: list[_SimulatedReplica],
+    cluster: Cluster,
+    aggregates: _StageAggregates,
+    terms: Mapping[str, DeviceTerms],
+    calibration: Calibration,
 ) -> int:
     """Fill every replica's transfers and expected counts; returns the number of directed links used."""
     link_ids: dict[tuple[str, str], int] = {}
@@ -506,12 +532,18 @@ def _connect_replicas(
                 shared = _shared_samples(sender.samples, receiver.samples)
                 if not shared:
                     continue
-                link = cluster.link(sender.device, receiver.device)
-                duration = transfer_s(link, bytes_per_sample * shared, tensors, calibration)
+                nbytes = bytes_per_sample * shared
+                source, target = terms[sender.device], terms[receiver.device]
+                duration = device_transfer_s(cluster, source, target, nbytes, tensors, calibration)
+                # The gradient goes back the other way: a GPU end's staging copies differ by direction.
+                staged = source.cuda or target.cuda
+                returned = (
+                    device_transfer_s(cluster, target, source, nbytes, tensors, calibration) if staged else duration
+                )
                 there = link_ids.setdefault((sender.device, receiver.device), len(link_ids))
                 back = link_ids.setdefault((receiver.device, sender.device), len(link_ids))
                 sender.transfers[FORWARD].append((receiver.index, there, duration))
-                receiver.transfers[BACKWARD].append((sender.index, back, duration))
+                receiver.transfers[BACKWARD].append((sender.index, back, returned))
                 receiver.expected[FORWARD] += 1
                 sender.expected[BACKWARD] += 1
     return len(link_ids)
@@ -684,11 +716,12 @@ def _simulate(
     plan: Plan, cluster: Cluster, library: LayerLibrary, calibration: Calibration
 ) -> tuple[_Simulation, list[_SimulatedReplica]]:
     aggregates = _stage_aggregates(plan, library)
-    replicas = _make_replicas(plan, cluster, aggregates, calibration)
-    _connect_replicas(replicas, cluster, aggregates, calibration)
+    terms = device_terms(library, cluster, calibration)
+    replicas = _make_replicas(plan, aggregates, terms)
+    _connect_replicas(replicas, cluster, aggregates, terms, calibration)
     by_stage = simulated_programs(plan)
     stage_allreduce_s = [
-        allreduce_s(cluster, devices, float(aggregates.param_bytes[s]), calibration)
+        allreduce_s(cluster, devices, float(aggregates.param_bytes[s]), calibration, terms)
         for s, devices in enumerate(plan.stage_devices)
     ]
     iterations = _simulated_iterations(plan)[0]

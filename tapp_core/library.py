@@ -10,12 +10,19 @@ weights, dispatching an op) and a part per sample. On a CPU the fixed part domin
 at micro-batch 2 costs about 9x per sample what it costs at 64), so costing micro-batches by scaling the batch's
 time linearly makes deep pipelines look far cheaper than they run. The profiler fits both parts from two batch
 sizes; a library without the fit has fixed parts of 0, which is the linear model.
+
+A library is timed on one *device kind* (``tapp_core.kinds``: a CPU with its threads, a GPU with its model). A
+cluster of several kinds is costed from one library per kind: ``LayerLibrary.with_kinds`` attaches the others to
+one library (the *reference*: its layers, sizes and edges are every kind's, its times are its own kind's), so
+that whatever takes a library (the cost model, every planner) takes them all. ``save_libraries`` and
+``load_libraries`` write and read such a set as one folder per kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import SupportsFloat, SupportsInt
@@ -23,9 +30,12 @@ from typing import SupportsFloat, SupportsInt
 import pandas as pd
 
 from tapp_core.errors import TappError
+from tapp_core.kinds import DeviceKind
 
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
+KINDS_FILE = "kinds.json"
+"""In a folder of libraries, one per kind: the subfolders, the reference kind's first."""
 
 
 class LibraryError(TappError):
@@ -70,9 +80,36 @@ class LayerLibrary:
     torch_version: str = ""
     date: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    gpu_model: str = ""
+    """The GPU's model name when ``device`` is cuda."""
+    host: str = ""
+    """The machine it was profiled on (empty: not recorded)."""
+    kinds: dict[str, LayerLibrary] = field(default_factory=dict, repr=False, compare=False)
+    """Libraries of the same model, batch size and layers timed on other kinds, by kind name (``with_kinds``)."""
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    @property
+    def kind(self) -> DeviceKind:
+        """The kind the times were measured on."""
+        return DeviceKind(self.device, self.threads, self.gpu_model)
+
+    @property
+    def kind_libraries(self) -> dict[str, LayerLibrary]:
+        """Every kind's library by kind name, this one's first (as itself, with its ``kinds``)."""
+        return {self.kind.name: self, **{name: lib for name, lib in self.kinds.items() if name != self.kind.name}}
+
+    def with_kinds(self, others: Iterable[LayerLibrary]) -> LayerLibrary:
+        """This library (the reference) carrying ``others``, timed on other kinds; a library of a kind already
+        given replaces it. They must be of this model and batch size with the same layers, sizes and edges."""
+        kinds = {name: lib for name, lib in self.kinds.items()}
+        for other in others:
+            other = dataclasses.replace(other, kinds={})
+            _check_same_layers(self, other)
+            if other.kind.name != self.kind.name:
+                kinds[other.kind.name] = other
+        return dataclasses.replace(self, kinds=kinds)
 
     @property
     def layer_time_sum_s(self) -> float:
@@ -107,11 +144,14 @@ class LayerLibrary:
             "layers": len(self.layers),
             "torch_version": self.torch_version,
             "date": self.date,
+            "gpu_model": self.gpu_model,
+            "host": self.host,
             "extra": self.extra,
         }
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``layers.csv`` and ``library.json`` into ``directory``; returns the directory."""
+        """Write ``layers.csv`` and ``library.json`` into ``directory`` (this kind only: ``save_libraries`` writes
+        every kind); returns the directory."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self.to_frame().to_csv(out / LAYERS_FILE, index=False)
@@ -140,11 +180,59 @@ class LayerLibrary:
                 torch_version=str(meta.get("torch_version", "")),
                 date=str(meta.get("date", "")),
                 extra=dict(meta.get("extra", {})),
+                gpu_model=str(meta.get("gpu_model", "")),
+                host=str(meta.get("host", "")),
             )
         except KeyError as exc:
             raise LibraryError(f"layer library {src} is corrupt: no {exc} field") from None
         except (ValueError, TypeError, AttributeError, SyntaxError) as exc:
             raise LibraryError(f"layer library {src} is corrupt: {exc}") from None
+
+
+def _check_same_layers(reference: LayerLibrary, other: LayerLibrary) -> None:
+    """``other`` can stand for ``reference`` on another kind: same model, batch size, layers, sizes and edges."""
+    where = f"the {other.kind.name} library of {other.model} does not match the {reference.kind.name} one"
+    if (other.model, other.batch_size) != (reference.model, reference.batch_size):
+        raise LibraryError(
+            f"{where}: model {other.model!r} at batch {other.batch_size}, "
+            f"not {reference.model!r} at batch {reference.batch_size}"
+        )
+    if len(other.layers) != len(reference.layers):
+        raise LibraryError(f"{where}: {len(other.layers)} layers, not {len(reference.layers)}")
+    for mine, theirs in zip(reference.layers, other.layers, strict=True):
+        shape = (mine.name, mine.successors, mine.param_bytes, mine.activation_bytes)
+        if shape != (theirs.name, theirs.successors, theirs.param_bytes, theirs.activation_bytes):
+            raise LibraryError(f"{where}: layer {mine.index} ({mine.name}) differs")
+
+
+def save_libraries(library: LayerLibrary, directory: str | Path) -> Path:
+    """Write every kind of ``library``: one library folder per kind (named by its label), the reference first in
+    ``kinds.json``. A library of one kind is written as a plain library folder."""
+    out = Path(directory)
+    if not library.kinds:
+        return library.save(out)
+    out.mkdir(parents=True, exist_ok=True)
+    folders = []
+    for lib in library.kind_libraries.values():
+        folders.append(lib.kind.label)
+        lib.save(out / lib.kind.label)
+    (out / KINDS_FILE).write_text(json.dumps({"kinds": folders}, indent=2) + "\n")
+    return out
+
+
+def load_libraries(directory: str | Path) -> LayerLibrary:
+    """A library folder (``LayerLibrary.load``) or a folder of one library per kind (``save_libraries``)."""
+    src = Path(directory)
+    if not (src / KINDS_FILE).is_file():
+        return LayerLibrary.load(src)
+    try:
+        folders = json.loads((src / KINDS_FILE).read_text())["kinds"]
+        if not isinstance(folders, list) or not folders or not all(isinstance(f, str) for f in folders):
+            raise ValueError("'kinds' must be a non-empty list of folder names")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LibraryError(f"layer libraries {src} have a corrupt {KINDS_FILE}: {exc}") from None
+    reference, *others = (LayerLibrary.load(src / folder) for folder in folders)
+    return reference.with_kinds(others)
 
 
 def _ints(text: object, sep: str) -> tuple[int, ...]:
@@ -183,4 +271,4 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
     )
 
 
-__all__ = ["Layer", "LayerLibrary", "LibraryError"]
+__all__ = ["Layer", "LayerLibrary", "LibraryError", "load_libraries", "save_libraries"]

@@ -7,6 +7,10 @@ profiler, the FLOP rules, the layer definition, the built-in models, and the fil
 model). ``ProfileKey`` holds all of it; any change gives another key, so a library is never reused after, say, a
 torch upgrade or an edit to a model.
 
+A cluster of several kinds needs a library per kind: ``ProfileCache.cluster_libraries`` gets (or profiles) one
+for every kind of the cluster that this host has (``local_kinds``) and returns them as one library
+(``LayerLibrary.with_kinds``).
+
 Entries live in ``<root>/libraries/<model>_b<batch>_<kind>_<digest>/``: the library's own files plus ``key.json``,
 the full key it was made for. An entry that cannot be read back (a half-written or hand-edited file) is removed
 and profiled again. Entries are written to a temporary folder and renamed into place, so a reader never sees half
@@ -22,13 +26,18 @@ import platform
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from tapp_core.cluster import Cluster
+from tapp_core.errors import TappError
+from tapp_core.kinds import DeviceKind, device_kind
 from tapp_core.library import LayerLibrary, LibraryError
 from tapp_core.profiler import PROFILE_VERSION, profile_model
+from tapp_core.runtime.placement import is_local_host
 
 CACHE_DIR_ENV = "TAPP_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".tapp")
@@ -50,34 +59,23 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR)
 
 
-@dataclass(frozen=True)
-class DeviceKind:
-    """What makes a layer's time differ from one device to another: a CPU's intra-op threads, a GPU's model."""
-
-    device: str
-    """``cpu`` or ``cuda`` (as ``profile_model``'s ``device``; ``cuda:1`` names one GPU)."""
-    threads: int
-    """torch's intra-op threads during the profile (they also drive a GPU's host side)."""
-    gpu: str = ""
-    """The GPU's model name; empty on a CPU."""
-
-    @classmethod
-    def of(cls, device: str = "cpu", threads: int | None = None) -> DeviceKind:
-        """The kind ``profile_model(device=device, threads=threads)`` would time on here."""
-        resolved_threads = threads if threads is not None else torch.get_num_threads()
-        return cls(device, resolved_threads, _gpu_name(device))
-
-    @property
-    def label(self) -> str:
-        """A short readable name for folder names: ``cpu-t1``, ``cuda-NVIDIA_H100_80GB_HBM3-t8``."""
-        gpu = f"-{self.gpu}" if self.gpu else ""
-        return f"{self.device}{gpu}-t{self.threads}"
-
-
-def _gpu_name(device: str) -> str:
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        return ""  # on a machine without CUDA the profiler refuses the device with its own message
-    return torch.cuda.get_device_name(torch.device(device))
+def local_kinds(cluster: Cluster) -> dict[str, tuple[str, int]]:
+    """The kinds of ``cluster``'s devices that this host has, by kind name: what to profile them with, as
+    (``profile_model``'s device, threads). Every thread count of a CPU device on this host (a device with no host
+    is on this one); a GPU device on this host whose model is this host's GPU at its ``gpu_index`` (any GPU there
+    when the file names no model). Devices of other hosts are profiled there."""
+    found: dict[str, tuple[str, int]] = {}
+    for device in cluster.devices:
+        kind = device_kind(device)
+        if kind.name in found or not is_local_host(device.host):
+            continue
+        if not kind.is_cuda:
+            found[kind.name] = ("cpu", device.threads)
+        elif torch.cuda.is_available():
+            index = device.gpu_index or 0
+            if index < torch.cuda.device_count() and kind.gpu in ("", torch.cuda.get_device_name(index)):
+                found[kind.name] = (f"cuda:{index}", device.threads)
+    return found
 
 
 @dataclass(frozen=True)
@@ -204,5 +202,41 @@ class ProfileCache:
         cached = self.get(key)
         return cached if cached is not None else self.profile(key)
 
+    def cluster_libraries(
+        self,
+        model: str,
+        batch_size: int,
+        cluster: Cluster,
+        repeats: int = 5,
+        warmup: int = 2,
+        seed: int = 0,
+        kinds: Iterable[str] | None = None,
+        fresh: bool = False,
+    ) -> LayerLibrary:
+        """One library per kind of ``cluster`` that this host has (``local_kinds``; only ``kinds`` if given), from
+        the cache or profiled (``fresh``: always profiled, and stored), as one library: the fastest device's kind
+        is the reference (``with_kinds``). A cluster none of whose kinds is here gets the library of this host's
+        CPU with the threads of its fastest CPU device, which its devices' speeds then scale."""
+        here = local_kinds(cluster)
+        wanted = list(kinds) if kinds is not None else list(here)
+        missing = [name for name in wanted if name not in here]
+        if missing:
+            raise TappError(
+                f"cluster {cluster.name!r}: this host cannot profile kind(s) {', '.join(missing)} "
+                f"(it has {', '.join(here) or 'none of its kinds'})"
+            )
+        if not wanted:
+            cpus = [d for d in cluster.devices if d.kind == "cpu"]
+            threads = max(cpus, key=lambda d: d.speed).threads if cpus else 1
+            return self.library(ProfileKey.of(model, batch_size, "cpu", threads, repeats, warmup, seed))
+        fastest = device_kind(cluster.fastest_device()).name
+        wanted.sort(key=lambda name: name != fastest)
+        get = self.profile if fresh else self.library
+        libraries = [
+            get(ProfileKey.of(model, batch_size, *here[name], repeats=repeats, warmup=warmup, seed=seed))
+            for name in wanted
+        ]
+        return libraries[0].with_kinds(libraries[1:])
 
-__all__ = ["CACHE_DIR_ENV", "DeviceKind", "ProfileCache", "ProfileKey", "default_cache_dir"]
+
+__all__ = ["CACHE_DIR_ENV", "DeviceKind", "ProfileCache", "ProfileKey", "default_cache_dir", "local_kinds"]

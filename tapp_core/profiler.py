@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import platform
 import statistics
 import time
 from collections.abc import Sequence
@@ -42,8 +43,9 @@ DEFAULT_INPUT_SHAPE = (3, 32, 32)
 LOSS = -1
 """Owner of the loss's own forward and backward time: reported apart from the layers."""
 
-PROFILE_VERSION = 2
-"""Bumped when a library's contents change meaning (2: fixed per-call parts fitted); caches key on it."""
+PROFILE_VERSION = 3
+"""Bumped when a library's contents change meaning (2: fixed per-call parts fitted; 3: the GPU model and the host
+recorded, which decide which devices a library is the library of); caches key on it."""
 
 
 class ProfileError(TappError):
@@ -75,6 +77,11 @@ class CpuClock:
 
 
 class CudaClock:
+    """CUDA events on the device's stream. Every step starts and ends synchronised (``sync``), so the GPU is idle
+    when the first mark is queued; then a layer's events bracket what the GPU did for it, including the time it
+    waited for the host to launch its kernels. At a small batch the GPU waits on the host, so the affine fit's
+    fixed part of a layer is its real cost per call (launches included), not only its kernels' time."""
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
@@ -437,6 +444,8 @@ def _profile(
         whole_model_s=statistics.median(whole_steps_s),
         torch_version=torch.__version__,
         date=datetime.now(UTC).isoformat(timespec="seconds"),
+        gpu_model=torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+        host=platform.node(),
         extra={
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "input_shape": list(input_shape),

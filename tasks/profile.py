@@ -1,5 +1,5 @@
-"""Profiling: the layer library of a model (from the profile cache shared with the command line), and its record
-in MLflow."""
+"""Profiling: the layer libraries of a model, one per device kind of the cluster (from the profile cache shared
+with the command line), and their record in MLflow."""
 
 from __future__ import annotations
 
@@ -11,20 +11,20 @@ from prefect.cache_policies import NO_CACHE
 
 from reports import runs
 from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
+from tapp_core.library import LayerLibrary, save_libraries
 from tapp_core.profile_cache import ProfileCache, ProfileKey
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 
 def profiling_threads(cluster: Cluster) -> int:
-    """Profile with the threads of the cluster's fastest CPU device (the cost model scales from there)."""
+    """The threads of the cluster's fastest CPU device (what one library for the whole cluster is profiled with)."""
     cpus = [d for d in cluster.devices if d.kind == "cpu"]
     return max(cpus, key=lambda d: d.speed).threads if cpus else 1
 
 
 # Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
-@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
+@task(name="profile-kind", task_run_name="profile-kind", cache_policy=NO_CACHE)
 def profile_layers(
     model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
 ) -> LayerLibrary:
@@ -34,16 +34,25 @@ def profile_layers(
     return ProfileCache().library(key)
 
 
+@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
+def profile_cluster_layers(model: str, batch_size: int, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
+    """The layer library of ``model`` at ``batch_size`` for every device kind of ``cluster`` this host has (the
+    fastest device's kind as the reference), from the profile cache, profiled and stored there if missing."""
+    return ProfileCache().cluster_libraries(model, batch_size, cluster, repeats=repeats)
+
+
 def record_library(run: TrackedRun, library: LayerLibrary) -> None:
-    """Log the library's files (``layer_library/``), its size and its whole-model time."""
+    """Log the libraries' files (``layer_library/``: the library, or a folder per kind), the reference kind's size
+    and whole-model time, and the kinds."""
     with tempfile.TemporaryDirectory(prefix="tapp-library-") as folder:
-        library.save(folder)
+        save_libraries(library, folder)
         run.log_dir(folder, "layer_library")
     run.log_params(
         {
             "library_device": library.device,
             "library_threads": library.threads,
             "library_batch_size": library.batch_size,
+            "library_kinds": ",".join(library.kind_libraries),
             "layers": len(library.layers),
         }
     )
@@ -58,14 +67,16 @@ def record_library(run: TrackedRun, library: LayerLibrary) -> None:
 
 
 def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
-    """The profile stage's nested run: the (cached) layer library of the experiment's model, logged."""
+    """The profile stage's nested run: the (cached) layer libraries of the experiment's model, logged."""
     progress = StageProgress("profile", 1, f"profiling {tags.model} at batch {tags.batch_size}")
     with tracked_run("profile", tags.child(parent, runs.STAGE_RUN, stage="profile"), parent=parent) as run:
         started = time.perf_counter()
-        library = profile_layers(tags.model, tags.batch_size, "cpu", profiling_threads(cluster), repeats)
+        library = profile_cluster_layers(tags.model, tags.batch_size, cluster, repeats)
         record_library(run, library)
         run.log_metrics({"wall_s": time.perf_counter() - started})
     progress.update(
-        1, f"{len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms on {library.threads} thread(s)"
+        1,
+        f"{len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms on {library.kind.name}"
+        + (f" (kinds {', '.join(library.kind_libraries)})" if library.kinds else ""),
     )
     return library

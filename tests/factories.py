@@ -17,7 +17,12 @@ def library_from_edges(
     activation_bytes: Sequence[int] | None = None,
     batch_size: int = 8,
     model: str = "toy",
+    threads: int = 1,
+    gpu_model: str = "",
+    host: str = "",
 ) -> LayerLibrary:
+    """A library of ``n_layers`` layers linked by ``edges``, timed on a CPU with ``threads`` threads (a GPU of model
+    ``gpu_model`` when given), profiled on ``host`` (empty: not recorded)."""
     succ: dict[int, list[int]] = {i: [] for i in range(n_layers)}
     pred: dict[int, list[int]] = {i: [] for i in range(n_layers)}
     for u, v in edges:
@@ -46,11 +51,13 @@ def library_from_edges(
     return LayerLibrary(
         model=model,
         batch_size=batch_size,
-        device="cpu",
-        threads=1,
+        device="cuda" if gpu_model else "cpu",
+        threads=threads,
         layers=layers,
         input_bytes=3072,
         whole_model_s=sum(fwd) + sum(bwd),
+        gpu_model=gpu_model,
+        host=host,
     )
 
 
@@ -62,21 +69,46 @@ def chain_library(
     activation_bytes: Sequence[int] | None = None,
     batch_size: int = 8,
     model: str = "toy",
+    threads: int = 1,
+    gpu_model: str = "",
+    host: str = "",
 ) -> LayerLibrary:
     """``library_from_edges`` of a chain: layer ``i`` feeds layer ``i + 1``."""
     edges = [(i, i + 1) for i in range(n_layers - 1)]
     return library_from_edges(
-        n_layers, edges, forward_s, backward_s, param_bytes, activation_bytes, batch_size=batch_size, model=model
+        n_layers,
+        edges,
+        forward_s,
+        backward_s,
+        param_bytes,
+        activation_bytes,
+        batch_size,
+        model,
+        threads,
+        gpu_model,
+        host,
     )
 
 
 def make_cluster(
-    speeds: Sequence[float], memory: str = "1GiB", bandwidth: str | float = "1Gbit/s", latency: str | float = 0
+    speeds: Sequence[float],
+    memory: str = "1GiB",
+    bandwidth: str | float = "1Gbit/s",
+    latency: str | float = 0,
+    kinds: Sequence[dict[str, object]] | None = None,
+    emulated: bool = True,
 ) -> Cluster:
+    """Devices ``d0, d1, ...`` of these speeds; ``kinds`` adds fields to each (``{"threads": 2}``,
+    ``{"kind": "cuda", "gpu_model": "X"}``)."""
+    extra = kinds or [{} for _ in speeds]
     return parse_cluster(
         {
             "name": "test",
-            "devices": [{"name": f"d{i}", "speed": s, "memory": memory} for i, s in enumerate(speeds)],
+            "emulated": emulated,
+            "devices": [
+                {"name": f"d{i}", "speed": s, "memory": memory, **more}
+                for i, (s, more) in enumerate(zip(speeds, extra, strict=True))
+            ],
             "links": {"bandwidth": bandwidth, "latency": latency},
         }
     )

@@ -98,9 +98,14 @@ def test_every_option_of_every_command_has_help() -> None:
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)
     assert command.help and "The ``tapp`` command line" not in command.help
-    assert len(command.commands) == 7
+    commands = {}
+    for name, sub in command.commands.items():  # a group of commands (tapp cluster) by its commands
+        assert sub.help, f"tapp {name} has no help"
+        group = sub.commands if isinstance(sub, TyperGroup) else {"": sub}
+        commands.update({f"{name} {part}".strip(): leaf for part, leaf in group.items()})
+    assert len(commands) == 9
     missing = []
-    for name, sub in command.commands.items():
+    for name, sub in commands.items():
         assert sub.help, f"tapp {name} has no help"
         options = [p for p in sub.params if isinstance(p, TyperOption)]
         assert options and len(options) == len(sub.params), f"tapp {name} takes arguments that are not options"
@@ -134,7 +139,17 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
         for parameter in sub.params:
             defaults.setdefault(str(parameter.name), set()).add(str(parameter.default))
             defaults[f"{sub.name} {parameter.name}"] = {str(parameter.default)}
-    for name in ("model", "cluster", "batch_size", "seed", "experiment", "steps", "warmup", "plan_file", "tracking_uri"):
+    for name in (
+        "model",
+        "cluster",
+        "batch_size",
+        "seed",
+        "experiment",
+        "steps",
+        "warmup",
+        "plan_file",
+        "tracking_uri",
+    ):
         assert len(defaults[name]) == 1, f"--{name} defaults differ between commands: {defaults[name]}"
     assert defaults["run out"] == defaults["report out"] == {"out/report"}
     assert defaults["profile model"] == {"alexnet"}

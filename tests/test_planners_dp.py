@@ -5,18 +5,21 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import platform
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from tapp_core.cluster import parse_cluster
+from tapp_core.cluster import Cluster, parse_cluster
 from tapp_core.costmodel import estimate
-from tapp_core.costs import Calibration
+from tapp_core.costs import Calibration, KindCalibration
+from tapp_core.library import LayerLibrary
 from tapp_core.plan import PlanError, validate
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
-from tapp_core.planners.bounds import StepTimeBound, device_group
+from tapp_core.planners.bounds import StepTimeBound
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
@@ -142,7 +145,7 @@ def test_the_bound_never_exceeds_the_estimate(schedule: str, fixed_share: float)
                 cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
                 plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
                 bound = StepTimeBound(library, cluster, calibration, schedule, m)
-                groups = [device_group(cluster, g, 64 // m, calibration) for g in grouping]
+                groups = [bound.group(g) for g in grouping]
                 assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, calibration).step_time * (1 + 1e-9)
 
 
@@ -241,3 +244,142 @@ def test_the_shared_moves_keep_every_stage_and_device_once() -> None:
     plan = contiguous_plan(library, (3, 7), groups, 2, "1f1b", 64)
     assert cuts_of(plan) == [3, 7]
     assert cuts_of(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:]))) is None
+
+
+# --- Several device kinds ---------------------------------------------------------------------------------------
+
+
+def kind_library(library: LayerLibrary, threads: int, seed: int, gpu_model: str = "") -> LayerLibrary:
+    """``library`` timed on another kind: every layer's time scaled by its own random factor (0.1x to 3x)."""
+    rng = random.Random(seed)
+    layers = []
+    for layer in library.layers:
+        f = rng.uniform(0.1, 3.0)
+        layers.append(
+            dataclasses.replace(
+                layer,
+                forward_s=layer.forward_s * f,
+                backward_s=layer.backward_s * f,
+                forward_fixed_s=layer.forward_fixed_s * f,
+                backward_fixed_s=layer.backward_fixed_s * f,
+            )
+        )
+    device = "cuda" if gpu_model else "cpu"
+    return dataclasses.replace(library, layers=layers, threads=threads, device=device, gpu_model=gpu_model)
+
+
+def kinds_case(make_library: Callable[[], LayerLibrary], fixed_share: float) -> tuple[LayerLibrary, Cluster]:
+    """Three kinds, profiled here: a 1-thread CPU (the reference), a 2-thread CPU and a GPU, each with layer
+    times of its own; a real cluster of two 1-thread devices, one 2-thread device and one GPU."""
+    here = platform.node()
+    base = dataclasses.replace(with_fixed_parts(make_library(), fixed_share), host=here)
+    library = base.with_kinds([kind_library(base, 2, 1), kind_library(base, 4, 2, gpu_model="X")])
+    cluster = parse_cluster(
+        {
+            "name": "kinds",
+            "emulated": False,
+            "devices": [
+                {"name": "c1a", "threads": 1, "memory": "1GiB"},
+                {"name": "c1b", "threads": 1, "memory": "1GiB"},
+                {"name": "c2", "threads": 2, "memory": "1GiB"},
+                {"name": "g", "kind": "cuda", "gpu_model": "X", "threads": 4, "memory": "1GiB"},
+            ],
+            "links": {
+                "bandwidth": "1Gbit/s",
+                "latency": "50us",
+                "overrides": [{"between": ["c2", "g"], "bandwidth": "100Mbit/s", "latency": "50us"}],
+            },
+        }
+    )
+    return library, cluster
+
+
+KIND_CALIBRATION = Calibration(
+    per_message_s=1e-4,
+    per_step_s=2e-3,
+    per_micro_batch_s=3e-4,
+    update_s_per_param_byte=1e-10,
+    kinds={
+        "cpu-t2": KindCalibration(compute_scale=1.3, per_micro_batch_s=1e-4, update_s_per_param_byte=5e-11),
+        "cuda-X": KindCalibration(
+            compute_scale=0.8,
+            per_micro_batch_s=5e-5,
+            update_s_per_param_byte=1e-12,
+            d2h_s_per_byte=1e-9,
+            h2d_s_per_byte=2e-9,
+            staging_per_copy_s=2e-5,
+        ),
+    },
+)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async"])
+def test_the_bound_never_exceeds_the_estimate_with_several_kinds(schedule: str) -> None:
+    rng = random.Random(17)
+    for make_library, fixed_share in ((chain_library, 0.0), (branchy_library, 0.6)):
+        library, cluster = kinds_case(make_library, fixed_share)
+        n = len(library.layers)
+        groupings = list(device_groupings(cluster, 2))
+        for _ in range(80):
+            grouping = rng.choice(groupings)
+            m = rng.choice([1, 2, 4, 8])
+            if len(grouping) > n or any((64 // m) % len(g) for g in grouping):
+                continue
+            cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
+            plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
+            bound = StepTimeBound(library, cluster, KIND_CALIBRATION, schedule, m)
+            groups = [bound.group(g) for g in grouping]
+            assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, KIND_CALIBRATION).step_time * (
+                1 + 1e-9
+            )
+
+
+def test_the_oracle_is_the_minimum_with_several_kinds() -> None:
+    library, cluster = kinds_case(chain_library, 0.3)
+    library = dataclasses.replace(library, layers=library.layers[:7])  # small enough to enumerate
+    library = library.with_kinds(
+        [dataclasses.replace(other, layers=other.layers[:7]) for other in library.kinds.values()]
+    )
+    last = library.layers[-1]
+    library.layers[-1] = dataclasses.replace(last, successors=())
+    for other in library.kinds.values():
+        other.layers[-1] = dataclasses.replace(other.layers[-1], successors=())
+    choices = (1, 4)
+    plan = get_planner("oracle", micro_batches=choices, calibration=KIND_CALIBRATION).plan(library, cluster)
+    assert plan.notes["proved_optimal"] is True
+    best = math.inf
+    for grouping in device_groupings(cluster, 4):
+        for m in choices:
+            if len(grouping) > 7 or any((64 // m) % len(g) for g in grouping):
+                continue
+            for cuts in itertools.combinations(range(1, 7), len(grouping) - 1):
+                candidate = contiguous_plan(library, cuts, grouping, m, "1f1b", 64)
+                best = min(best, estimate(candidate, library, cluster, KIND_CALIBRATION).step_time)
+    assert math.isclose(plan.notes["estimated_step_time_s"], best, rel_tol=1e-12)
+
+
+def test_the_dynamic_programs_put_each_layer_where_its_kind_is_fast() -> None:
+    # Two kinds with opposite strengths: kind A runs layers 0-2 ten times faster than kind B, and B runs layers 3-5
+    # ten times faster than A. One library scaled by a speed cannot see it; per-kind libraries can.
+    here = platform.node()
+    fast, slow = 1.0, 10.0
+    a = dataclasses.replace(chain_library([fast] * 3 + [slow] * 3), host=here)
+    opposite = chain_library([slow] * 3 + [fast] * 3).layers
+    layers = [
+        dataclasses.replace(mine, forward_s=theirs.forward_s, backward_s=theirs.backward_s)
+        for mine, theirs in zip(a.layers, opposite, strict=True)
+    ]
+    b = dataclasses.replace(a, layers=layers, threads=2)
+    library = a.with_kinds([b])
+    cluster = parse_cluster(
+        {
+            "name": "opposites",
+            "emulated": False,
+            "devices": [{"name": "a", "threads": 1, "memory": "1GiB"}, {"name": "b", "threads": 2, "memory": "1GiB"}],
+            "links": {"bandwidth": "10Gbit/s", "latency": "10us"},
+        }
+    )
+    for name in ("pipetorch", "pipedream", "autoddl", "oracle"):
+        plan = get_planner(name, micro_batches=(4,)).plan(library, cluster)
+        assert plan.stage_devices == (("a",), ("b",)), name
+        assert plan.stage_of_layer == (0, 0, 0, 1, 1, 1), name

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from flows.cli.common import library_for
+from tapp_core.cluster import parse_cluster
+from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.profile_cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey
+from tapp_core.profile_cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey, local_kinds
 from tasks.profile import profile_layers
 
 QUICK = {"repeats": 1, "warmup": 0}
@@ -88,3 +90,34 @@ def test_the_command_line_and_the_flow_share_one_cache(work_dir: Path) -> None:
     by_cli = library_for("mlp", 8, library=None)
     assert same_library(by_cli, by_flow)
     assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 1
+
+
+def test_a_cluster_is_profiled_once_per_kind_this_host_has(tmp_path: Path) -> None:
+    cluster = parse_cluster(
+        {
+            "name": "mixed",
+            "devices": [
+                {"name": "a", "threads": 1, "memory": "1GiB"},
+                {"name": "b", "threads": 1, "memory": "1GiB"},
+                {"name": "c", "threads": 2, "memory": "1GiB"},
+                {"name": "far", "threads": 3, "memory": "1GiB", "host": "another-host"},
+                {"name": "gpu", "kind": "cuda", "gpu_model": "NVIDIA H100 80GB HBM3", "memory": "80GiB"},
+            ],
+            "links": {"bandwidth": "1Gbit/s", "latency": 0},
+        }
+    )
+    # Another host's kind is profiled there; a GPU only where this host has that GPU.
+    here = local_kinds(cluster)
+    assert here["cpu-t1"] == ("cpu", 1) and here["cpu-t2"] == ("cpu", 2) and "cpu-t3" not in here
+    assert ("cuda-NVIDIA H100 80GB HBM3" in here) == (
+        torch.cuda.is_available() and torch.cuda.get_device_name(0) == "NVIDIA H100 80GB HBM3"
+    )
+    cache = ProfileCache(tmp_path)
+    library = cache.cluster_libraries("mlp", 8, cluster, kinds=["cpu-t1", "cpu-t2"], **QUICK)
+    assert sorted(library.kind_libraries) == ["cpu-t1", "cpu-t2"]
+    assert library.kind.name == "cpu-t1"  # the fastest device (the GPU) is not among them: the first asked for
+    assert len(list((tmp_path / "libraries").iterdir())) == 2
+    again = cache.cluster_libraries("mlp", 8, cluster, kinds=["cpu-t1", "cpu-t2"], **QUICK)
+    assert same_library(again.kind_libraries["cpu-t2"], library.kind_libraries["cpu-t2"])  # from the cache
+    with pytest.raises(TappError, match=r"cannot profile kind.*cpu-t3"):
+        cache.cluster_libraries("mlp", 8, cluster, kinds=["cpu-t3"], **QUICK)

@@ -4,6 +4,8 @@ One module per group of commands, registered here in the order ``tapp --help`` l
 
 - ``planning``: ``profile``, ``plan``, ``simulate`` (tapp_core alone: no workers, Prefect or MLflow);
 - ``runtime``: ``measure``, ``train`` (a plan on MPI workers);
+- ``hardware``: ``calibrate`` (the cost model's calibration, measured on this machine) and ``cluster detect``
+  (the cluster file of this host);
 - ``experiments``: ``run`` (the Prefect flow, tracked in MLflow) and ``report`` (tables and figures from MLflow);
 - ``common``: the consoles, the options several commands share, the layer library and plan they start from.
 
@@ -18,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import experiments, planning, runtime
+from flows.cli import experiments, hardware, planning, runtime
 from flows.cli.common import console, reports_user_errors
 
 HELP = (
@@ -64,9 +66,11 @@ for _command in (
     planning.simulate,
     runtime.measure,
     runtime.train,
+    hardware.calibrate,
     experiments.run,
     experiments.report,
 ):
     app.command()(reports_user_errors(_command))
+app.add_typer(hardware.cluster_app, name="cluster")
 
 __all__ = ["app", "tapp_version"]

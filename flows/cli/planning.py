@@ -22,44 +22,101 @@ from flows.cli.common import (
     PlanFileOpt,
     SeedOpt,
     console,
-    library_for,
     load_plan,
     progress_bars,
 )
+from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
     from tapp_core.cluster import Cluster
     from tapp_core.costmodel import Estimate
+    from tapp_core.costs import Calibration
     from tapp_core.library import LayerLibrary
     from tapp_core.plan import Plan
     from tapp_core.planners import SearchProgress
 
 PlannerOpt = Annotated[str, typer.Option(help=" | ".join(METHODS) + " (the method names of tapp run --methods)")]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(help="calibration JSON (tapp calibrate --out); default: the one beside the cluster file, if any"),
+]
 
 
 def profile(
     model: ModelOpt = DEFAULT_MODEL,
     batch_size: BatchOpt = DEFAULT_BATCH,
-    out: Annotated[Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json")] = Path("library"),
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's)")] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json (a folder per kind)")
+    ] = Path("library"),
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    device: Annotated[str | None, typer.Option(help="profile this one kind: cpu or cuda")] = None,
+    threads: Annotated[int | None, typer.Option(help="profile this one kind: torch threads")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per layer; the median is kept")] = 5,
 ) -> None:
-    """Trace a model and build its layer library: per-layer times, FLOPs, parameter and activation bytes."""
-    from tapp_core.profiler import profile_model
+    """Trace a model and build its layer libraries: per-layer times, FLOPs, parameter and activation bytes. One
+    library per device kind of the cluster that this host has (also stored in the profile cache, where `tapp plan`,
+    `simulate` and `run` find them), or of the one kind --device / --threads name."""
+    from tapp_core.library import save_libraries
 
-    with console.status(f"profiling {model} at batch {batch_size} on {device}"):
-        library = profile_model(model, batch_size, device=device, threads=threads, repeats=repeats)
-    library.save(out)
-    ratio = library.layer_time_sum_s / library.whole_model_s
-    console.print(
-        f"{model}: {len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms "
-        f"(forward+backward, batch {batch_size}), sum of layers {library.layer_time_sum_s * 1e3:.1f} ms"
-    )
-    console.print(f"sum-of-layers / whole-model ratio: {ratio:.3f}")
-    console.print(f"wrote {out / 'layers.csv'} and {out / 'library.json'}")
+    if device is None and threads is None:
+        library = _profile_cluster(model, batch_size, cluster, repeats)
+    else:
+        from tapp_core.profiler import profile_model
+
+        chosen = device or "cpu"
+        with console.status(f"profiling {model} at batch {batch_size} on {chosen}"):
+            library = profile_model(model, batch_size, device=chosen, threads=threads, repeats=repeats)
+    for kind, lib in library.kind_libraries.items():
+        ratio = lib.layer_time_sum_s / lib.whole_model_s
+        console.print(
+            f"{model} on {kind}: {len(lib.layers)} layers, whole model {lib.whole_model_s * 1e3:.1f} ms "
+            f"(forward+backward, batch {batch_size}), sum of layers {lib.layer_time_sum_s * 1e3:.1f} ms"
+        )
+        console.print(f"sum-of-layers / whole-model ratio: {ratio:.3f}")
+    save_libraries(library, out)
+    console.print(f"wrote {out / 'layers.csv'} and {out / 'library.json'}" if not library.kinds else f"wrote {out}")
+
+
+def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) -> LayerLibrary:
+    """Every kind of ``cluster`` that this host has, profiled afresh and stored in the profile cache."""
+    from tapp_core.cluster import load_cluster
+    from tapp_core.kinds import cluster_kinds
+    from tapp_core.profile_cache import ProfileCache, local_kinds
+
+    target = load_cluster(cluster)
+    here = local_kinds(target)
+    if not here:
+        raise TappError(
+            f"this host has none of the device kinds of cluster {target.name!r} ({', '.join(cluster_kinds(target))}): "
+            "profile them on their hosts, or name one kind with --device / --threads"
+        )
+    with console.status(f"profiling {model} at batch {batch_size} on {', '.join(here)}"):
+        return ProfileCache().cluster_libraries(model, batch_size, target, repeats=repeats, fresh=True)
+
+
+def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
+    """The libraries to cost ``cluster`` with: the given folder (one library, or one per kind as ``tapp profile
+    --cluster`` writes them), else the profile cache's library of each kind of the cluster this host has."""
+    from tapp_core.library import load_libraries
+    from tapp_core.profile_cache import ProfileCache
+
+    if library is not None:
+        loaded = load_libraries(library)
+        if loaded.model != model:
+            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
+        return loaded
+    with console.status(f"layer libraries of {model} at batch {batch_size} for cluster {cluster.name} (cached)"):
+        return ProfileCache().cluster_libraries(model, batch_size, cluster)
+
+
+def calibration_for(cluster: str, target: Cluster, library: LayerLibrary, path: Path | None) -> Calibration:
+    """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file, checked against
+    this machine and ``library``; the ideal one when there is none."""
+    from tapp_core.runtime.calibration import cluster_calibration
+
+    return cluster_calibration(cluster, target, library, path)
 
 
 def plan(
@@ -82,6 +139,7 @@ def plan(
     ] = None,
     reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
     seed: SeedOpt = 0,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Find a plan for a model on a cluster and write it as JSON."""
     from tapp_core.cluster import load_cluster
@@ -89,12 +147,14 @@ def plan(
     from tapp_core.plan import validate
 
     target = load_cluster(cluster)
-    layers = library_for(model, batch_size, library)
-    options = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
+    layers = cluster_library(model, batch_size, library, target)
+    fitted = calibration_for(cluster, target, layers, calibration)
+    options = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds, "calibration": fitted}
     found = _run_planner(planner, layers, target, budget, **{k: v for k, v in options.items() if v is not None})
     validate(found, layers, target)
     found.save(out)
-    predicted = estimate(found, layers, target)
+    predicted = estimate(found, layers, target, fitted)
+    console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
     console.print(
         f"{planner} plan {found.id}: {found.n_stages} stage(s) on {', '.join('+'.join(d) for d in found.stage_devices)}, "
         f"{found.micro_batches} micro-batches, {found.schedule}; estimated step time {predicted.step_time:.4f} s"
@@ -132,18 +192,21 @@ def simulate(
     library: LibraryOpt = None,
     gantt: Annotated[Path | None, typer.Option(help="draw the timeline of one step to this PNG")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Predict a plan's step time, per-device compute / communication / idle and peak memory."""
     from tapp_core.costmodel import estimate
     from tapp_core.plan import validate
 
     chosen, target = load_plan(model, plan_file, cluster)
-    layers = library_for(model, chosen.batch_size, library)
+    layers = cluster_library(model, chosen.batch_size, library, target)
     validate(chosen, layers, target)
-    predicted = estimate(chosen, layers, target)
+    fitted = calibration_for(cluster, target, layers, calibration)
+    predicted = estimate(chosen, layers, target, fitted)
     if as_json:
         console.print_json(json.dumps(predicted.to_dict(include_timeline=False), default=float))
     else:
+        console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
         _print_estimate(chosen, predicted)
     if gantt is not None:
         from reports.figures import gantt as draw_gantt

@@ -26,7 +26,8 @@ class DownSets:
     members: np.ndarray
     """``members[s, i]``: layer ``i`` is in down-set ``s``. Sorted by size: 0 is empty, the last is every layer."""
     work: np.ndarray
-    """Forward plus backward seconds per sample of each down-set's layers."""
+    """Forward plus backward seconds per sample of each down-set's layers, in the library they were built from
+    (``work_in`` gives them in another kind's library)."""
     params: np.ndarray
     out_bytes: np.ndarray
     """Activation bytes per sample leaving the down-set (what a cut after it sends)."""
@@ -38,6 +39,16 @@ class DownSets:
 
     def __len__(self) -> int:
         return len(self.members)
+
+    def work_in(self, costs: LayerCosts) -> np.ndarray:
+        """Forward plus backward seconds per sample of each down-set's layers, from ``costs``."""
+        work: np.ndarray = self.members.astype(np.float64) @ _layer_work(costs)
+        return work
+
+
+def _layer_work(costs: LayerCosts) -> np.ndarray:
+    work: np.ndarray = np.diff(costs.forward_prefix) + np.diff(costs.backward_prefix)
+    return work
 
 
 def _block_down_sets(library: LayerLibrary, start: int, stop: int, limit: int) -> list[int] | None:
@@ -101,7 +112,7 @@ def down_sets(library: LayerLibrary, max_per_block: int = 512) -> DownSets:
     members = np.array(rows)
     members = members[np.argsort(members.sum(axis=1), kind="stable")]
     as_float = members.astype(np.float64)
-    forward = np.diff(costs.forward_prefix) + np.diff(costs.backward_prefix)
+    forward = _layer_work(costs)
     params = np.diff(costs.param_prefix)
     activation = np.array([layer.activation_bytes for layer in library.layers], dtype=np.float64)
     successors = np.zeros((n, n))

@@ -7,7 +7,7 @@ coordinates are: every stage boundary (any position between its neighbours), the
 stage, or drop a replica), the number of stages (merge two neighbours, or split a stage onto a left-over
 device), and the micro-batch count. Each coordinate in turn is set to its best value with the others held;
 sweeps repeat until one changes nothing (or the budget runs out). The start is a split balanced to the
-devices' speeds, fastest device first.
+devices' relative speeds (``costs.relative_speeds``: their kinds' libraries and speeds), fastest device first.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
+from tapp_core.planners.costs import relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.moves import (
     Groups,
@@ -160,8 +161,9 @@ class AutoDdlPlanner(PlannerBase):
         return dataclasses.replace(evaluator.best_plan, notes=notes)
 
     def _start(self, library: LayerLibrary, cluster: Cluster, descent: _Descent) -> _Point:
-        ranked = sorted(cluster.devices, key=lambda d: -d.speed)[: len(library.layers)]
+        speeds = relative_speeds(library, cluster)
+        ranked = sorted(cluster.device_names, key=lambda d: -speeds[d])[: len(library.layers)]
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
-        cuts = tuple(balanced_cuts(weights, [d.speed for d in ranked]))
-        start = _Point(cuts, tuple((d.name,) for d in ranked), descent.choices[0])
+        cuts = tuple(balanced_cuts(weights, [speeds[d] for d in ranked]))
+        start = _Point(cuts, tuple((d,) for d in ranked), descent.choices[0])
         return descent.best_of(start, descent._micro_batches(start))

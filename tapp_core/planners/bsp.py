@@ -1,7 +1,8 @@
 """BSP: synchronous data parallelism, one stage holding the whole model replicated on every device.
 
 Every replica takes an equal share of the batch, so the slowest device sets the pace. When the device count
-does not divide the batch, the slowest devices are left out until it does (the plan's notes say which).
+does not divide the batch, the slowest devices (by ``costs.relative_speeds``) are left out until it does (the
+plan's notes say which).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.costs import relative_speeds
 
 
 @dataclass
@@ -23,7 +25,8 @@ class BspPlanner(PlannerBase):
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
         batch = self.resolved_batch_size(library)
-        ranked = [d.name for d in sorted(cluster.devices, key=lambda d: -d.speed)]
+        speeds = relative_speeds(library, cluster)
+        ranked = sorted(cluster.device_names, key=lambda d: -speeds[d])
         problems = []
         for k in range(len(ranked), 0, -1):
             if batch % k:

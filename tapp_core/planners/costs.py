@@ -8,15 +8,23 @@ planner's stage arithmetic agrees with the estimate of the plan it builds.
 Layer times are costed at one micro-batch size (``LayerCosts.from_library(library, samples)``): each layer's
 fixed part is spread over those samples. That is exact for a stage on one device; a replica computes fewer
 samples, so for replicated stages the same arithmetic is a lower bound (each replica pays the whole fixed part).
+
+A stage's time depends on its device's kind, not on one scalar: ``DeviceCosts`` answers "seconds of layers
+``[a, b)`` per sample on device ``d``" from the ``LayerCosts`` of ``d``'s own library (``costs.device_terms``
+says which), times ``d``'s compute factor. Planners that group devices (a stage's replicas, a class of
+interchangeable devices) group them by library, since two libraries' prefix sums are not proportional.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import Calibration, DeviceTerms, device_terms, staging_s
+from tapp_core.kinds import device_kind, device_library
 from tapp_core.library import LayerLibrary
 
 
@@ -90,9 +98,66 @@ class LayerCosts:
         return [p for p in range(1, self.n_layers) if self.cut_tensors[p] == 1]
 
 
+class DeviceCosts:
+    """Per device of a cluster: the prefix sums of its own kind's library, and its compute factor."""
+
+    def __init__(self, library: LayerLibrary, cluster: Cluster, calibration: Calibration) -> None:
+        self.library = library
+        self.cluster = cluster
+        self.calibration = calibration
+        self.terms: Mapping[str, DeviceTerms] = device_terms(library, cluster, calibration)
+        self._costs: dict[tuple[int, int], LayerCosts] = {}
+
+    def layer_costs(self, device: str, samples: int | None = None) -> LayerCosts:
+        """The ``LayerCosts`` of ``device``'s library at micro-batches of ``samples`` (cached per library)."""
+        library = self.terms[device].library
+        key = (id(library), samples or library.batch_size)
+        costs = self._costs.get(key)
+        if costs is None:
+            costs = self._costs[key] = LayerCosts.from_library(library, samples)
+        return costs
+
+    def factor(self, device: str) -> float:
+        """Seconds on ``device`` per second of its library's work."""
+        return self.terms[device].compute_factor
+
+    def work_s(self, device: str, start: int, stop: int, samples: int | None = None) -> float:
+        """Forward plus backward seconds per sample of layers ``[start, stop)`` on ``device``, at micro-batches of
+        ``samples`` samples."""
+        return self.layer_costs(device, samples).work(start, stop) * self.factor(device)
+
+    def staging_per_byte(self, sender: str, receiver: str) -> float:
+        """Seconds per byte that staging through host memory adds to what ``sender`` sends ``receiver`` (0 between
+        CPUs, and with CUDA-aware MPI)."""
+        return staging_s(self.terms[sender], self.terms[receiver], 1.0, 0, self.calibration)
+
+    def by_library(self, devices: tuple[str, ...]) -> dict[int, list[str]]:
+        """``devices`` grouped by the library they are costed from (by its id), in order of first appearance."""
+        groups: dict[int, list[str]] = {}
+        for device in devices:
+            groups.setdefault(id(self.terms[device].library), []).append(device)
+        return groups
+
+
+def relative_speeds(library: LayerLibrary, cluster: Cluster) -> dict[str, float]:
+    """Per device, how fast it trains the whole model relative to ``library``'s own kind: its ``speed`` where that
+    applies (``tapp_core.kinds``, else 1), times ``library``'s total layer time over its own library's. For the
+    planners' balancing heuristics (start points, shares of work); the cost model judges the plans they build.
+    With one library on an emulated cluster, every device gets exactly its ``speed``."""
+    speeds = {}
+    for device in cluster.devices:
+        chosen = device_library(library, cluster, device.name)
+        speed = device.speed if chosen.speed_applies else 1.0
+        if chosen.library is not library and chosen.library.layer_time_sum_s > 0:
+            speed *= library.layer_time_sum_s / chosen.library.layer_time_sum_s
+        speeds[device.name] = speed
+    return speeds
+
+
 def device_classes(cluster: Cluster) -> list[list[str]]:
-    """Devices grouped into interchangeable classes: same kind, speed, threads and memory, and the same link to
-    every other device. Swapping two devices of a class changes no estimate, so searches try one per class."""
+    """Devices grouped into interchangeable classes: same kind (``tapp_core.kinds``), speed, threads, memory and
+    host, and the same link to every other device. Swapping two devices of a class changes no estimate, so
+    searches try one per class."""
     classes: list[list[str]] = []
     for device in cluster.devices:
         for group in classes:
@@ -106,6 +171,6 @@ def device_classes(cluster: Cluster) -> list[list[str]]:
 
 def _interchangeable(cluster: Cluster, a: str, b: str) -> bool:
     da, db = cluster.device(a), cluster.device(b)
-    if (da.kind, da.speed, da.threads, da.memory) != (db.kind, db.speed, db.threads, db.memory):
+    if (device_kind(da), da.speed, da.memory, da.host) != (device_kind(db), db.speed, db.memory, db.host):
         return False
     return all(cluster.link(a, c) == cluster.link(b, c) for c in cluster.device_names if c not in (a, b))

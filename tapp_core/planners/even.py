@@ -1,8 +1,10 @@
 """Even split (GPipe / torchgpipe ``balance_by_time``): one stage per device, layers balanced by time or count.
 
-The split is unaware of device speed and links: stage ``s`` goes to the ``s``-th device in cluster order and
-the layers are cut into contiguous ranges minimising the largest range's weight (the optimal linear partition
-that torchgpipe's ``blockpartition`` solves). The micro-batch count is the cost model's pick among the choices.
+The split is unaware of device speed, kind and links: stage ``s`` goes to the ``s``-th device in cluster order
+and the layers are cut into contiguous ranges minimising the largest range's weight (the optimal linear
+partition that torchgpipe's ``blockpartition`` solves), their times taken from the library it is given (its own
+kind, as torchgpipe's ``balance_by_time`` times one device). The micro-batch count is the cost model's pick
+among the choices.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
-from tapp_core.planners.bounds import Chain, StepTimeBound, device_group
-from tapp_core.planners.costs import device_classes
+from tapp_core.planners.bounds import Chain, StepTimeBound
+from tapp_core.planners.costs import device_classes, relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
 
@@ -75,8 +75,8 @@ class _Search:
         samples = self.batch // micro_batches
         if any(samples % len(group) for group in grouping):
             return
-        groups = [device_group(bound.cluster, group, samples, bound.calibration) for group in grouping]
-        # suffix_throughput[s]: samples per second of work that groups s.. process together.
+        groups = [bound.group(group) for group in grouping]
+        # suffix_throughput[s]: samples per second of the reference library's work that groups s.. process together.
         suffix_throughput = np.cumsum([g.throughput for g in reversed(groups)])[::-1]
         self._grouping, self._groups, self._bound = grouping, groups, bound
         self._suffix_throughput = suffix_throughput
@@ -102,7 +102,7 @@ class _Search:
         work = bound.costs.work_prefix
         m = bound.micro_batches
         samples = self.batch // m
-        per_mb = 2 * bound.calibration.per_micro_batch_s
+        per_mb = 2 * bound.least_per_call_s
         for stop in stops:
             if self._out_of_time():
                 return
@@ -201,9 +201,10 @@ class OraclePlanner(PlannerBase):
         in which the branch and bound visits groupings (most promising first)."""
         cluster = evaluator.cluster
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
+        speeds = relative_speeds(library, cluster)
         out = []
         for grouping in groupings:
-            shares = [len(g) * min(cluster.device(d).speed for d in g) for g in grouping]
+            shares = [len(g) * min(speeds[d] for d in g) for g in grouping]
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
                 plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)

@@ -3,7 +3,8 @@
 States are the graph's down-sets (``antichain.down_sets``). For a fixed order of devices, ``A[t][S]`` is the
 smallest bottleneck (seconds per step) of a pipeline that covers down-set ``S`` with the first ``t`` devices;
 the last stage is ``S - S'`` for some smaller down-set ``S'`` and runs on devices ``t'..t-1`` as replicas,
-costing its compute on the slowest replica for its share of the batch plus the allreduce of its gradients,
+costing its compute on the slowest replica for its share of the batch (each replica's from its own kind's
+library, ``DeviceCosts``) plus the allreduce of its gradients,
 and the cut after ``S'`` costs its activation transfer over the link that feeds the stage (APapo's matching of
 model tasks to computing resources). Device orders keep interchangeable devices together, so a replicated
 stage takes devices of one kind; every order of the classes is tried. The best partitions are built with every
@@ -13,18 +14,19 @@ micro-batch choice and the cost model picks the fastest.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costs import allreduce_s, compute_factor
+from tapp_core.costs import allreduce_s
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.antichain import DownSets, down_sets
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import device_classes
+from tapp_core.planners.costs import DeviceCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 
 
@@ -39,18 +41,20 @@ class _OrderDP:
     def __init__(
         self,
         states: DownSets,
-        cluster: Cluster,
+        costs: DeviceCosts,
         order: tuple[str, ...],
         planner: PipeDreamPlanner,
         batch: int,
         replicas: set[int],
     ) -> None:
         self.states = states
-        self.cluster = cluster
+        self.costs = costs
+        self.cluster = costs.cluster
         self.order = order
         self.calibration = planner.calibration
         self.batch = batch
         self.replicas = replicas
+        self._work: dict[int, np.ndarray] = {}
 
     def solve(self) -> list[_Solution]:
         n_states = len(self.states)
@@ -59,8 +63,6 @@ class _OrderDP:
         best[0, 0] = 0.0
         previous_t = np.zeros((d + 1, n_states), dtype=np.int64)
         previous_s = np.zeros((d + 1, n_states), dtype=np.int64)
-        work = self.states.work
-        stage_work = work[None, :] - work[:, None]
         stage_params = self.states.params[None, :] - self.states.params[:, None]
         not_subset = ~self.states.strict_subset
         for t in range(1, d + 1):
@@ -68,8 +70,7 @@ class _OrderDP:
                 run = self.order[first:t]
                 if len(run) not in self.replicas or not np.isfinite(best[first]).any():
                     continue
-                slowest = max(compute_factor(self.cluster, name, self.calibration) for name in run)
-                stage = stage_work * (self.batch / len(run) * slowest)
+                stage = self._stage_compute(run)
                 if len(run) > 1:
                     stage = stage + self._allreduce(run, stage_params)
                 inbound = self._inbound(first)
@@ -88,18 +89,41 @@ class _OrderDP:
                 solutions.append(_Solution(float(best[t, full]), self._backtrack(t, full, previous_t, previous_s)))
         return solutions
 
+    def _stage_compute(self, run: tuple[str, ...]) -> np.ndarray:
+        """``[S', S]``: the compute of stage ``S - S'`` (for any pair of down-sets; the caller masks those that are
+        not nested) on the replicas ``run``: its slowest replica's, each costed from its own library."""
+        parts = [
+            self._stage_work(group[0]) * (self.batch / len(run) * max(self.costs.factor(name) for name in group))
+            for group in self.costs.by_library(run).values()
+        ]
+        stage: np.ndarray = functools.reduce(np.maximum, parts)
+        return stage
+
+    def _stage_work(self, device: str) -> np.ndarray:
+        library = id(self.costs.terms[device].library)
+        found = self._work.get(library)
+        if found is None:
+            if self.costs.terms[device].library is self.costs.library:
+                work = self.states.work
+            else:
+                work = self.states.work_in(self.costs.layer_costs(device))
+            found = self._work[library] = work[None, :] - work[:, None]
+        return found
+
     def _allreduce(self, run: tuple[str, ...], stage_params: np.ndarray) -> np.ndarray:
-        fixed = allreduce_s(self.cluster, run, 0.0, self.calibration)
-        per_byte = allreduce_s(self.cluster, run, 1.0, self.calibration) - fixed
+        fixed = allreduce_s(self.cluster, run, 0.0, self.calibration, self.costs.terms)
+        per_byte = allreduce_s(self.cluster, run, 1.0, self.calibration, self.costs.terms) - fixed
         return fixed + per_byte * stage_params
 
     def _inbound(self, first: int) -> np.ndarray:
         """Per state: time to send the cut after it into the stage starting at device ``first``."""
         if first == 0:
             return np.zeros(len(self.states))
-        link = self.cluster.link(self.order[first - 1], self.order[first])
-        bandwidth = link.bandwidth * self.calibration.bandwidth_scale
-        return self.states.out_bytes * self.batch / bandwidth
+        sender, receiver = self.order[first - 1], self.order[first]
+        bandwidth = self.cluster.link(sender, receiver).bandwidth * self.calibration.bandwidth_scale
+        inbound: np.ndarray = self.states.out_bytes * self.batch / bandwidth
+        staging = self.costs.staging_per_byte(sender, receiver)
+        return inbound + self.states.out_bytes * self.batch * staging if staging else inbound
 
     def _backtrack(
         self, t: int, state: int, previous_t: np.ndarray, previous_s: np.ndarray
@@ -136,9 +160,10 @@ class PipeDreamPlanner(PlannerBase):
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
         replicas = {r for r in range(1, len(cluster.devices) + 1) if any((batch // m) % r == 0 for m in choices)}
+        costs = DeviceCosts(library, cluster, self.calibration)
         solutions = []
         for order in class_orders(cluster):
-            solutions += _OrderDP(states, cluster, order, self, batch, replicas).solve()
+            solutions += _OrderDP(states, costs, order, self, batch, replicas).solve()
         solutions.sort(key=lambda s: s.bottleneck)
         evaluator = PlanEvaluator(library, cluster, self.calibration)
         tried: set[tuple[tuple[int, tuple[str, ...]], ...]] = set()

@@ -2,7 +2,8 @@
 
 For an ordered sequence of devices (one stage each), the DP finds the cut positions minimising the pipeline's
 bottleneck per sample: the largest of every stage's compute time on its device and every cut's transfer time
-over the link between consecutive devices. Orders are enumerated as a prefix tree (every DP step extends the
+over the link between consecutive devices (a stage's compute from its device's own kind's library,
+``DeviceCosts``; a transfer's bytes staged through host memory where a GPU sends or receives them). Orders are enumerated as a prefix tree (every DP step extends the
 one of its prefix), trying one device per class of interchangeable devices at every level, so every subset
 and order of devices is covered exactly once. Layer times are costed at the micro-batch size, so the DP runs
 once per micro-batch choice; the best partitions of each are built and the cost model picks the fastest.
@@ -16,11 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
-from tapp_core.costs import compute_factor
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import LayerCosts, device_classes
+from tapp_core.planners.costs import DeviceCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
 
@@ -35,20 +35,20 @@ class _Partition:
 class _OrderTree:
     """Depth-first enumeration of device orders with one DP step per tree node."""
 
-    def __init__(self, costs: LayerCosts, cluster: Cluster, planner: PipeTorchPlanner) -> None:
+    def __init__(self, costs: DeviceCosts, samples: int, cluster: Cluster, planner: PipeTorchPlanner) -> None:
+        self.costs = costs
+        self.samples = samples
         self.cluster = cluster
         self.classes = device_classes(cluster)
         self.calibration = planner.calibration
-        work = costs.work_prefix
-        n = costs.n_layers
-        # stage_work[j, i]: work per sample of layers [i, j); inf where the stage would be empty. Rows are the
-        # stage ends, so the DP's minimum over stage starts runs along contiguous memory.
-        earlier = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)
-        self.stage_work = np.where(earlier, work[:, None] - work[None, :], np.inf)
-        self.cut_bytes = costs.cut_bytes
+        reference = costs.layer_costs(cluster.device_names[0], samples)
+        n = reference.n_layers
+        self.earlier = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)
+        self.cut_bytes = reference.cut_bytes
         self.n = n
         self.columns = np.arange(n + 1)
-        self.stage_times: dict[float, np.ndarray] = {}
+        self.stage_work: dict[int, np.ndarray] = {}
+        self.stage_times: dict[tuple[int, float], np.ndarray] = {}
         self.found: list[_Partition] = []
 
     def run(self) -> list[_Partition]:
@@ -69,15 +69,25 @@ class _OrderTree:
         for device in self._candidates(order):
             link = self.cluster.link(previous, device)
             transfer = self.cut_bytes / (link.bandwidth * self.calibration.bandwidth_scale)
+            staging = self.costs.staging_per_byte(previous, device)
+            if staging:
+                transfer = transfer + self.cut_bytes * staging
             candidates = np.maximum(self._stage_time(device), np.maximum(best, transfer)[None, :])
             argmin = np.argmin(candidates, axis=1)
             self._extend((*order, device), candidates[self.columns, argmin], [*choices, argmin])
 
     def _stage_time(self, device: str) -> np.ndarray:
-        factor = compute_factor(self.cluster, device, self.calibration)
-        if factor not in self.stage_times:
-            self.stage_times[factor] = self.stage_work * factor
-        return self.stage_times[factor]
+        library = id(self.costs.terms[device].library)
+        key = (library, self.costs.factor(device))
+        if key not in self.stage_times:
+            if library not in self.stage_work:
+                # stage_work[j, i]: work per sample of layers [i, j) in the device's library; inf where the stage
+                # would be empty. Rows are the stage ends, so the DP's minimum over stage starts runs along
+                # contiguous memory.
+                work = self.costs.layer_costs(device, self.samples).work_prefix
+                self.stage_work[library] = np.where(self.earlier, work[:, None] - work[None, :], np.inf)
+            self.stage_times[key] = self.stage_work[library] * key[1]
+        return self.stage_times[key]
 
     def _cuts(self, choices: list[np.ndarray]) -> tuple[int, ...]:
         cuts = []
@@ -99,12 +109,12 @@ class PipeTorchPlanner(PlannerBase):
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
         evaluator = PlanEvaluator(library, cluster, self.calibration)
+        costs = DeviceCosts(library, cluster, self.calibration)
         batch = self.resolved_batch_size(library)
         orders = 0
         # Layer times depend on the micro-batch size (fixed costs per call), so each choice gets its own DP.
         for m in self.micro_batch_choices(library):
-            costs = LayerCosts.from_library(library, batch // m)
-            partitions = sorted(_OrderTree(costs, cluster, self).run(), key=lambda p: p.bottleneck)
+            partitions = sorted(_OrderTree(costs, batch // m, cluster, self).run(), key=lambda p: p.bottleneck)
             orders = max(orders, len(partitions))
             for tried, partition in enumerate(partitions):
                 if tried >= self.candidates and evaluator.best_plan is not None:

@@ -1,5 +1,8 @@
 """Single-device training on the fastest device whose memory holds the whole model: of one kind (``single-cpu``,
-``single-gpu``, the methods the experiments compare), or of any kind, a GPU first (``single``, the old name)."""
+``single-gpu``, the methods the experiments compare), or of any kind, a GPU first (``single``, the old name).
+
+Fastest: a GPU before a CPU, then by relative speed (``costs.relative_speeds``: the device's kind's library and
+its speed), then by threads."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.costs import relative_speeds
 
 
 @dataclass
@@ -21,8 +25,9 @@ class SinglePlanner(PlannerBase):
     def _plan(
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
+        speeds = relative_speeds(library, cluster)
         candidates = [d for d in cluster.devices if self.kind is None or d.kind == self.kind]
-        ranked = sorted(candidates, key=lambda d: (d.kind != "cuda", -d.speed, -d.threads))
+        ranked = sorted(candidates, key=lambda d: (d.kind != "cuda", -speeds[d.name], -d.threads))
         problems = []
         for device in ranked:
             plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))

@@ -3,11 +3,14 @@
 A layer is described by its operation name (an index into a small dictionary of operation types, embedded by
 the network; anything else is Unknown), its parameter metrics (parameters, FLOPs, activation size and measured
 time, log-scaled and normalised to [0, 1], plus where the layer sits in the cumulative work), and the ids of its
-first two successor layers (numbered from 1, divided by the layer count; -0.1 when absent).
+first two successor layers (numbered from 1, divided by the layer count; -0.1 when absent). A layer's time is the
+mean of its times in the library's kinds (``LayerLibrary.kinds``: the cluster's), a device's speed its speed
+relative to the library's kind (``planners.costs.relative_speeds``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,7 +76,8 @@ class LayerFeatures:
     successors: torch.Tensor
     """(layers, SUCCESSOR_SLOTS) successor ids / layers, ABSENT_SUCCESSOR when absent."""
     work: np.ndarray
-    """(layers,) forward plus backward seconds at the library's batch size (not a network input)."""
+    """(layers,) forward plus backward seconds at the library's batch size, the mean over its kinds (not a network
+    input)."""
 
     @property
     def numeric(self) -> torch.Tensor:
@@ -84,7 +88,8 @@ def layer_features(library: LayerLibrary) -> LayerFeatures:
     layers = library.layers
     n = len(layers)
     batch = library.batch_size
-    work = np.array([layer.forward_s + layer.backward_s for layer in layers])
+    kinds = library.kind_libraries.values()
+    work = np.array([[layer.forward_s + layer.backward_s for layer in lib.layers] for lib in kinds]).mean(axis=0)
     cumulative = np.cumsum(work)
     total = cumulative[-1] if cumulative[-1] > 0 else 1.0
     raw = np.array(
@@ -93,7 +98,7 @@ def layer_features(library: LayerLibrary) -> LayerFeatures:
                 layer.param_bytes / 2**20,
                 layer.flops * batch / 1e9,
                 layer.activation_bytes * batch / 2**20,
-                (layer.forward_s + layer.backward_s) * 1e3,
+                work[layer.index] * 1e3,
             ]
             for layer in layers
         ]
@@ -116,17 +121,19 @@ def layer_features(library: LayerLibrary) -> LayerFeatures:
 DEVICE_FEATURES: tuple[str, ...] = ("speed", "memory", "mean_bandwidth", "min_bandwidth", "cuda")
 
 
-def device_features(cluster: Cluster) -> torch.Tensor:
-    """(devices, len(DEVICE_FEATURES)): relative speed, log memory, and the log of the mean and slowest link to the
+def device_features(cluster: Cluster, speeds: Sequence[float] | None = None) -> torch.Tensor:
+    """(devices, len(DEVICE_FEATURES)): relative speed (``speeds``, in device order; default: each ``speed``), log
+    memory, and the log of the mean and slowest link to the
     other devices (each normalised by the cluster's largest), and whether it is a GPU."""
     names = cluster.device_names
+    relative = list(speeds) if speeds is not None else [d.speed for d in cluster.devices]
     rows = []
-    for name in names:
+    for name, speed in zip(names, relative, strict=True):
         device = cluster.device(name)
         others = [cluster.link(name, other).bandwidth for other in names if other != name] or [1.0]
         rows.append(
             [
-                device.speed,
+                speed,
                 np.log2(device.memory),
                 np.log(np.mean(others)),
                 np.log(min(others)),

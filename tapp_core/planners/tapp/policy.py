@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.costs import LayerCosts, relative_speeds
 from tapp_core.planners.tapp.features import (
     DEVICE_FEATURES,
     METRIC_NAMES,
@@ -129,7 +129,8 @@ class TappPolicy(nn.Module):
         self.batch_size = batch_size
         self.schedule = schedule
         groups = config.groups
-        speeds = np.array([d.speed for d in cluster.devices])
+        relative = relative_speeds(library, cluster)
+        speeds = np.array([relative[name] for name in cluster.device_names])
         self.work_fraction = features.work / max(features.work.sum(), 1e-12)
         self.repair_weights = repair_weights(features.work)
         self.speed_fraction = speeds / speeds.sum()
@@ -138,7 +139,7 @@ class TappPolicy(nn.Module):
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
         self.register_buffer("op_ids", features.op_ids)
         self.register_buffer("numeric", features.numeric)
-        self.register_buffer("devices", device_features(cluster))
+        self.register_buffer("devices", device_features(cluster, speeds.tolist()))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
         shares = initial_shares(config.initial_split, speeds, groups)

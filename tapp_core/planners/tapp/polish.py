@@ -25,7 +25,7 @@ import numpy as np
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.costs import LayerCosts, relative_speeds
 from tapp_core.planners.moves import (
     boundary_positions,
     cuts_of,
@@ -70,6 +70,8 @@ class Polish:
         self.reward = reward
         self.micro_batch_choices = tuple(micro_batch_choices)
         self.exhausted = exhausted
+        self.speeds = relative_speeds(library, cluster)
+        """Per device, its speed relative to the library's kind (its own kind's library and its speed)."""
         self._work_by_samples: dict[int, np.ndarray] = {}
 
     def run(self, best: TimedPlan, starts: Sequence[TimedPlan], span: int = SPAN, tries: int = TRIES) -> TimedPlan:
@@ -169,7 +171,7 @@ class Polish:
         unused devices of one speed."""
         by_speed: dict[float, list[str]] = {}
         for device in unused:
-            by_speed.setdefault(self.cluster.device(device).speed, []).append(device)
+            by_speed.setdefault(self.speeds[device], []).append(device)
         relays = {tuple(unused)}
         for same in by_speed.values():
             relays |= {tuple(same[:k]) for k in (*(2**i for i in range(len(same).bit_length())), len(same))}
@@ -179,7 +181,7 @@ class Polish:
         """The plan's devices with contiguous stages whose work matches each stage's speed (its slowest replica's
         speed times its replicas), costed at the plan's micro-batch size."""
         work = self.layer_work(plan.micro_batch_size)
-        shares = [len(group) * min(self.cluster.device(d).speed for d in group) for group in plan.stage_devices]
+        shares = [len(group) * min(self.speeds[d] for d in group) for group in plan.stage_devices]
         cuts = balanced_cuts(work.tolist(), shares)
         return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
 

@@ -1,0 +1,101 @@
+"""The commands for a machine of several device kinds, run as a user runs them: ``tapp profile --cluster``, the
+calibration ``tapp plan`` and ``tapp simulate`` pick up beside the cluster file (or refuse), and ``tapp calibrate``
+on real MPI workers."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tapp_core.costs import Calibration, MadeFor
+from tapp_core.library import load_libraries
+from tapp_core.profiler import PROFILE_VERSION
+
+MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
+TWO_THREAD_COUNTS = """name: unequal
+emulated: false
+devices:
+  - {name: t1, kind: cpu, threads: 1, memory: 1GiB}
+  - {name: t2, kind: cpu, threads: 2, memory: 1GiB}
+links: {bandwidth: 10Gbit/s, latency: 10us}
+"""
+
+
+def tapp(*args: str, exit_code: int = 0) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == exit_code, result.output
+    return result.output
+
+
+@pytest.fixture
+def cluster_file(work_dir: Path) -> Path:
+    path = work_dir / "unequal.yaml"
+    path.write_text(TWO_THREAD_COUNTS)
+    return path
+
+
+def test_profile_cluster_profiles_every_kind_of_the_cluster(work_dir: Path, cluster_file: Path) -> None:
+    output = tapp("profile", *MODEL, "--cluster", str(cluster_file), "--out", "libs", "--repeats", "1")
+    library = load_libraries(work_dir / "libs")
+    assert sorted(library.kind_libraries) == ["cpu-t1", "cpu-t2"]
+    assert {lib.threads for lib in library.kind_libraries.values()} == {1, 2}
+    assert all(lib.host == platform.node() for lib in library.kind_libraries.values())
+    assert "tiny_cnn on cpu-t1" in output and "tiny_cnn on cpu-t2" in output
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2  # cached, one entry per kind
+
+    tapp("profile", *MODEL, "--threads", "2", "--out", "one", "--repeats", "1")  # one kind, not cached
+    only = load_libraries(work_dir / "one")
+    assert list(only.kind_libraries) == ["cpu-t2"]
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2
+    elsewhere = work_dir / "elsewhere.yaml"
+    elsewhere.write_text(TWO_THREAD_COUNTS.replace("memory: 1GiB}", "memory: 1GiB, host: another-host}"))
+    output = tapp("profile", *MODEL, "--cluster", str(elsewhere), exit_code=2)
+    assert "this host has none of the device kinds of cluster 'unequal' (cpu-t1, cpu-t2)" in output
+
+
+def test_plan_and_simulate_cost_each_kind_and_pick_up_the_calibration(work_dir: Path, cluster_file: Path) -> None:
+    tapp("plan", *MODEL, "--cluster", str(cluster_file), "--planner", "pipetorch", "--out", "plan.json")
+    assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 2  # both kinds profiled for the plan
+    simulate = ("simulate", "--model", "tiny_cnn", "--cluster", str(cluster_file), "--plan", "plan.json")
+    ideal = json.loads(tapp(*simulate, "--json"))
+    assert ideal["calibration"]["made_for"] is None
+
+    beside = work_dir / "unequal.calibration.json"
+    measured = Calibration(per_step_s=0.5, made_for=_made_for(platform.node()))
+    measured.save(beside)
+    calibrated = json.loads(tapp(*simulate, "--json"))
+    assert calibrated["calibration"]["per_step_s"] == 0.5
+    assert calibrated["step_time"] == pytest.approx(ideal["step_time"] + 0.5)
+
+    Calibration(per_step_s=0.5, made_for=_made_for("a-gpu-box")).save(beside)
+    output = tapp(*simulate, exit_code=2)
+    assert output.startswith("error: ") and "measured on host 'a-gpu-box'" in output and "tapp calibrate" in output
+
+
+def _made_for(host: str) -> MadeFor:
+    import torch
+
+    return MadeFor(host, "unequal", ("cpu-t1", "cpu-t2"), torch.__version__, PROFILE_VERSION, "tiny_cnn", 8, False)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_calibrate_measures_every_kind_on_the_workers(work_dir: Path, cluster_file: Path) -> None:
+    output = tapp("calibrate", "--cluster", str(cluster_file), *MODEL, "--steps", "2", "--warmup", "1")
+    assert "cpu-t1 (t1)" in output and "cpu-t2 (t2)" in output and "per message" in output
+    calibration = Calibration.load(work_dir / "unequal.calibration.json")
+    assert calibration.made_for is not None and calibration.made_for.host == platform.node()
+    assert set(calibration.made_for.kinds) == {"cpu-t1", "cpu-t2"} == set(calibration.kinds)
+    for figures in calibration.kinds.values():
+        assert figures.compute_scale > 0 and figures.update_s_per_param_byte > 0
+        assert figures.d2h_s_per_byte == 0.0  # no GPU, nothing staged
+    assert calibration.per_message_s >= 0
+    # Picked up from beside the cluster file from now on.
+    tapp("plan", *MODEL, "--cluster", str(cluster_file), "--planner", "single", "--out", "plan.json")
+    simulated = json.loads(tapp("simulate", "--model", "tiny_cnn", "--cluster", str(cluster_file), "--json"))
+    assert simulated["calibration"]["made_for"]["host"] == platform.node()
