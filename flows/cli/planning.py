@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from tapp_core.plan import Plan
     from tapp_core.planners import SearchProgress
 
+CHECKPOINT_FILE = "search.pt"
+"""The file a TAPP search saves itself to in ``--checkpoint DIR``."""
+
 PlannerOpt = Annotated[str, typer.Option(help=" | ".join(METHODS) + " (the method names of tapp run --methods)")]
 
 
@@ -48,8 +51,10 @@ def profile(
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per layer; the median is kept")] = 5,
 ) -> None:
     """Trace a model and build its layer library: per-layer times, FLOPs, parameter and activation bytes."""
+    from tapp_core.paths import check_output_folder
     from tapp_core.profiler import profile_model
 
+    check_output_folder(out, "--out")
     with console.status(f"profiling {model} at batch {batch_size} on {device}"):
         library = profile_model(model, batch_size, device=device, threads=threads, repeats=repeats)
     library.save(out)
@@ -82,15 +87,29 @@ def plan(
     ] = None,
     reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
     seed: SeedOpt = 0,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help=f"tapp: folder where the search saves itself after every round ({CHECKPOINT_FILE})"),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="tapp: continue the search saved in --checkpoint (its own options and seed; --rounds may extend it)",
+        ),
+    ] = False,
 ) -> None:
     """Find a plan for a model on a cluster and write it as JSON."""
     from tapp_core.cluster import load_cluster
     from tapp_core.costmodel import estimate
+    from tapp_core.paths import check_output_file
     from tapp_core.plan import validate
 
+    check_output_file(out, "--out")
+    options: dict[str, object] = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
+    options.update(_checkpoint_options(planner, checkpoint, resume, rounds))
     target = load_cluster(cluster)
     layers = library_for(model, batch_size, library)
-    options = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
     found = _run_planner(planner, layers, target, budget, **{k: v for k, v in options.items() if v is not None})
     validate(found, layers, target)
     found.save(out)
@@ -100,6 +119,29 @@ def plan(
         f"{found.micro_batches} micro-batches, {found.schedule}; estimated step time {predicted.step_time:.4f} s"
     )
     console.print(f"wrote {out}")
+
+
+def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rounds: int | None) -> dict[str, object]:
+    """The TAPP planner's ``checkpoint`` and ``resume`` options for ``--checkpoint DIR [--resume]``; a resumed search
+    keeps its own number of rounds unless ``--rounds`` is given (so it ends where the uninterrupted one would)."""
+    from tapp_core.errors import TappError
+    from tapp_core.paths import check_output_folder
+    from tapp_core.planners.tapp.search import read_checkpoint, saved_config
+
+    if checkpoint is None:
+        if resume:
+            raise TappError("--resume needs --checkpoint DIR, the folder of the search to continue")
+        return {}
+    if planner != "tapp":
+        raise TappError(f"--checkpoint is for the tapp planner, not {planner!r}")
+    saved = checkpoint / CHECKPOINT_FILE
+    if resume and not saved.is_file():
+        raise TappError(f"--resume: {checkpoint} holds no saved search ({CHECKPOINT_FILE}); run without --resume to start one")
+    check_output_folder(checkpoint, "--checkpoint")
+    options: dict[str, object] = {"checkpoint": saved, "resume": resume}
+    if resume and rounds is None:
+        options["rounds"] = saved_config(read_checkpoint(saved), saved).rounds
+    return options
 
 
 def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int | None, **options: object) -> Plan:
@@ -135,8 +177,11 @@ def simulate(
 ) -> None:
     """Predict a plan's step time, per-device compute / communication / idle and peak memory."""
     from tapp_core.costmodel import estimate
+    from tapp_core.paths import check_output_file
     from tapp_core.plan import validate
 
+    if gantt is not None:
+        check_output_file(gantt, "--gantt")
     chosen, target = load_plan(model, plan_file, cluster)
     layers = library_for(model, chosen.batch_size, library)
     validate(chosen, layers, target)
