@@ -155,7 +155,11 @@ def fashion_folder(folder: Path) -> None:
 
 def empty_store(folder: Path) -> None:
     subprocess.run(
-        [sys.executable, "-c", "from mlflow import MlflowClient; MlflowClient('sqlite:///mlflow.db').search_experiments()"],
+        [
+            sys.executable,
+            "-c",
+            "from mlflow import MlflowClient; MlflowClient('sqlite:///mlflow.db').search_experiments()",
+        ],
         cwd=folder,
         check=True,
         capture_output=True,
@@ -201,7 +205,11 @@ def cases() -> list[Case]:
         c("plan: batch_size 64.7", [*SIM, "p.json"], {"p.json": raw_plan("64.7")}),
         c("plan: batch_size -8", [*SIM, "p.json"], {"p.json": plan_text(batch_size=-8)}),
         c("plan: batch_size true", [*SIM, "p.json"], {"p.json": plan_text(batch_size=True)}),
-        c("plan: micro_batches NaN", [*SIM, "p.json"], {"p.json": plan_text().replace('"micro_batches": 1', '"micro_batches": NaN')}),
+        c(
+            "plan: micro_batches NaN",
+            [*SIM, "p.json"],
+            {"p.json": plan_text().replace('"micro_batches": 1', '"micro_batches": NaN')},
+        ),
         c("plan: micro_batches 0", [*SIM, "p.json"], {"p.json": plan_text(micro_batches=0)}),
         c("plan: stage 1.5", [*SIM, "p.json"], {"p.json": plan_text(stage_of_layer=[0] * 6 + [1.5])}),
         c("plan: short stage_of_layer", [*SIM, "p.json"], {"p.json": plan_text(stage_of_layer=[0] * 3)}),
@@ -210,34 +218,112 @@ def cases() -> list[Case]:
         c("plan: binary file", [*SIM, "p.json"], {"p.json": bytes(range(256))}),
         c("plan: a directory", [*SIM, "pdir"], {"pdir": subdir("pdir")}),
         c("plan: missing file", [*SIM, "nowhere.json"]),
-        c("plan: backward edge", [*SIM, "p.json"], {"p.json": plan_text(stage_of_layer=[1] + [0] * 6, stage_devices=[["cpu0"], ["cpu1"]])}),
+        c(
+            "plan: backward edge",
+            [*SIM, "p.json"],
+            {"p.json": plan_text(stage_of_layer=[1] + [0] * 6, stage_devices=[["cpu0"], ["cpu1"]])},
+        ),
     ]
     cluster_case = [
         c("cluster: binary file", ["plan", *SMALL, "--cluster", "bin.yaml"], {"bin.yaml": bytes(range(256)) * 4}),
-        c("cluster: latin-1 text", ["plan", *SMALL, "--cluster", "l1.yaml"], {"l1.yaml": "name: caf\xe9\n".encode("latin-1")}),
-        c("cluster: memory .inf", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: .inf}")}),
-        c("cluster: memory 1e400", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 1e400}")}),
-        c("cluster: memory '1e400GiB'", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 1e400GiB}")}),
-        c("cluster: memory -1GiB", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: -1GiB}")}),
-        c("cluster: memory 0.5 B", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 0.5}")}),
-        c("cluster: speed .inf", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, speed: .inf}")}),
-        c("cluster: speed .nan", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, speed: .nan}")}),
-        c("cluster: slowdown 0", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, slowdown: 0}")}),
-        c("cluster: slowdown .inf", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, slowdown: .inf}")}),
-        c("cluster: threads 1.5", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, threads: 1.5}")}),
-        c("cluster: bandwidth .inf", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: .inf, latency: 0}")}),
-        c("cluster: latency -1ms", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: 1Gbit/s, latency: -1ms}")}),
-        c("cluster: latency .nan", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: 1Gbit/s, latency: .nan}")}),
-        c("cluster: invalid device kind", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": cluster_with("{name: a, memory: 4GiB, kind: tpu}")}),
+        c(
+            "cluster: latin-1 text",
+            ["plan", *SMALL, "--cluster", "l1.yaml"],
+            {"l1.yaml": "name: caf\xe9\n".encode("latin-1")},
+        ),
+        c(
+            "cluster: memory .inf",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: .inf}")},
+        ),
+        c(
+            "cluster: memory 1e400",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 1e400}")},
+        ),
+        c(
+            "cluster: memory '1e400GiB'",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 1e400GiB}")},
+        ),
+        c(
+            "cluster: memory -1GiB",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: -1GiB}")},
+        ),
+        c(
+            "cluster: memory 0.5 B",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 0.5}")},
+        ),
+        c(
+            "cluster: speed .inf",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, speed: .inf}")},
+        ),
+        c(
+            "cluster: speed .nan",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, speed: .nan}")},
+        ),
+        c(
+            "cluster: slowdown 0",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, slowdown: 0}")},
+        ),
+        c(
+            "cluster: slowdown .inf",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, slowdown: .inf}")},
+        ),
+        c(
+            "cluster: threads 1.5",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, threads: 1.5}")},
+        ),
+        c(
+            "cluster: bandwidth .inf",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: .inf, latency: 0}")},
+        ),
+        c(
+            "cluster: latency -1ms",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: 1Gbit/s, latency: -1ms}")},
+        ),
+        c(
+            "cluster: latency .nan",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB}", "{bandwidth: 1Gbit/s, latency: .nan}")},
+        ),
+        c(
+            "cluster: invalid device kind",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": cluster_with("{name: a, memory: 4GiB, kind: tpu}")},
+        ),
         c("cluster: a directory", ["plan", *SMALL, "--cluster", "cdir"], {"cdir": subdir("cdir")}),
         c("cluster: empty file", ["plan", *SMALL, "--cluster", "e.yaml"], {"e.yaml": ""}),
-        c("cluster: no devices", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": "name: x\ndevices: []\nlinks: {bandwidth: 1Gbit/s, latency: 0}\n"}),
-        c("cluster: python tag", ["plan", *SMALL, "--cluster", "x.yaml"], {"x.yaml": f"!!python/object/apply:os.system ['touch {MARKER}']\n"}, check=no_marker),
+        c(
+            "cluster: no devices",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": "name: x\ndevices: []\nlinks: {bandwidth: 1Gbit/s, latency: 0}\n"},
+        ),
+        c(
+            "cluster: python tag",
+            ["plan", *SMALL, "--cluster", "x.yaml"],
+            {"x.yaml": f"!!python/object/apply:os.system ['touch {MARKER}']\n"},
+            check=no_marker,
+        ),
         c("cluster: unknown name", ["plan", *SMALL, "--cluster", "nosuchcluster"]),
     ]
     option_case = [
         c("measure --timeout -1", [*MEASURE, "plan.json", "--timeout", "-1"], {"small.yaml": GOOD_CLUSTER}, plan=True),
-        c("measure --timeout nan", [*MEASURE, "plan.json", "--timeout", "nan"], {"small.yaml": GOOD_CLUSTER}, plan=True),
+        c(
+            "measure --timeout nan",
+            [*MEASURE, "plan.json", "--timeout", "nan"],
+            {"small.yaml": GOOD_CLUSTER},
+            plan=True,
+        ),
         c("plan --out a directory", ["plan", *SMALL, "--planner", "even", "--out", "odir"], {"odir": subdir("odir")}),
         c("plan --out under a file", ["plan", *SMALL, "--planner", "even", "--out", "f.txt/plan.json"], {"f.txt": "x"}),
         c("plan --out read-only", ["plan", *SMALL, "--planner", "even", "--out", "ro/plan.json"], read_only=True),
@@ -253,41 +339,135 @@ def cases() -> list[Case]:
         c("run --dataset cifar10, no data", [*RUN, "--dataset", "cifar10"]),
     ]
     model_case = [
-        c("model: wrong input shape", ["profile", "--model", "wrong_shape.py:make", "--repeats", "1"], {"wrong_shape.py": MODELS["wrong_shape.py"]}),
-        c("model: factory calls sys.exit(0)", ["profile", "--model", "exits.py:make", "--repeats", "1"], {"exits.py": MODELS["exits.py"]}),
-        c("model: sys.exit on import", ["profile", "--model", "exits_on_import.py:make", "--repeats", "1"], {"exits_on_import.py": MODELS["exits_on_import.py"]}),
+        c(
+            "model: wrong input shape",
+            ["profile", "--model", "wrong_shape.py:make", "--repeats", "1"],
+            {"wrong_shape.py": MODELS["wrong_shape.py"]},
+        ),
+        c(
+            "model: factory calls sys.exit(0)",
+            ["profile", "--model", "exits.py:make", "--repeats", "1"],
+            {"exits.py": MODELS["exits.py"]},
+        ),
+        c(
+            "model: sys.exit on import",
+            ["profile", "--model", "exits_on_import.py:make", "--repeats", "1"],
+            {"exits_on_import.py": MODELS["exits_on_import.py"]},
+        ),
         c("model: spec sys:exit", ["profile", "--model", "sys:exit", "--repeats", "1"]),
         c("model: spec os:abort", ["plan", "--model", "os:abort", "--planner", "even"]),
-        c("model: factory raises", ["profile", "--model", "raises.py:make", "--repeats", "1"], {"raises.py": MODELS["raises.py"]}),
-        c("model: factory returns 42", ["profile", "--model", "not_module.py:make", "--repeats", "1"], {"not_module.py": MODELS["not_module.py"]}),
-        c("model: syntax error", ["profile", "--model", "syntax.py:make", "--repeats", "1"], {"syntax.py": MODELS["syntax.py"]}),
+        c(
+            "model: factory raises",
+            ["profile", "--model", "raises.py:make", "--repeats", "1"],
+            {"raises.py": MODELS["raises.py"]},
+        ),
+        c(
+            "model: factory returns 42",
+            ["profile", "--model", "not_module.py:make", "--repeats", "1"],
+            {"not_module.py": MODELS["not_module.py"]},
+        ),
+        c(
+            "model: syntax error",
+            ["profile", "--model", "syntax.py:make", "--repeats", "1"],
+            {"syntax.py": MODELS["syntax.py"]},
+        ),
         c("model: no such module", ["profile", "--model", "nosuchmodule:make"]),
         c("model: unknown name", ["profile", "--model", "resnet9000"]),
-        c("profile --batch-size 10^9", ["profile", "--model", "tiny_cnn", "--batch-size", "1000000000", "--repeats", "1"]),
+        c(
+            "profile --batch-size 10^9",
+            ["profile", "--model", "tiny_cnn", "--batch-size", "1000000000", "--repeats", "1"],
+        ),
     ]
     planner_case = [
-        c("oracle on 1000 devices", ["plan", *SMALL, "--planner", "oracle", "--cluster", "big.yaml"], {"big.yaml": big_cluster}),
+        c(
+            "oracle on 1000 devices",
+            ["plan", *SMALL, "--planner", "oracle", "--cluster", "big.yaml"],
+            {"big.yaml": big_cluster},
+        ),
         c("cached library.json {} (rebuilt)", [*SIM, "plan.json"], {"c": corrupt_cached_library}, expect=0, plan=True),
         c("--library missing folder", ["plan", *SMALL, "--library", "nowhere"]),
-        c("--library corrupt library.json", ["plan", *SMALL, "--library", "lib"], {"lib": subdir("lib"), "lib/library.json": "{", "lib/layers.csv": "x\n"}),
+        c(
+            "--library corrupt library.json",
+            ["plan", *SMALL, "--library", "lib"],
+            {"lib": subdir("lib"), "lib/library.json": "{", "lib/layers.csv": "x\n"},
+        ),
         c("--library of another model", ["plan", *SMALL, "--library", str(BIG_LIBRARY)]),
         c("tapp --resume, no checkpoint", ["plan", *SMALL, "--planner", "tapp", "--checkpoint", "ck", "--resume"]),
-        c("tapp --resume, malicious checkpoint", ["plan", *SMALL, "--planner", "tapp", "--checkpoint", "ck", "--resume"], {"ck": malicious_checkpoint}, check=no_marker),
-        c("tapp --resume, garbage checkpoint", ["plan", *SMALL, "--planner", "tapp", "--checkpoint", "ck", "--resume"], {"ck": subdir("ck"), "ck/search.pt": b"garbage"}),
+        c(
+            "tapp --resume, malicious checkpoint",
+            ["plan", *SMALL, "--planner", "tapp", "--checkpoint", "ck", "--resume"],
+            {"ck": malicious_checkpoint},
+            check=no_marker,
+        ),
+        c(
+            "tapp --resume, garbage checkpoint",
+            ["plan", *SMALL, "--planner", "tapp", "--checkpoint", "ck", "--resume"],
+            {"ck": subdir("ck"), "ck/search.pt": b"garbage"},
+        ),
         c("--resume without --checkpoint", ["plan", *SMALL, "--planner", "tapp", "--resume"]),
         c("--checkpoint for even", ["plan", *SMALL, "--planner", "even", "--checkpoint", "ck"]),
     ]
     runtime_case = [
-        c("measure: over memory", [*MEASURE, "plan.json"], {"small.yaml": GOOD_CLUSTER.replace("4GiB", "1KiB")}, plan=True),
-        c("measure: unknown schedule", [*MEASURE, "p.json"], {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(schedule="zigzag")}),
-        c("measure: short stage_of_layer", [*MEASURE, "p.json"], {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(stage_of_layer=[0] * 3)}),
-        c("measure: backward edge", [*MEASURE, "p.json"], {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(stage_of_layer=[1] + [0] * 6, stage_devices=[["cpu0"], ["cpu1"]])}),
-        c("measure: device not in cluster", [*MEASURE, "p.json"], {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(stage_devices=[["gpu7"]])}),
-        c("train: no data folder", [*TRAIN, "--dataset", "cifar10", "--data-dir", "nowhere"], {"small.yaml": GOOD_CLUSTER}, plan=True),
-        c("train: corrupt train batch", [*TRAIN, "--data-dir", "cifar"], {"small.yaml": GOOD_CLUSTER, "cifar": cifar_folder("data_batch_3")}, plan=True),
-        c("train: malicious train batch", [*TRAIN, "--data-dir", "cifar"], {"small.yaml": GOOD_CLUSTER, "cifar": malicious_cifar}, plan=True, check=no_marker),
-        c("train: truncated meta file", [*TRAIN, "--data-dir", "cifar"], {"small.yaml": GOOD_CLUSTER, "cifar": cifar_folder("batches.meta", b"\x80")}, plan=True),
-        c("train: corrupt fashion-mnist", [*TRAIN, "--dataset", "fashion-mnist", "--data-dir", "fm"], {"small.yaml": GOOD_CLUSTER, "fm": fashion_folder}, plan=True),
+        c(
+            "measure: over memory",
+            [*MEASURE, "plan.json"],
+            {"small.yaml": GOOD_CLUSTER.replace("4GiB", "1KiB")},
+            plan=True,
+        ),
+        c(
+            "measure: unknown schedule",
+            [*MEASURE, "p.json"],
+            {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(schedule="zigzag")},
+        ),
+        c(
+            "measure: short stage_of_layer",
+            [*MEASURE, "p.json"],
+            {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(stage_of_layer=[0] * 3)},
+        ),
+        c(
+            "measure: backward edge",
+            [*MEASURE, "p.json"],
+            {
+                "small.yaml": GOOD_CLUSTER,
+                "p.json": plan_text(stage_of_layer=[1] + [0] * 6, stage_devices=[["cpu0"], ["cpu1"]]),
+            },
+        ),
+        c(
+            "measure: device not in cluster",
+            [*MEASURE, "p.json"],
+            {"small.yaml": GOOD_CLUSTER, "p.json": plan_text(stage_devices=[["gpu7"]])},
+        ),
+        c(
+            "train: no data folder",
+            [*TRAIN, "--dataset", "cifar10", "--data-dir", "nowhere"],
+            {"small.yaml": GOOD_CLUSTER},
+            plan=True,
+        ),
+        c(
+            "train: corrupt train batch",
+            [*TRAIN, "--data-dir", "cifar"],
+            {"small.yaml": GOOD_CLUSTER, "cifar": cifar_folder("data_batch_3")},
+            plan=True,
+        ),
+        c(
+            "train: malicious train batch",
+            [*TRAIN, "--data-dir", "cifar"],
+            {"small.yaml": GOOD_CLUSTER, "cifar": malicious_cifar},
+            plan=True,
+            check=no_marker,
+        ),
+        c(
+            "train: truncated meta file",
+            [*TRAIN, "--data-dir", "cifar"],
+            {"small.yaml": GOOD_CLUSTER, "cifar": cifar_folder("batches.meta", b"\x80")},
+            plan=True,
+        ),
+        c(
+            "train: corrupt fashion-mnist",
+            [*TRAIN, "--dataset", "fashion-mnist", "--data-dir", "fm"],
+            {"small.yaml": GOOD_CLUSTER, "fm": fashion_folder},
+            plan=True,
+        ),
         c("train: unknown dataset", [*TRAIN, "--dataset", "imagenet"], {"small.yaml": GOOD_CLUSTER}, plan=True),
     ]
     store_case = [
@@ -368,7 +548,12 @@ def descendants(root: int) -> list[tuple[int, str]]:
 def run_case(case: Case, folder: Path, env: dict[str, str], timeout_s: float) -> Outcome:
     started = time.monotonic()
     process = subprocess.Popen(
-        [TAPP, *case.args], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        [TAPP, *case.args],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
     started_mpi = threading.Event()
 
@@ -429,7 +614,13 @@ def shared_files(root: Path, env: dict[str, str]) -> Path:
     shared = root / "shared"
     shared.mkdir()
     (shared / "plan.json").write_text(plan_text())
-    made = subprocess.run([TAPP, "simulate", "--model", "tiny_cnn", "--plan", "plan.json"], cwd=shared, env=env, capture_output=True, text=True)
+    made = subprocess.run(
+        [TAPP, "simulate", "--model", "tiny_cnn", "--plan", "plan.json"],
+        cwd=shared,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         raise SystemExit(f"could not make the shared plan's library: {made.stdout}{made.stderr}")
     return shared
@@ -450,7 +641,9 @@ def main() -> None:
         env = environment(root)
         shared = shared_files(root, env)
         with ThreadPoolExecutor(options.jobs) as pool:
-            futures = [pool.submit(attempt, case, i, root, shared, env, options.timeout) for i, case in enumerate(chosen)]
+            futures = [
+                pool.submit(attempt, case, i, root, shared, env, options.timeout) for i, case in enumerate(chosen)
+            ]
             outcomes = []
             for future in futures:
                 outcome = future.result()

@@ -79,7 +79,11 @@ def test_a_cluster_with_a_value_out_of_range_is_one_line(work_dir: Path, text: s
 def test_an_invalid_device_is_reported_once_without_a_false_empty_list(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"devices\.0\.kind") as info:
         parse_cluster(
-            {"name": "x", "devices": [{"name": "a", "memory": "1GiB", "kind": "tpu"}], "links": {"bandwidth": 1, "latency": 0}}
+            {
+                "name": "x",
+                "devices": [{"name": "a", "memory": "1GiB", "kind": "tpu"}],
+                "links": {"bandwidth": 1, "latency": 0},
+            }
         )
     assert "at least 1 item" not in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(Exception, match=r"devices: .*at least 1 item"):  # an empty list is still named
@@ -203,7 +207,7 @@ def test_the_oracle_refuses_a_cluster_beyond_its_reach() -> None:
     devices = [{"name": f"d{i}", "memory": "4GiB"} for i in range(1000)]
     cluster = parse_cluster({"name": "big", "devices": devices, "links": {"bandwidth": 1e9, "latency": 0}})
     started = time.monotonic()
-    with pytest.raises(PlannerError, match="1000 devices .* beyond the oracle's exhaustive search"):
+    with pytest.raises(PlannerError, match=r"1000 devices .* beyond the oracle's exhaustive search"):
         get_planner("oracle").plan(LayerLibrary.load(LIBRARY), cluster)
     assert time.monotonic() - started < 30
 
