@@ -649,7 +649,9 @@ def main() -> None:
                 outcome = future.result()
                 outcomes.append(outcome)
                 report(outcome, options.show)
-        leftovers = sorted(p.name for p in (root / "tmp").iterdir())
+        # torch makes its compiler cache there (torchinductor_USER) when an optimizer first loads: one folder
+        # that every torch program shares and reuses, not something a command leaves.
+        leftovers = sorted(p.name for p in (root / "tmp").iterdir() if not p.name.startswith("torchinductor_"))
     summarise(outcomes, options.slow, leftovers, time.monotonic() - started)
 
 

@@ -33,7 +33,7 @@ from tapp_core.metrics import Measurement
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import load_fitted_calibration
-from tapp_core.runtime.folders import owned_folder
+from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
 from tasks import prefect_ui, summary
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
 from tasks.measure import RuntimeSettings, close_pools
@@ -308,11 +308,12 @@ def _run_stages(
 ) -> tuple[dict[str, Evaluation], ReportRun, str]:
     """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
     ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary directory, removed on
-    every way out (one left by a killed process is swept by the next experiment)."""
+    every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are swept first."""
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
     calibration = load_fitted_calibration()
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
+    sweep_pool_folders()  # what a killed experiment left, whether or not this one measures
     with owned_folder(SEARCH_FOLDER_PREFIX) as workdir:
         if resume_from is not None:
             resumed = fetch_checkpoint(parent.ref.tracking_uri, resume_from, workdir)

@@ -138,6 +138,8 @@ def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rou
     if resume and not saved.is_file():
         raise TappError(f"--resume: {checkpoint} holds no saved search ({CHECKPOINT_FILE}); run without --resume to start one")
     check_output_folder(checkpoint, "--checkpoint")
+    if saved.is_file() and not resume:
+        console.print(f"starting a new search: it replaces the one saved in {saved} (--resume continues that one)")
     options: dict[str, object] = {"checkpoint": saved, "resume": resume}
     if resume and rounds is None:
         options["rounds"] = saved_config(read_checkpoint(saved), saved).rounds
