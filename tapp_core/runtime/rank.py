@@ -20,6 +20,7 @@ from tapp_core.cluster import Cluster, Device
 from tapp_core.data import batch_loader, open_dataset
 from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.plan import Plan
+from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import StageEngine
@@ -143,6 +144,8 @@ class Rank:
         self.devices = devices
         self.device_name = devices[self.rank]
         self.device = torch_device(cluster.device(self.device_name))
+        if self.device.type == "cuda" and torch.cuda.is_available():  # else its plans fail, saying why
+            gpu.claim(self.device)
         self.factory = StageFactory()
 
     def run(self, job: WorkJob) -> RankResult:
@@ -155,7 +158,7 @@ class Rank:
         start = now()
         result = RankResult(job=job.id, rank=self.rank, device=self.device_name, status="ok")
         try:
-            graph_module, _ = self.factory.traced(job.model, job.seed)
+            graph_module = self.factory.traced(job.model, job.seed)
             self.factory.split(job.model, job.seed, (0,) * len(layer_nodes(graph_module)), 1)
         except Exception as exc:
             result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
