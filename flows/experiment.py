@@ -8,11 +8,15 @@ What a person sees first: the parent run's description (the verdict, the result 
 evaluation as an MLflow table (``evaluation.json``, for ``mlflow.load_table``), and in Prefect the flow run's log
 lines and its keyed artifacts (``tasks.prefect_ui``). The flow run is named ``MODEL-CLUSTER-bBATCH-MODE``, the
 mode being ``measured`` or ``estimated``.
+
+An interrupted experiment resumes: ``resume_from`` names its parent run, whose settings ``resume_parameters``
+reads back; the new experiment run continues TAPP's search from the last checkpoint the old one logged (after every
+round) and then evaluates and reports as usual (``tapp run --resume RUN_ID``).
 """
 
 from __future__ import annotations
 
-import tempfile
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,17 +33,19 @@ from tapp_core.metrics import Measurement
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import cluster_calibration
+from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
 from tasks import prefect_ui, summary
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
 from tasks.progress import StageProgress
 from tasks.report import ReportRun, report_experiment
-from tasks.search import SearchBudget, sampling_stage, search_stage
+from tasks.search import SearchBudget, fetch_checkpoint, sampling_stage, search_stage
 from tasks.tracking import (
     DEFAULT_EXPERIMENT,
     ExperimentTags,
     TrackedRun,
+    TrackingError,
     check_tracking,
     mlflow_ui_url,
     run_url,
@@ -58,6 +64,16 @@ DEFAULT_WARMUP = RuntimeSettings.warmup
 
 sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_CACHE)(sampling_stage)
 """The sampling stage as a Prefect task (its measured rounds are its nested ``search-round-N`` tasks)."""
+
+
+SEARCH_FOLDER_PREFIX = "tapp-search-"
+RESUMED_FROM_TAG = "resumed_from"
+"""On an experiment run that continues another's search: that run's id."""
+RESUMED_PARAMETERS = (
+    "model", "cluster", "batch_size", "dataset", "data_dir", "methods", "search_rounds", "samples_per_round",
+    "measured_rounds", "measured_per_round", "measure", "steps", "warmup", "train_epochs", "seed",
+)  # fmt: skip
+"""The experiment's parameters that a resumed experiment takes from the run it resumes."""
 
 
 class ExperimentIncomplete(RuntimeError):
@@ -98,6 +114,58 @@ def check_inputs(
         open_dataset(dataset, data_dir, train=False)
     build_traced_model(model)
     return target, check_tracking(tracking_uri)
+
+
+def resume_parameters(uri: str, run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> tuple[str, str, dict[str, Any]]:
+    """(run id, experiment name, ``tapp_experiment`` parameters) of experiment run ``run_id`` (``last``: the latest
+    experiment run of ``experiment``), to resume it; a ``TrackingError`` when there is no such run, it is not an
+    experiment's parent run, or it is not interrupted."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(uri)
+    if run_id == "last":
+        run_id = _last_experiment_run(client, experiment, uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise TrackingError(f"--resume: no run {run_id!r} in {uri}") from None
+    if run.data.tags.get(runs.KIND) != runs.EXPERIMENT:
+        raise TrackingError(f"--resume: run {run_id} is not an experiment's parent run (the one `tapp run` prints)")
+    if run.info.status in ("FINISHED", "RUNNING"):
+        state = "finished" if run.info.status == "FINISHED" else "still running"
+        raise TrackingError(f"--resume: run {run_id} is {state}; only an interrupted or failed experiment resumes")
+    saved = run.data.params
+    missing = [name for name in RESUMED_PARAMETERS if name not in saved]
+    if missing:
+        raise TrackingError(f"--resume: run {run_id} lacks the parameter(s) {', '.join(missing)}")
+    parameters: dict[str, Any] = {name: _parameter_value(saved[name]) for name in RESUMED_PARAMETERS}
+    parameters["methods"] = tuple(str(parameters["methods"]).split(","))
+    for name in ("model", "cluster", "dataset"):
+        parameters[name] = str(parameters[name])
+    return run_id, client.get_experiment(run.info.experiment_id).name, parameters
+
+
+def _last_experiment_run(client: Any, experiment: str, uri: str) -> str:
+    found = client.get_experiment_by_name(experiment)
+    latest = (
+        client.search_runs(
+            [found.experiment_id], f"tags.{runs.KIND} = '{runs.EXPERIMENT}'", max_results=1, order_by=["start_time DESC"]
+        )
+        if found is not None
+        else []
+    )
+    if not latest:
+        raise TrackingError(f"--resume last: experiment {experiment!r} in {uri} has no experiment run")
+    return str(latest[0].info.run_id)
+
+
+def _parameter_value(text: str) -> Any:
+    """A parameter as ``TrackedRun.log_params`` wrote it: strings as they are, anything else as JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def search_budget(
@@ -160,6 +228,7 @@ def tapp_experiment(
     out: str = str(DEFAULT_OUT),
     tracking_uri: str | None = None,
     sweep_run: str | None = None,
+    resume_from: str | None = None,
 ) -> ExperimentResult:
     """Find TAPP's plan for ``model`` on ``cluster``, compare it with the baselines, and report, all in MLflow.
 
@@ -167,7 +236,7 @@ def tapp_experiment(
     3 when measuring, else 0) are rewarded by measurements on the workers. ``measure=False`` skips the runtime
     (step times from the cost model, tagged ``estimated``); ``steps`` timed steps after ``warmup`` warm-up steps
     make each final measurement; ``train_epochs`` > 0 also trains each method's plan on ``dataset`` for the
-    accuracy table.
+    accuracy table. ``resume_from`` (an earlier experiment run of the same settings) continues its search.
     """
     methods = tuple(methods)
     target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
@@ -205,11 +274,12 @@ def tapp_experiment(
     )
     name = f"{model} on {target.name}, batch {batch_size}"
     try:
-        with tracked_run(name, tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment, uri=uri) as parent:
+        run_tags = tags.as_tags(**{runs.KIND: runs.EXPERIMENT, RESUMED_FROM_TAG: resume_from})
+        with tracked_run(name, run_tags, experiment=experiment, uri=uri) as parent:
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
             evaluations, reported, text = _run_stages(
-                parent, tags, target, calibration, chosen_methods, budget, runtime, training, out, experiment
+                parent, tags, target, calibration, chosen_methods, budget, runtime, training, out, experiment, resume_from
             )
     finally:
         close_pools()
@@ -236,15 +306,22 @@ def _run_stages(
     training: TrainSettings | None,
     out: str,
     experiment: str,
+    resume_from: str | None = None,
 ) -> tuple[dict[str, Evaluation], ReportRun, str]:
     """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
-    ``parent``."""
+    ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary directory, removed on
+    every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are swept first."""
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
-    with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
+    sweep_pool_folders()  # what a killed experiment left, whether or not this one measures
+    with owned_folder(SEARCH_FOLDER_PREFIX) as workdir:
+        if resume_from is not None:
+            resumed = fetch_checkpoint(parent.ref.tracking_uri, resume_from, workdir)
+            where = f"round {resumed}" if resumed is not None else "the start (it logged no checkpoint)"
+            prefect_ui.log(f"resuming the search of run {resume_from} from {where}")
         sampling = budget.sampling_runtime(runtime)
-        search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
+        search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, workdir)
         tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
     evaluations, failed = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)

@@ -11,6 +11,7 @@ rank pinned to ``threads`` threads that sleeps ``(slowdown - 1)`` times the comp
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,7 @@ class Device(_Strict):
     name: str = Field(min_length=1)
     kind: Literal["cpu", "cuda"] = "cpu"
     threads: int = Field(default=1, ge=1)
-    speed: float = Field(default=1.0, gt=0)
+    speed: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     memory: Bytes
     host: str | None = None
     gpu_index: int | None = Field(default=None, ge=0)
@@ -76,8 +77,9 @@ class Device(_Strict):
                 raise ValueError("give 'speed' or 'slowdown', not both")
             data = dict(data)
             slowdown = data.pop("slowdown")
-            if not isinstance(slowdown, int | float) or isinstance(slowdown, bool) or slowdown <= 0:
-                raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
+            valid = isinstance(slowdown, int | float) and not isinstance(slowdown, bool)
+            if not valid or not math.isfinite(slowdown) or slowdown <= 0:
+                raise ValueError(f"slowdown must be a positive finite number, got {slowdown!r}")
             data["speed"] = 1.0 / float(slowdown)
         return data
 
@@ -144,12 +146,19 @@ class Cluster(_Strict):
 
 
 def _format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = [f"invalid cluster file {source}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        message = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
+    """One line: the file, then every problem as ``field: message``.
+
+    Pydantic also reports a tuple whose items all failed as too short; that follows from the items' own errors
+    and is not said again."""
+    errors = exc.errors()
+    locations = [tuple(err["loc"]) for err in errors]
+    problems = []
+    for err, loc in zip(errors, locations, strict=True):
+        if err["type"] == "too_short" and any(len(other) > len(loc) and other[: len(loc)] == loc for other in locations):
+            continue
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+    return f"invalid cluster file {source}: " + "; ".join(problems)
 
 
 def parse_cluster(data: object, source: str = "<cluster>") -> Cluster:
@@ -176,6 +185,8 @@ def cluster_search_dirs() -> list[Path]:
 def resolve_cluster_path(name_or_path: str | os.PathLike[str]) -> Path:
     """A path to a YAML file, or the bare name of one in the cluster search dirs (``local``, ``hetero4``)."""
     path = Path(name_or_path)
+    if path.is_dir():
+        raise ClusterError(f"cluster file {path} is a folder, not a YAML file")
     if path.suffix in {".yaml", ".yml"} or path.exists():
         if not path.is_file():
             raise ClusterError(f"cluster file {path} does not exist")
@@ -194,9 +205,14 @@ def load_cluster(name_or_path: str | os.PathLike[str]) -> Cluster:
     """Read and validate a cluster file, by path or by name."""
     path = resolve_cluster_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ClusterError(f"invalid cluster file {path}: not a text file (UTF-8 YAML expected)") from None
+    except OSError as exc:
+        raise ClusterError(f"cluster file {path} cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ClusterError(f"invalid cluster file {path}: not valid YAML: {exc}") from None
+        reason = " ".join(str(exc).split())  # PyYAML's message spans lines: one line here
+        raise ClusterError(f"invalid cluster file {path}: not valid YAML: {reason}") from None
     if isinstance(data, dict) and "name" not in data:
         data = {"name": path.stem, **data}
     return parse_cluster(data, str(path))

@@ -310,18 +310,38 @@ def open_dataset(
 ) -> InMemoryImages:
     """The dataset called ``name`` (one of ``DATASET_NAMES``); ``data_dir`` is where its files are."""
     if name == "cifar10":
-        folder = data_dir or os.environ.get(DATA_DIR_ENV)
-        if not folder:
-            raise DataError(
-                f"CIFAR-10 needs its data folder: pass --data-dir or set {DATA_DIR_ENV} to the folder holding "
-                f"{CIFAR10_FOLDER}/ (or use the 'synthetic' dataset for timing only)"
-            )
-        return CIFAR10(folder, train=train, augment=augment)
+        return CIFAR10(_cifar10_dir(data_dir), train=train, augment=augment)
     if name == "synthetic":
         return SyntheticCIFAR(n=2048 if train else 512, seed=0 if train else 1, augment=augment)
     if name == "fashion-mnist":
         return FashionMNIST32(root=data_dir or FASHION_MNIST_ROOT, train=train, augment=augment)
     raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}")
+
+
+def check_dataset(name: str, data_dir: str | os.PathLike[str] | None) -> None:
+    """Read every file of dataset ``name`` (training and test) and check its format, then let it go: what a command
+    runs before any worker starts, so that missing, corrupt or malicious data fails at once with ``DataError``
+    naming the file, not on a worker."""
+    if name == "cifar10":
+        folder = find_cifar10_folder(_cifar10_dir(data_dir))
+        _read_cifar10_label_names(folder / CIFAR10_META_FILE)
+        for file in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE):
+            _read_cifar10_batch(folder / file)
+    elif name == "fashion-mnist":
+        for train in (True, False):
+            FashionMNIST32(root=data_dir or FASHION_MNIST_ROOT, train=train)
+    else:
+        open_dataset(name, data_dir, train=False)  # synthetic data is made, not read; an unknown name fails
+
+
+def _cifar10_dir(data_dir: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
+    folder = data_dir or os.environ.get(DATA_DIR_ENV)
+    if not folder:
+        raise DataError(
+            f"CIFAR-10 needs its data folder: pass --data-dir or set {DATA_DIR_ENV} to the folder holding "
+            f"{CIFAR10_FOLDER}/ (or use the 'synthetic' dataset for timing only)"
+        )
+    return folder
 
 
 class Samples(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,10 +119,10 @@ class Plan:
                 raise TypeError(f"notes must be a mapping, got {notes!r}")
             plan = cls(
                 model=str(data["model"]),
-                batch_size=_integer(data["batch_size"]),
-                micro_batches=_integer(data["micro_batches"]),
+                batch_size=_integer(data["batch_size"], "batch_size"),
+                micro_batches=_integer(data["micro_batches"], "micro_batches"),
                 schedule=str(data["schedule"]),
-                stage_of_layer=tuple(_integer(s) for s in _items(data["stage_of_layer"])),
+                stage_of_layer=tuple(_integer(s, "stage_of_layer") for s in _items(data["stage_of_layer"])),
                 stage_devices=tuple(tuple(str(d) for d in _items(devs)) for devs in _items(data["stage_devices"])),
                 planner=str(data.get("planner", "")),
                 notes=dict(notes),
@@ -148,15 +149,32 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         p = Path(path)
+        if p.is_dir():
+            raise PlanError(f"plan file {p} is a folder, not a JSON file")
         if not p.is_file():
             raise PlanError(f"plan file {p} does not exist")
-        return cls.from_json(p.read_text(), str(p))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise PlanError(f"plan file {p} is not a text file (JSON expected)") from None
+        except OSError as exc:
+            raise PlanError(f"plan file {p} cannot be read: {exc.strerror or exc}") from None
+        return cls.from_json(text, str(p))
 
 
-def _integer(value: object) -> int:
-    if isinstance(value, int | float | str):
+def _integer(value: object, name: str) -> int:
+    """``value`` as an integer: an int, a float with no fraction, or the text of an integer; nothing else (a
+    fraction is not truncated, a boolean is not 1, and JSON's ``1e999`` reads as infinity)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
-    raise TypeError(f"expected an integer, got {value!r}")
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise TypeError(f"{name} must be an integer, got {value!r}")
 
 
 def _items(value: object) -> list[object]:
@@ -290,9 +308,16 @@ def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
             have = cluster.device(name).memory
             if need > have:
                 raise PlanError(
-                    f"device {name!r} memory exceeded: stage {stage} needs {need / 2**30:.2f} GiB, "
-                    f"the device has {have / 2**30:.2f} GiB"
+                    f"device {name!r} memory exceeded: stage {stage} needs {_size(need)}, the device has {_size(have)}"
                 )
+
+
+def _size(n_bytes: float) -> str:
+    """Bytes in the largest binary unit that keeps a number of at least 1 (``1.50 GiB``, ``812.00 KiB``)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 def library_layer_name(library: LayerLibrary) -> LayerName:

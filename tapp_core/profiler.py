@@ -36,7 +36,7 @@ from torch.nn import functional as F
 
 from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
-from tapp_core.graph import layer_index, op_type
+from tapp_core.graph import ModelError, layer_index, op_type
 from tapp_core.library import Layer, LayerLibrary
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
@@ -197,6 +197,38 @@ def _check_output(output: object, batch_size: int, name: str) -> int:
             f"cross-entropy loss of a training step; it returned {shape}"
         )
     return int(output.shape[1])
+
+
+def _input_batch(
+    batch_size: int, input_shape: tuple[int, ...], generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """Random (seeded) inputs; a batch too large for this host's memory is a ``ProfileError``, not a crash."""
+    try:
+        return torch.randn((batch_size, *input_shape), generator=generator).to(device)
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        size = batch_size * math.prod(input_shape) * 4 / 2**30
+        raise ProfileError(
+            f"a batch of {batch_size} samples needs {size:.3g} GiB for its input alone, more than {device} can "
+            f"allocate: {_first_line(exc)}"
+        ) from None
+
+
+def _first_run(facts: _FactsInterpreter, inputs: torch.Tensor, name: str) -> object:
+    """The model's output on ``inputs``; a model that fails on them (made for another input shape, say) is a
+    ``ModelError`` that says what it was given."""
+    try:
+        return facts.run(inputs)
+    except Exception as exc:
+        shape = "x".join(str(n) for n in inputs.shape[1:])
+        raise ModelError(
+            f"model {name!r} fails on a batch of {inputs.shape[0]} inputs shaped {shape} (TAPP's models take "
+            f"CIFAR-shaped images): {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _whole_step(
@@ -421,10 +453,10 @@ def _profile(
     wall_start = time.perf_counter()
     graph_module.to(device).train()
     generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randn((batch_size, *input_shape), generator=generator).to(device)
+    inputs = _input_batch(batch_size, input_shape, generator, device)
     facts = _FactsInterpreter(graph_module, batch_size)
     with torch.no_grad():
-        classes = _check_output(facts.run(inputs), batch_size, name)
+        classes = _check_output(_first_run(facts, inputs, name), batch_size, name)
     labels = torch.randint(0, classes, (batch_size,), generator=generator).to(device)
 
     run = _Run(graph_module, layer_index(graph_module), inputs, labels, clock, warmup, repeats)

@@ -5,6 +5,7 @@ Internally TAPP uses SI base units everywhere: bytes, bytes per second, seconds.
 
 from __future__ import annotations
 
+import math
 import re
 
 from tapp_core.errors import TappError
@@ -34,27 +35,34 @@ class UnitError(TappError):
 
 
 def _split(value: object, what: str) -> tuple[float, str]:
+    """The number and the unit of ``value``; the number is finite (``1e400`` reads as infinity: refused)."""
     if isinstance(value, bool):
         raise UnitError(f"expected a {what}, got {value!r}")
     if isinstance(value, int | float):
-        return float(value), ""
-    if not isinstance(value, str):
-        raise UnitError(f"expected a {what}, got {value!r}")
-    match = _NUMBER_UNIT.match(value)
-    if not match:
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (match := _NUMBER_UNIT.match(value)):
+        number, unit = float(match.group(1)), match.group(2)
+    else:
         raise UnitError(f"expected a {what} such as {_EXAMPLE[what]}, got {value!r}")
-    return float(match.group(1)), match.group(2)
+    if not math.isfinite(number):
+        raise UnitError(f"expected a finite {what} such as {_EXAMPLE[what]}, got {value!r}")
+    return number, unit
+
+
+def _finite(number: float, value: object, what: str) -> float:
+    """``number`` (``value`` in base units); a finite number times a large unit can still overflow to infinity."""
+    if not math.isfinite(number):
+        raise UnitError(f"{what} {value!r} is too large")
+    return number
 
 
 def parse_bytes(value: object) -> int:
     """'4GiB' -> 4294967296; a bare number is bytes."""
     number, unit = _split(value, "size")
-    if unit == "":
-        return int(number)
-    factor = _SIZE.get(unit.lower())
+    factor = _SIZE.get(unit.lower()) if unit else 1
     if factor is None:
         raise UnitError(f"unknown size unit {unit!r} in {value!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    return int(number * factor)
+    return int(_finite(number * factor, value, "size"))
 
 
 def parse_bandwidth(value: object) -> float:
@@ -63,11 +71,11 @@ def parse_bandwidth(value: object) -> float:
     if unit == "":
         return number
     if unit in _RATE_BYTES:
-        return number * _RATE_BYTES[unit]
+        return _finite(number * _RATE_BYTES[unit], value, "bandwidth")
     factor = _RATE_BITS.get(unit.lower())
     if factor is None:
         raise UnitError(f"unknown bandwidth unit {unit!r} in {value!r} (use Mbit/s, Gbit/s, MB/s, GB/s)")
-    return number * factor / 8.0
+    return _finite(number * factor / 8.0, value, "bandwidth")
 
 
 def parse_seconds(value: object) -> float:

@@ -8,13 +8,18 @@ Two stages share one search (and one checkpoint file):
   pool fails is retried from the checkpoint of the round before.
 
 Each stage has its own nested MLflow run: per-round metrics (mean reward, best step time, entropy), the policy
-checkpoint, and every sampled plan with its estimate and, if measured, its measurement.
+checkpoint (``policy/search.pt``, logged after every round), and every sampled plan with its estimate and, if
+measured, its measurement.
+
+An interrupted experiment resumes from its last logged checkpoint (``fetch_checkpoint`` puts it where the search
+keeps its checkpoint; ``search_stage`` then goes on from the round after it): ``tapp run --resume RUN_ID``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import TypedDict
 
 import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -51,6 +58,7 @@ from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 CHECKPOINT_ARTIFACT = "policy"
+CHECKPOINT_FILE = "search.pt"
 
 
 @dataclass(frozen=True)
@@ -254,8 +262,8 @@ def _run_rounds(run: TrackedRun, state: SearchState, rounds: range, stage: str, 
         report = search_round(number, state, setting)
         history.append(report)
         run.log_metrics(round_metrics(report), step=number)
+        run.log_file(state.checkpoint, CHECKPOINT_ARTIFACT)  # every round: an interrupted experiment resumes from it
         progress.update(done, f"best {report.best_step_time_s:.4f} s ({report.phase})")
-    run.log_file(state.checkpoint, CHECKPOINT_ARTIFACT)
     return SearchState(state.checkpoint, state.config, state.calibration, tuple(history))
 
 
@@ -269,16 +277,47 @@ def search_stage(
     calibration: Calibration,
     workdir: Path,
 ) -> SearchState:
-    """The cost-model rounds, one task each, in the ``search`` stage run; the checkpoint lives in ``workdir``."""
+    """The cost-model rounds, one task each, in the ``search`` stage run; the checkpoint lives in ``workdir``. A
+    checkpoint already there (``fetch_checkpoint``) is resumed: the rounds go on from the one after it."""
     config = budget.config(library, cluster, tags.batch_size, tags.seed, calibration)
-    state = SearchState(workdir / "search.pt", config, calibration)
+    state = SearchState(workdir / CHECKPOINT_FILE, config, calibration)
+    setting = SearchSetting(library, cluster, tags.model, runtime)
+    if state.checkpoint.is_file():
+        resumed = _open_search(state, setting).search
+        state = dataclasses.replace(state, config=resumed.config, history=tuple(resumed.history))
     with tracked_run("search", tags.child(parent, runs.STAGE_RUN, stage="search"), parent=parent) as run:
-        run.log_params({f"search_{k}": v for k, v in config.to_dict().items() if k != "policy"})
-        run.log_params({f"policy_{k}": v for k, v in config.policy.__dict__.items()})
-        setting = SearchSetting(library, cluster, tags.model, runtime)
-        state = _run_rounds(run, state, range(1, budget.rounds + 1), "search", setting)
+        run.log_params({f"search_{k}": v for k, v in state.config.to_dict().items() if k != "policy"})
+        run.log_params({f"policy_{k}": v for k, v in state.config.policy.__dict__.items()})
+        if state.history:
+            run.log_params({"resumed_at_round": len(state.history)})
+        state = _run_rounds(run, state, range(len(state.history) + 1, budget.rounds + 1), "search", setting)
         run.log_metrics({"rounds": budget.rounds})
     return state
+
+
+def fetch_checkpoint(uri: str, experiment_run: str, workdir: Path) -> int | None:
+    """Put the latest search checkpoint that the experiment run ``experiment_run`` logged (its sampling stage's,
+    else its search stage's) in ``workdir``, where ``search_stage`` resumes it; returns its round, or None when the
+    run logged none (it was interrupted before its first round ended). The file is read with the safe loader."""
+    from tapp_core.planners.tapp.search import read_checkpoint
+
+    client = MlflowClient(uri)
+    experiment_id = client.get_run(experiment_run).info.experiment_id
+    query = f"tags.{runs.EXPERIMENT_RUN} = '{experiment_run}' and tags.{runs.KIND} = '{runs.STAGE_RUN}'"
+    stages = {run.data.tags.get(runs.STAGE): run.info.run_id for run in client.search_runs([experiment_id], query)}
+    for stage in ("sampling", "search"):
+        if stage not in stages:
+            continue
+        try:
+            downloaded = client.download_artifacts(
+                stages[stage], f"{CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE}", str(workdir / "download")
+            )
+        except (MlflowException, OSError):
+            continue  # the stage had not finished a round
+        target = workdir / CHECKPOINT_FILE
+        shutil.move(downloaded, target)
+        return int(read_checkpoint(target)["round"])
+    return None
 
 
 def sampling_stage(

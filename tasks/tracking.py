@@ -17,12 +17,14 @@ and ``step_time_s`` as columns), and ``runs_view_url`` / ``run_url`` are the lin
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import getpass
 import io
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -38,11 +40,13 @@ import mlflow
 import pandas as pd
 import sqlalchemy.exc
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 
 from reports import runs
 from tapp_core.errors import TappError
+from tapp_core.paths import writable_folder_problem
+from tapp_core.runtime.guard import ProcessId, boot_id
 
 DEFAULT_EXPERIMENT = "tapp"
 PARENT_TAG = "mlflow.parentRunId"
@@ -52,6 +56,10 @@ SOURCE_TYPE_TAG = "mlflow.source.type"
 USER_TAG = "mlflow.user"
 NOTE_TAG = "mlflow.note.content"
 """A run's (or an experiment's) description: Markdown, shown at the top of its page."""
+HOST_TAG = "tapp.host"
+PROCESS_TAG = "tapp.process"
+"""The process that made a run (``guard.ProcessId``: boot, pid, start time), so that a later run can tell that a run
+left RUNNING has lost its process (``fail_orphaned_runs``)."""
 FLOW_RUN_TAG = "prefect.flow_run_id"
 FLOW_RUN_URL_TAG = "prefect.flow_run_url"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -77,8 +85,12 @@ def tracking_uri(uri: str | None = None) -> str:
     return uri or mlflow.get_tracking_uri()
 
 
-def check_tracking(uri: str | None = None, timeout_s: float = 5.0) -> str:
-    """Fail fast, before any run exists, if the store cannot be reached; returns the resolved URI."""
+def check_tracking(uri: str | None = None, timeout_s: float = 5.0, *, existing: bool = False) -> str:
+    """Fail fast, before any run exists, if the store cannot be reached; returns the resolved URI.
+
+    A SQLite store's folder must exist and, unless only an ``existing`` store is to be read, take new files (a
+    read-only folder fails here in a moment, not after MLflow's two minutes of retries). With ``existing`` the
+    store must already be there: reading a store that is not there must not create an empty one."""
     resolved = tracking_uri(uri)
     if resolved.startswith(("http://", "https://")):
         health = resolved.rstrip("/") + "/health"
@@ -94,22 +106,71 @@ def check_tracking(uri: str | None = None, timeout_s: float = 5.0) -> str:
                 f"MLflow tracking server {resolved} answered {response.status_code} on {health}; is it an MLflow server?"
             )
     elif resolved.startswith("sqlite:///"):
-        folder = Path(resolved.removeprefix("sqlite:///")).expanduser().parent
-        if not folder.is_dir():
-            raise TrackingError(f"MLflow tracking store {resolved}: folder {folder} does not exist")
+        _check_sqlite_store(resolved, existing)
     return resolved
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store (None for other stores or an in-memory database)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path).expanduser() if path and path != ":memory:" else None
+
+
+def _check_sqlite_store(uri: str, existing: bool) -> None:
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    folder = database.parent
+    if not folder.is_dir():
+        raise TrackingError(f"MLflow tracking store {uri}: folder {folder} does not exist")
+    if existing:
+        if not database.is_file():
+            raise TrackingError(
+                f"no MLflow store at {database}: nothing has been recorded there (run `tapp run` first, or give "
+                "--tracking-uri)"
+            )
+        return
+    problem = writable_folder_problem(folder)  # SQLite writes its journal beside the database
+    if problem is None and database.exists() and not os.access(database, os.W_OK):
+        problem = "the database file is read-only"
+    if problem is not None:
+        raise TrackingError(f"MLflow tracking store {uri} cannot be written: {folder} ({problem})")
 
 
 def open_store(uri: str) -> None:
     """Open the store now: a new SQLite store is created and migrated (about 3 s), and one that is not an MLflow
-    store fails here, with its name, rather than in the middle of an experiment."""
+    store fails here, with its name, rather than in the middle of an experiment.
+
+    Creating and migrating a SQLite store is serialised across processes (``store_lock``): two first runs in an
+    empty folder would otherwise both migrate the new database, and one of them fail."""
+    with store_lock(uri):
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)
+        except MlflowException as exc:
+            raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.message}") from None
+        except sqlalchemy.exc.SQLAlchemyError as exc:  # a file that is not a database at all
+            reason = getattr(exc, "orig", None) or exc  # the database driver's own error, when there is one
+            raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {reason}") from None
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock (``fcntl.flock``) on a SQLite store's folder for the block; nothing for other stores.
+
+    The folder itself is locked, not a lock file beside the database, so that the lock leaves nothing behind.
+    Every process that opens a store through ``open_store`` takes it, so only one creates or migrates it."""
+    database = sqlite_path(uri)
+    if database is None or not database.parent.is_dir():
+        yield
+        return
+    descriptor = os.open(database.parent, os.O_RDONLY)
     try:
-        MlflowClient(uri).search_experiments(max_results=1)
-    except MlflowException as exc:
-        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {exc.message}") from None
-    except sqlalchemy.exc.SQLAlchemyError as exc:  # a file that is not a database at all
-        reason = getattr(exc, "orig", None) or exc  # the database driver's own error, when there is one
-        raise TrackingError(f"MLflow tracking store {uri} cannot be opened: {reason}") from None
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing the last descriptor releases the lock
 
 
 @functools.cache
@@ -255,13 +316,15 @@ def tracked_run(
     experiment: str = DEFAULT_EXPERIMENT,
     uri: str | None = None,
 ) -> Iterator[TrackedRun]:
-    """A run that ends FINISHED when the block completes and FAILED (with an ``error`` tag) when it raises.
+    """A run that ends FINISHED when the block completes, FAILED (with an ``error`` tag) when it raises, and KILLED
+    when it is interrupted (SIGINT; SIGTERM, which Prefect's flow engine or the command turns into an exception). A
+    run whose process is killed outright stays RUNNING until a later run notices (``fail_orphaned_runs``).
 
     With ``parent`` it is nested under that run, in the parent's store and experiment.
     """
     resolved = parent.tracking_uri if parent else tracking_uri(uri)
     client = MlflowClient(resolved)
-    all_tags = {**source_tags(), **prefect_tags(), **tags}
+    all_tags = {**source_tags(), **prefect_tags(), **process_tags(), **tags}
     if parent is not None:
         exp_id = parent.experiment_id
         all_tags[PARENT_TAG] = parent.run_id
@@ -273,11 +336,21 @@ def tracked_run(
     try:
         yield run
     except BaseException as exc:
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        client.set_tag(run.run_id, runs.ERROR, f"{type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH])
+        interrupted = _interrupted(exc)
+        status = "KILLED" if interrupted else "FAILED"
+        reason = f"interrupted ({type(exc).__name__})" if interrupted else f"{type(exc).__name__}: {exc}"
+        client.set_tag(run.run_id, runs.ERROR, reason[:MAX_TAG_LENGTH])
         client.set_terminated(run.run_id, status)
         raise
     client.set_terminated(run.run_id, "FINISHED")
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, ``SystemExit``, or Prefect's ``TerminationSignal`` (SIGTERM during a flow run)."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return True
+    signals = sys.modules.get("prefect.exceptions")  # not imported here: prefect takes seconds to import
+    return signals is not None and isinstance(exc, signals.TerminationSignal)
 
 
 def source_tags() -> dict[str, str]:
@@ -289,6 +362,51 @@ def source_tags() -> dict[str, str]:
     command = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     source = f"prefect flow {_flow_name()}" if flow_run_id() is not None else command
     return {SOURCE_NAME_TAG: source, SOURCE_TYPE_TAG: "JOB" if _deployed() else "LOCAL", USER_TAG: _user()}
+
+
+def process_tags() -> dict[str, str]:
+    """The host and process that make a run."""
+    return {HOST_TAG: socket.gethostname(), PROCESS_TAG: ProcessId.current().encode()}
+
+
+def fail_orphaned_runs(uri: str) -> list[str]:
+    """Mark FAILED, with the reason, every run of the store left RUNNING by a process of this host that is gone
+    (killed outright, or the host restarted); returns their ids. Runs of live processes, of other hosts, or made
+    before runs carried their process (``PROCESS_TAG``) are left alone."""
+    here = boot_id()
+    if not here:
+        return []  # not Linux: whether a process lives cannot be told
+    client = MlflowClient(uri)
+    host = socket.gethostname()
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    query = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"
+    failed = []
+    for start in range(0, len(experiments), 100):
+        token = None
+        while True:
+            page = client.search_runs(experiments[start : start + 100], query, ViewType.ALL, 1000, page_token=token)
+            failed += [run.info.run_id for run in page if _fail_if_orphaned(client, run, host, here)]
+            token = page.token
+            if not token:
+                break
+    return failed
+
+
+def _fail_if_orphaned(client: MlflowClient, run: Run, host: str, here: str) -> bool:
+    try:
+        process = ProcessId.decode(run.data.tags.get(PROCESS_TAG, ""))
+    except ValueError:
+        return False
+    if process.boot == here and process.alive() is not False:
+        return False
+    restarted = " (the host has restarted since)" if process.boot != here else ""
+    reason = (
+        f"interrupted: its process {process.pid} on {host} is gone{restarted}, without ending the run; marked "
+        "FAILED by a later run on this store"
+    )
+    client.set_tag(run.info.run_id, runs.ERROR, reason)
+    client.set_terminated(run.info.run_id, "FAILED")
+    return True
 
 
 def prefect_tags() -> dict[str, str]:
@@ -438,7 +556,9 @@ __all__ = [
     "check_tracking",
     "code_version",
     "experiment_id",
+    "fail_orphaned_runs",
     "mlflow_ui_url",
+    "open_store",
     "prepare_experiment",
     "run_url",
     "runs_view_url",

@@ -142,6 +142,21 @@ def library_for(model: str, batch_size: int, library: Path | None, device: str =
         return cache.profile(key)
 
 
+def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
+    """The libraries to cost ``cluster`` with: the given folder (one library, or one per kind as ``tapp profile
+    --cluster`` writes them), else the profile cache's library of each kind of the cluster this host has."""
+    from tapp_core.library import load_libraries
+    from tapp_core.profile_cache import ProfileCache
+
+    if library is not None:
+        loaded = load_libraries(library)
+        if loaded.model != model:
+            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
+        return loaded
+    with console.status(f"layer libraries of {model} at batch {batch_size} for cluster {cluster.name} (cached)"):
+        return ProfileCache().cluster_libraries(model, batch_size, cluster)
+
+
 def load_plan(model: str, plan_file: Path, cluster: str) -> tuple[Plan, Cluster]:
     """The plan in ``plan_file`` (which must be for ``model``) and the cluster named ``cluster``."""
     from tapp_core.cluster import load_cluster

@@ -71,6 +71,17 @@ TrainEpochsOpt = Annotated[int, typer.Option(min=0, help="also train each plan f
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's log lines")]
 
 
+ResumeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted experiment (its parent run's id, or `last`: the latest of --experiment) with "
+        "its own settings, from the last round its search logged; the other experiment options are not used",
+    ),
+]
+
+
 def run(
     model: ModelOpt = DEFAULT_MODEL,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
@@ -89,6 +100,7 @@ def run(
     experiment: ExperimentOpt = "tapp",
     out: ReportOutOpt = DEFAULT_REPORT,
     tracking_uri: TrackingUriOpt = None,
+    resume: ResumeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, report (Prefect + MLflow)."""
@@ -96,56 +108,117 @@ def run(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    from flows.server import prefect_api
+    from flows.server import prefect_api, sigterm_exits
+    from tapp_core.paths import check_output_folder
 
+    check_output_folder(out, "--out")
+    # SIGTERM ends the command as Ctrl-C does (runs KILLED, server and workers stopped, temporary folders removed).
     # The server starts first, so that its start overlaps the imports, the input checks and the MLflow store.
-    with prefect_api() as prefect_ready:
-        from flows.experiment import DEFAULT_METHODS, check_inputs, runtime_settings, search_budget, tapp_experiment
-        from tasks.search import SearchBudget
-        from tasks.tracking import open_store
-
-        chosen = chosen_dataset(dataset, data_dir)
-        chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
-        data = str(data_dir) if data_dir else None
-        # Checked before the flow too, so that a typo fails at once, before any run exists.
-        target, uri = check_inputs(model, cluster, batch_size, chosen, data, chosen_methods, tracking_uri)
-        budget = {"search_rounds": rounds, "samples_per_round": samples_per_round, "measured_rounds": measured_rounds}
-        given: dict[str, Any] = {k: v for k, v in budget.items() if v is not None}  # else the flow's defaults
-        samples = samples_per_round or SearchBudget.samples_per_round
-        resolved = search_budget(rounds, samples, measured_rounds, SearchBudget.measured_per_round, not estimate_only)
-        given["measured_rounds"] = resolved.measured_rounds  # so that Prefect's parameters say what MLflow records
-        runtime_settings(not estimate_only, steps, warmup, seed)
-        console.print(
-            f"[bold]tapp_experiment[/]: {model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, "
-            f"{chosen} data; MLflow store {uri}, experiment {experiment!r}"
-        )
-        open_store(uri)
+    with sigterm_exits(), prefect_api() as prefect_ready:
+        if resume is not None:
+            uri, resume, experiment, parameters = _resumed(resume, experiment, tracking_uri)
+        else:
+            uri, parameters = _checked_parameters(
+                model, cluster, batch_size, data_dir, dataset, rounds, samples_per_round, measured_rounds,
+                methods, estimate_only, steps, warmup, train_epochs, seed, tracking_uri,
+            )  # fmt: skip
+        _announce(parameters, uri, experiment, resume)
         prefect_ready()
         with _stage_progress(verbose):
-            state = tapp_experiment(
-                model=model,
-                cluster=cluster,
-                batch_size=batch_size,
-                dataset=chosen,
-                data_dir=data,
-                methods=chosen_methods,
-                measure=not estimate_only,
-                steps=steps,
-                warmup=warmup,
-                train_epochs=train_epochs,
-                seed=seed,
-                experiment=experiment,
-                out=str(out),
-                tracking_uri=uri,
-                **given,
-                return_state=True,
-            )
+            state = _run_flow(parameters, experiment, out, uri, resume)
         flow_run = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
         failure = _failure(state)
         _print_report(out, uri, experiment, flow_run)  # in the block: a temporary Prefect server gets no link
     if failure:
         error_console.print(f"[bold red]the experiment failed:[/] {failure}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _checked_parameters(
+    model: str,
+    cluster: str,
+    batch_size: int,
+    data_dir: Path | None,
+    dataset: str | None,
+    rounds: int,
+    samples_per_round: int | None,
+    measured_rounds: int | None,
+    methods: str | None,
+    estimate_only: bool,
+    steps: int,
+    warmup: int,
+    train_epochs: int,
+    seed: int,
+    tracking_uri: str | None,
+) -> tuple[str, dict[str, Any]]:
+    """The store (opened, its orphaned runs marked FAILED) and the flow's parameters, every input checked first."""
+    from flows.experiment import DEFAULT_METHODS, check_inputs, runtime_settings, search_budget
+    from tasks.search import SearchBudget
+
+    chosen = chosen_dataset(dataset, data_dir)
+    chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
+    data = str(data_dir) if data_dir else None
+    # Checked before the flow too, so that a typo fails at once, before any run exists.
+    _, uri = check_inputs(model, cluster, batch_size, chosen, data, chosen_methods, tracking_uri)
+    budget = {"search_rounds": rounds, "samples_per_round": samples_per_round, "measured_rounds": measured_rounds}
+    given: dict[str, Any] = {k: v for k, v in budget.items() if v is not None}  # else the flow's defaults
+    samples = samples_per_round or SearchBudget.samples_per_round
+    resolved = search_budget(rounds, samples, measured_rounds, SearchBudget.measured_per_round, not estimate_only)
+    given["measured_rounds"] = resolved.measured_rounds  # so that Prefect's parameters say what MLflow records
+    runtime_settings(not estimate_only, steps, warmup, seed)
+    _open(uri)
+    parameters = {"model": model, "cluster": cluster, "batch_size": batch_size, "dataset": chosen, "data_dir": data}
+    parameters |= {"methods": chosen_methods, "measure": not estimate_only, "steps": steps, "warmup": warmup}
+    return uri, parameters | {"train_epochs": train_epochs, "seed": seed, **given}
+
+
+def _resumed(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, str, str, dict[str, Any]]:
+    """(store, run id, experiment name, the flow's parameters) of the interrupted experiment run ``run_id``
+    (``last``: the latest of ``experiment``)."""
+    from flows.experiment import check_inputs, resume_parameters
+    from tasks.tracking import check_tracking
+
+    uri = check_tracking(tracking_uri)
+    _open(uri)
+    run_id, experiment, parameters = resume_parameters(uri, run_id, experiment)
+    p = parameters
+    check_inputs(p["model"], p["cluster"], p["batch_size"], p["dataset"], p["data_dir"], p["methods"], uri)
+    return uri, run_id, experiment, parameters
+
+
+def _open(uri: str) -> None:
+    """Open the store (created and migrated if new) and mark FAILED the runs that dead processes left RUNNING."""
+    from tasks.tracking import fail_orphaned_runs, open_store
+
+    open_store(uri)
+    orphaned = fail_orphaned_runs(uri)
+    if orphaned:
+        console.print(
+            f"marked {len(orphaned)} run(s) FAILED that a killed process left RUNNING: {', '.join(orphaned)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _announce(parameters: dict[str, Any], uri: str, experiment: str, resume: str | None) -> None:
+    from tapp_core.cluster import load_cluster
+
+    target = load_cluster(parameters["cluster"])
+    resuming = f"; resuming run {resume}" if resume else ""
+    console.print(
+        f"[bold]tapp_experiment[/]: {parameters['model']} on {target.name} ({len(target.devices)} devices), batch "
+        f"{parameters['batch_size']}, {parameters['dataset']} data; MLflow store {uri}, experiment {experiment!r}"
+        f"{resuming}"
+    )
+
+
+def _run_flow(parameters: dict[str, Any], experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
+    from flows.experiment import tapp_experiment
+
+    state: State[Any] = tapp_experiment(
+        **parameters, experiment=experiment, out=str(out), tracking_uri=uri, resume_from=resume, return_state=True
+    )
+    return state
 
 
 def _failure(state: State[Any]) -> str | None:
@@ -168,9 +241,12 @@ def report(
 ) -> None:
     """Rebuild the paper's tables (Markdown, CSV, LaTeX) and figures (PNG) from an MLflow experiment alone."""
     from reports.paper import write_report
-    from tasks.tracking import check_tracking
+    from tapp_core.paths import check_output_folder
+    from tasks.tracking import check_tracking, open_store
 
-    uri = check_tracking(tracking_uri)
+    check_output_folder(out, "--out")
+    uri = check_tracking(tracking_uri, existing=True)  # reading a store must not create an empty one
+    open_store(uri)
     with console.status(f"reading experiment {experiment!r} from {uri}"):
         written = write_report(experiment, out, uri)
     print_markdown(written.tables.step_time.to_markdown())

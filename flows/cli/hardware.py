@@ -39,7 +39,7 @@ def calibrate(
 ) -> None:
     """Measure the cost model's calibration on this machine: per-message cost, GPU staging, update rate and compute
     scale per device kind. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
-    from flows.cli.planning import cluster_library
+    from flows.cli.common import cluster_library
     from tapp_core.calibrate import calibrate as measure_calibration
     from tapp_core.cluster import load_cluster
     from tapp_core.runtime.calibration import calibration_path

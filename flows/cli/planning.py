@@ -21,6 +21,7 @@ from flows.cli.common import (
     ModelOpt,
     PlanFileOpt,
     SeedOpt,
+    cluster_library,
     console,
     load_plan,
     progress_bars,
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from tapp_core.library import LayerLibrary
     from tapp_core.plan import Plan
     from tapp_core.planners import SearchProgress
+
+CHECKPOINT_FILE = "search.pt"
+"""The file a TAPP search saves itself to in ``--checkpoint DIR``."""
 
 PlannerOpt = Annotated[str, typer.Option(help=" | ".join(METHODS) + " (the method names of tapp run --methods)")]
 CalibrationOpt = Annotated[
@@ -59,7 +63,9 @@ def profile(
     library per device kind of the cluster that this host has (also stored in the profile cache, where `tapp plan`,
     `simulate` and `run` find them), or of the one kind --device / --threads name."""
     from tapp_core.library import save_libraries
+    from tapp_core.paths import check_output_folder
 
+    check_output_folder(out, "--out")
     if device is None and threads is None:
         library = _profile_cluster(model, batch_size, cluster, repeats)
     else:
@@ -96,21 +102,6 @@ def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) ->
         return ProfileCache().cluster_libraries(model, batch_size, target, repeats=repeats, fresh=True)
 
 
-def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
-    """The libraries to cost ``cluster`` with: the given folder (one library, or one per kind as ``tapp profile
-    --cluster`` writes them), else the profile cache's library of each kind of the cluster this host has."""
-    from tapp_core.library import load_libraries
-    from tapp_core.profile_cache import ProfileCache
-
-    if library is not None:
-        loaded = load_libraries(library)
-        if loaded.model != model:
-            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
-        return loaded
-    with console.status(f"layer libraries of {model} at batch {batch_size} for cluster {cluster.name} (cached)"):
-        return ProfileCache().cluster_libraries(model, batch_size, cluster)
-
-
 def calibration_for(cluster: str, target: Cluster, library: LayerLibrary, path: Path | None) -> Calibration:
     """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file, checked against
     this machine and ``library``; the ideal one when there is none."""
@@ -140,16 +131,31 @@ def plan(
     reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
     seed: SeedOpt = 0,
     calibration: CalibrationOpt = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help=f"tapp: folder where the search saves itself after every round ({CHECKPOINT_FILE})"),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="tapp: continue the search saved in --checkpoint (its own options and seed; --rounds may extend it)",
+        ),
+    ] = False,
 ) -> None:
     """Find a plan for a model on a cluster and write it as JSON."""
     from tapp_core.cluster import load_cluster
     from tapp_core.costmodel import estimate
+    from tapp_core.paths import check_output_file
     from tapp_core.plan import validate
 
+    check_output_file(out, "--out")
+    options: dict[str, object] = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
+    options.update(_checkpoint_options(planner, checkpoint, resume, rounds))
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)
     fitted = calibration_for(cluster, target, layers, calibration)
-    options = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds, "calibration": fitted}
+    options["calibration"] = fitted
     found = _run_planner(planner, layers, target, budget, **{k: v for k, v in options.items() if v is not None})
     validate(found, layers, target)
     found.save(out)
@@ -160,6 +166,31 @@ def plan(
         f"{found.micro_batches} micro-batches, {found.schedule}; estimated step time {predicted.step_time:.4f} s"
     )
     console.print(f"wrote {out}")
+
+
+def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rounds: int | None) -> dict[str, object]:
+    """The TAPP planner's ``checkpoint`` and ``resume`` options for ``--checkpoint DIR [--resume]``; a resumed search
+    keeps its own number of rounds unless ``--rounds`` is given (so it ends where the uninterrupted one would)."""
+    from tapp_core.errors import TappError
+    from tapp_core.paths import check_output_folder
+    from tapp_core.planners.tapp.search import read_checkpoint, saved_config
+
+    if checkpoint is None:
+        if resume:
+            raise TappError("--resume needs --checkpoint DIR, the folder of the search to continue")
+        return {}
+    if planner != "tapp":
+        raise TappError(f"--checkpoint is for the tapp planner, not {planner!r}")
+    saved = checkpoint / CHECKPOINT_FILE
+    if resume and not saved.is_file():
+        raise TappError(f"--resume: {checkpoint} holds no saved search ({CHECKPOINT_FILE}); run without --resume to start one")
+    check_output_folder(checkpoint, "--checkpoint")
+    if saved.is_file() and not resume:
+        console.print(f"starting a new search: it replaces the one saved in {saved} (--resume continues that one)")
+    options: dict[str, object] = {"checkpoint": saved, "resume": resume}
+    if resume and rounds is None:
+        options["rounds"] = saved_config(read_checkpoint(saved), saved).rounds
+    return options
 
 
 def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int | None, **options: object) -> Plan:
@@ -196,8 +227,11 @@ def simulate(
 ) -> None:
     """Predict a plan's step time, per-device compute / communication / idle and peak memory."""
     from tapp_core.costmodel import estimate
+    from tapp_core.paths import check_output_file
     from tapp_core.plan import validate
 
+    if gantt is not None:
+        check_output_file(gantt, "--gantt")
     chosen, target = load_plan(model, plan_file, cluster)
     layers = cluster_library(model, chosen.batch_size, library, target)
     validate(chosen, layers, target)

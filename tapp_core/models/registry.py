@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -56,8 +57,8 @@ def build_model(spec: str, num_classes: int = 10, seed: int | None = 0) -> nn.Mo
         model = factory()
     except ModelError:
         raise
-    except Exception as exc:
-        raise ModelError(f"building model {spec!r} failed: {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # user code that calls sys.exit() is an error too, not an exit
+        raise ModelError(f"building model {spec!r} failed: {_described(exc)}") from exc
     if not isinstance(model, nn.Module):
         raise ModelError(f"model spec {spec!r}: the callable returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -91,7 +92,16 @@ def _factory_for(spec: str, num_classes: int) -> Callable[[], object]:
         raise ModelError(
             f"model spec {spec!r}: {attribute!r} in {source!r} is a {type(factory).__name__}, not callable"
         )
+    if inspect.isbuiltin(factory):  # sys:exit, os:abort: no model factory is a C function, and calling one may end us
+        raise ModelError(f"model spec {spec!r}: {attribute!r} is a built-in function, not a model factory")
     return factory
+
+
+def _described(exc: BaseException) -> str:
+    """An exception in one line: its type and message (``SystemExit`` by its exit status)."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _looks_like_path(source: str) -> bool:
@@ -112,9 +122,9 @@ def _load_file(source: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         import_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
-        raise ModelError(f"importing model file {source!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelError(f"importing model file {source!r} failed: {_described(exc)}") from exc
     return module
 
 
@@ -128,8 +138,8 @@ def _import_module(source: str) -> ModuleType:
         return importlib.import_module(source)
     except ModuleNotFoundError as exc:
         raise ModelError(f"cannot import module {source!r} for the model: {exc}") from exc
-    except Exception as exc:
-        raise ModelError(f"importing module {source!r} for the model failed: {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:
+        raise ModelError(f"importing module {source!r} for the model failed: {_described(exc)}") from exc
     finally:
         if added_cwd:
             sys.path.remove(cwd)

@@ -35,6 +35,28 @@ from tapp_core.planners.costs import device_classes, relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
 
+MAX_DEVICES = 16
+"""The oracle refuses larger clusters: it enumerates every ordered grouping of the devices."""
+MAX_GROUPINGS = 1_500_000
+"""Nor does it go on past this many groupings (about 8 distinct devices: each grouping is then estimated)."""
+
+
+def searchable_groupings(
+    cluster: Cluster, max_replicas: int, max_groups: int
+) -> list[tuple[tuple[str, ...], ...]]:
+    """``device_groupings`` of at most ``max_groups`` groups; ``PlannerError`` when the cluster is beyond the
+    exhaustive search's reach (``MAX_DEVICES``, ``MAX_GROUPINGS``)."""
+    beyond = f"beyond the oracle's exhaustive search; plan cluster {cluster.name!r} with another method (tapp, pipedream, autoddl)"
+    if len(cluster.devices) > MAX_DEVICES:
+        raise PlannerError(f"{len(cluster.devices)} devices (the oracle takes at most {MAX_DEVICES}) are {beyond}")
+    found = []
+    for seen, grouping in enumerate(device_groupings(cluster, max_replicas), start=1):
+        if seen > MAX_GROUPINGS:
+            raise PlannerError(f"more than {MAX_GROUPINGS:,} groupings of {len(cluster.devices)} devices are {beyond}")
+        if len(grouping) <= max_groups:
+            found.append(grouping)
+    return found
+
 
 def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tuple[str, ...], ...]]:
     """Every ordered sequence of disjoint non-empty device groups (groups of at most ``max_replicas``), once per
@@ -153,11 +175,7 @@ class OraclePlanner(PlannerBase):
         bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
-        groupings = [
-            g
-            for g in device_groupings(cluster, self.max_replicas or len(cluster.devices))
-            if len(g) <= len(positions) + 1
-        ]
+        groupings = searchable_groupings(cluster, self.max_replicas or len(cluster.devices), len(positions) + 1)
         incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch)
         search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
         for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):

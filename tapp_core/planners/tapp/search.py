@@ -33,16 +33,20 @@ import copy
 import dataclasses
 import math
 import os
+import pickle
+import re
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
 
 from tapp_core.cluster import Cluster
+from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
@@ -496,7 +500,9 @@ class TappSearch:
             self.measured.load_state(state["measured"])
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the checkpoint atomically (a crash mid-write leaves the previous one)."""
+        """Write the checkpoint atomically (a crash mid-write leaves the previous one). It holds tensors and plain
+        data only (numbers, strings, lists, dicts), so that ``read_checkpoint`` loads it with torch's safe
+        unpickler."""
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + ".partial")
@@ -518,13 +524,58 @@ class TappSearch:
     ) -> TappSearch:
         """The search saved at ``path``, ready to run its next round; it keeps saving to ``checkpoint``
         (default: ``path``). Its options are the saved ones, except ``rounds`` (it runs until that many rounds
-        instead of its own count) and ``polish``, if given: neither changes what was saved."""
-        state = torch.load(Path(path), weights_only=False)
-        config = SearchConfig.from_dict(state["config"])
+        instead of its own count) and ``polish``, if given: neither changes what was saved. A file that is not such
+        a checkpoint, or one of another model or cluster, raises ``CheckpointError``; nothing in it runs."""
+        state = read_checkpoint(path)
+        config = saved_config(state, path)
         if rounds is not None:
             config = dataclasses.replace(config, rounds=rounds)
         if polish is not None:
             config = dataclasses.replace(config, polish=polish)
         search = cls(library, cluster, config, simulated, measured, checkpoint if checkpoint is not None else path)
-        search.load_state_dict(state)
+        try:
+            search.load_state_dict(state)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this search of {library.model} on {cluster.name!r}: {reason}"
+            ) from None
         return search
+
+
+class CheckpointError(TappError):
+    """A search checkpoint that cannot be read or resumed; nothing in the file was run."""
+
+
+_CHECKPOINT_KEYS = frozenset(SearchCheckpoint.__annotations__)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> SearchCheckpoint:
+    """The state ``TappSearch.save`` wrote to ``path``, read with torch's safe unpickler (``weights_only``):
+    tensors and plain data only, so a crafted file cannot run code. ``CheckpointError`` for anything else."""
+    source = Path(path)
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
+            warnings.simplefilter("ignore")
+            state = torch.load(source, weights_only=True)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {source} cannot be read: {exc.strerror or exc}") from None
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(exc))
+        what = f" ({found.group(1).strip()})" if found else ""
+        raise CheckpointError(
+            f"checkpoint {source} refused by the safe loader{what}: not a TAPP search checkpoint; nothing in it was run"
+        ) from None
+    except Exception as exc:  # a damaged file raises many types (RuntimeError from the zip reader, EOFError...)
+        raise CheckpointError(f"checkpoint {source} is not a TAPP search checkpoint ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not set(state) >= _CHECKPOINT_KEYS:
+        raise CheckpointError(f"checkpoint {source} is not a TAPP search checkpoint (not the state TappSearch saves)")
+    return cast(SearchCheckpoint, state)  # its keys were checked above
+
+
+def saved_config(state: SearchCheckpoint, path: str | os.PathLike[str]) -> SearchConfig:
+    """The search configuration a checkpoint (``read_checkpoint``) was saved with."""
+    try:
+        return SearchConfig.from_dict(state["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} holds an unusable search configuration: {exc}") from None
