@@ -10,13 +10,14 @@ which every process on one host shares, so link emulation is for one host only (
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from tapp_core.cluster import Cluster, Device, Link
+from tapp_core.cluster import Cluster, Link
 from tapp_core.costs import DEFAULT_CALIBRATION, ring_allreduce_s, transfer_s
 
 
@@ -31,11 +32,37 @@ def sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def configure_threads(device: Device) -> None:
-    """Pin torch's intra-op pool to the device's thread count (the interop pool only if still settable)."""
+PIN_VARIABLE = "TAPP_PIN_RANKS"
+"""Set to 0 to leave the ranks unpinned (e.g. when several pools share one host)."""
+
+
+def rank_cores(cluster: Cluster, rank: int, available: Sequence[int]) -> tuple[int, ...] | None:
+    """The cores rank ``rank`` (device ``rank``) has to itself: the ranks of one host take consecutive blocks of
+    their device's ``threads`` from ``available``, in rank order. None when the host's ranks want more threads than
+    it has cores: sharing is then left to the operating system, which spreads the load better than any fixed
+    placement can."""
+    device = cluster.devices[rank]
+    neighbours = [d for d in cluster.devices if d.host == device.host]
+    if sum(d.threads for d in neighbours) > len(available):
+        return None
+    start = sum(d.threads for d in cluster.devices[:rank] if d.host == device.host)
+    return tuple(sorted(available)[start : start + device.threads])
+
+
+def configure_threads(cluster: Cluster, rank: int) -> tuple[int, ...] | None:
+    """Set torch's intra-op pool to the rank's device's thread count (the interop pool only if still settable) and,
+    where the host has a core for every thread of its ranks, pin the rank to its own cores (``rank_cores``), so that
+    no rank's compute is preempted by another's; returns the cores pinned to (None: not pinned)."""
+    device = cluster.devices[rank]
     torch.set_num_threads(device.threads)
     with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran in this process
         torch.set_num_interop_threads(device.threads)
+    if os.environ.get(PIN_VARIABLE, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = rank_cores(cluster, rank, sorted(os.sched_getaffinity(0)))
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    return cores
 
 
 @dataclass

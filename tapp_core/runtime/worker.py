@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if world.Get_size() != len(cluster.devices):
         print(f"worker: {world.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
         return 2
-    configure_threads(cluster.devices[world.Get_rank()])
+    configure_threads(cluster, world.Get_rank())
     warm_up()
     rank = Rank(world, cluster)
     ranks = world.gather(RankInfo(os.getpid(), socket.gethostname(), tuple(sys.argv)), root=0)
