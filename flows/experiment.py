@@ -18,10 +18,12 @@ from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
 from tapp_core.errors import TappError
-from tapp_core.metrics import Measurement
+from tapp_core.library import LayerLibrary
 from tapp_core.models import build_traced_model
+from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import load_fitted_calibration
-from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
+from tapp_core.runtime.race import RaceResult
+from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
 from tasks.progress import StageProgress
@@ -164,11 +166,11 @@ def _run_stages(
         sampling = budget.sampling_runtime(runtime)
         search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
         tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
-    evaluations, failed = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
+    evaluations, failed, race = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
     if training is not None:
         failed += _train(parent, tags, target, evaluations, training)
     report = report_experiment(parent.ref, tags, out, experiment)
-    _summarise(parent, evaluations)
+    _summarise(parent, evaluations, race)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
     return evaluations, report
@@ -177,32 +179,38 @@ def _run_stages(
 def _evaluate(
     parent: TrackedRun,
     tags: ExperimentTags,
-    library: object,
+    library: LayerLibrary,
     cluster: Cluster,
     methods: tuple[str, ...],
-    tapp_plan: object,
+    tapp_plan: Plan,
     runtime: RuntimeSettings,
     calibration: Calibration,
-) -> tuple[dict[str, Evaluation], list[str]]:
-    """Each method in turn (measurements must not share the cores); a failed one is noted and the rest go on."""
+) -> tuple[dict[str, Evaluation], list[str], RaceResult | None]:
+    """Plan every method, race all their plans together, then record each method; a failed one is noted and the
+    rest go on. Returns the evaluations, the failures, and the race (None when the runtime is off)."""
+    planned = [
+        plan_method(method, library, cluster, tags, tapp_plan if method == "tapp" else None, calibration)
+        for method in methods
+    ]
+    race = None
+    if runtime.enabled:
+        planned, race = race_methods(planned, cluster, tags.model, runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
-    measured: dict[str, tuple[str, Measurement]] = {}
+    first_with_plan: dict[str, str] = {}
     progress = StageProgress("evaluation", len(methods), "final evaluation: methods")
-    for done, method in enumerate(methods, start=1):
-        plan = tapp_plan if method == "tapp" else None
-        state = evaluate_method(
-            method, library, cluster, parent.ref, tags, plan, runtime, calibration, measured, return_state=True
-        )
+    for done, method_plan in enumerate(planned, start=1):
+        method, plan = method_plan.method, method_plan.plan
+        shared = first_with_plan.setdefault(plan.id, method) if plan is not None and method_plan.ok else method
+        source = shared if shared != method else None
+        state = evaluate_method(method_plan, parent.ref, tags, race, source, return_state=True)
         if state.is_completed():
             result = evaluations[method] = state.result()
-            if result.ok_measurement is not None:
-                measured.setdefault(result.plan.id, (method, result.ok_measurement))
             progress.update(done, f"{method} {result.step_time_s:.4f} s")
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED")
-    return evaluations, failed
+    return evaluations, failed, race
 
 
 def _train(
@@ -224,11 +232,36 @@ def _train(
     return failed
 
 
-def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation]) -> None:
-    """Headline numbers on the parent run, and every chosen plan under ``plans/``."""
-    headline = {f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()}
+def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation], race: RaceResult | None) -> None:
+    """Headline numbers on the parent run (the BSP/TAPP speedup with its interval, from the race's per-round
+    ratios), the race's conditions, and every chosen plan under ``plans/``."""
+    headline: dict[str, float | None] = {
+        f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()
+    }
     if "tapp" in evaluations and "bsp" in evaluations:
-        headline["speedup_bsp_over_tapp"] = evaluations["bsp"].step_time_s / evaluations["tapp"].step_time_s
+        bsp, tapp = evaluations["bsp"], evaluations["tapp"]
+        ratio = race.ratio(bsp.plan.id, tapp.plan.id) if race is not None and bsp.measured and tapp.measured else None
+        if ratio is not None:
+            headline.update(
+                {
+                    runs.SPEEDUP: ratio.median,
+                    f"{runs.SPEEDUP}_low": ratio.low,
+                    f"{runs.SPEEDUP}_high": ratio.high,
+                }
+            )
+        else:
+            headline[runs.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
+    if race is not None:
+        headline.update(
+            {
+                "race_rounds": race.rounds,
+                "race_plans": len(race.plans),
+                runs.LOAD_BEFORE: race.load_before,
+                runs.LOAD_AFTER: race.load_after,
+            }
+        )
+        parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
+        parent.log_dict(race.summary(), "race.json")
     parent.log_metrics(headline)
     for method, evaluation in evaluations.items():
         parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
