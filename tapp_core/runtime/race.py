@@ -35,6 +35,7 @@ import os
 import random
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -147,6 +148,8 @@ class RaceResult:
     load_after: float
     host_cpus: int
     host_ranks: int
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """Names the race, so that records of its plans can be paired round by round later."""
 
     def measurement(self, plan_id: str) -> Measurement:
         for plan, measured in zip(self.plans, self.measurements, strict=True):
@@ -189,6 +192,7 @@ class RaceResult:
         """Plain data for a plan's notes, a log or JSON: the verdict, every plan's interval, the conditions."""
         winner, group = self.winner(), {p.id for p in self.best_group()}
         return {
+            "race_id": self.id,
             "rounds": self.rounds,
             "stop": self.stop,
             "elapsed_s": round(self.elapsed_s, 3),
