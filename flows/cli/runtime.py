@@ -1,7 +1,9 @@
-"""Commands that run a plan on MPI workers: ``measure`` and ``train``."""
+"""Commands that run a plan on MPI workers: ``measure`` (one plan, or a race of several) and ``train``."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,12 +21,14 @@ from flows.cli.common import (
     fail,
     library_for,
     load_plan,
+    print_markdown,
 )
 from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
     from tapp_core.cluster import Cluster
     from tapp_core.plan import Plan
+    from tapp_core.runtime.race import RaceResult
 
 
 def _plan_to_run(model: str, plan_file: Path, cluster: str, library: Path | None) -> tuple[Plan, Cluster]:
@@ -40,28 +44,135 @@ def _plan_to_run(model: str, plan_file: Path, cluster: str, library: Path | None
     return chosen, target
 
 
+PlanFilesOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--plan", "-p", help="plan JSON (tapp plan --out); give --plan several times to race the plans"),
+]
+
+
 def measure(
     model: ModelOpt = "alexnet",
     cluster: ClusterOpt = "local",
-    plan_file: PlanFileOpt = Path("plan.json"),
-    steps: Annotated[int, typer.Option(min=1, help="timed steps after the warm-up")] = 5,
-    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps, not counted")] = 2,
+    plan_files: PlanFilesOpt = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="timed steps after the warm-up (per round when racing); default 5, 3")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(min=0, help="warm-up steps, not counted; default 2, 1 per round")
+    ] = None,
+    min_rounds: Annotated[int, typer.Option(min=1, help="racing: rounds before any verdict")] = 5,
+    max_rounds: Annotated[int, typer.Option(min=1, help="racing: most rounds")] = 15,
+    budget: Annotated[float, typer.Option(min=1.0, help="racing: seconds after which no new round starts")] = 600.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="racing: also write the race as JSON here")] = None,
     library: LibraryOpt = None,
     seed: SeedOpt = 0,
     emulate: EmulateOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds before the plan is abandoned")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="seconds before a plan (a round, when racing) is abandoned")] = 600.0,
 ) -> None:
-    """Run a plan on MPI workers (one rank per device, launched with mpiexec) and print its Measurement as JSON."""
+    """Run a plan on MPI workers (one rank per device, launched with mpiexec) and print its Measurement as JSON;
+    given several plans, race them in interleaved rounds and print each one's median with its interval."""
+    files = plan_files or [Path("plan.json")]
+    if len(files) > 1:
+        options = RaceChoice(steps or 3, 1 if warmup is None else warmup, min_rounds, max_rounds, budget, timeout)
+        _race(model, cluster, files, library, seed, emulate, options, json_out)
+        return
     from tapp_core.runtime import measure as run_measure
 
-    chosen, target = _plan_to_run(model, plan_file, cluster, library)
+    chosen, target = _plan_to_run(model, files[0], cluster, library)
+    timed, warm = steps or 5, 2 if warmup is None else warmup
     with error_console.status(f"measuring plan {chosen.id} on {target.name} ({len(target.devices)} MPI ranks)"):
         result = run_measure(
-            chosen, target, model, steps=warmup + steps, warmup=warmup, seed=seed, emulate=emulate, timeout_s=timeout
+            chosen, target, model, steps=warm + timed, warmup=warm, seed=seed, emulate=emulate, timeout_s=timeout
         )
     typer.echo(result.to_json())
     if not result.ok:
         raise fail(f"plan {chosen.id} failed: {result.error}")
+
+
+@dataclass(frozen=True)
+class RaceChoice:
+    """The race the command line asked for."""
+
+    steps: int
+    warmup: int
+    min_rounds: int
+    max_rounds: int
+    budget_s: float
+    timeout_s: float
+
+
+def _race(
+    model: str,
+    cluster: str,
+    files: list[Path],
+    library: Path | None,
+    seed: int,
+    emulate: bool | None,
+    choice: RaceChoice,
+    json_out: Path | None,
+) -> None:
+    """Race the plans of ``files`` on one pool and print the verdict as a Markdown table."""
+    from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+
+    loaded = [_plan_to_run(model, f, cluster, library) for f in files]
+    target = loaded[0][1]
+    plans = [plan for plan, _ in loaded]
+    options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
+    steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
+    names: dict[str, list[str]] = {}
+    for path, plan in zip(files, plans, strict=True):
+        names.setdefault(plan.id, []).append(path.name)
+    with WorkerPool(target) as pool, error_console.status(f"racing {len(names)} plans on {target.name}") as status:
+        result = race(
+            pool,
+            plans,
+            model,
+            options,
+            steps,
+            emulate=emulate,
+            on_round=lambda number, _: status.update(f"racing {len(names)} plans on {target.name}: round {number}"),
+        )
+    print_markdown(race_table(result, {key: " = ".join(v) for key, v in names.items()}))
+    if json_out is not None:
+        summary = {**result.summary(), "measurements": [m.to_dict() for m in result.measurements]}
+        json_out.write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    failed = [m for m in result.measurements if not m.ok]
+    if failed:
+        raise fail("; ".join(f"plan {m.plan_id} {m.error}" for m in failed))
+
+
+def race_table(result: RaceResult, names: dict[str, str]) -> str:
+    """The race as Markdown: one row per plan, fastest first, the best group marked, then how the race went."""
+    group = {p.id for p in result.best_group()}
+    winner = result.winner()
+    rows = [
+        "| plan | devices | median s | ± | interval s | rounds | |",
+        "| --- | --- | ---: | ---: | --- | ---: | --- |",
+    ]
+    order = sorted(
+        zip(result.plans, result.measurements, strict=True), key=lambda pm: (not pm[1].ok, pm[1].step_time_s)
+    )
+    for plan, measured in order:
+        devices = " \\| ".join("+".join(d) for d in plan.stage_devices)
+        interval = measured.interval
+        if interval is None:
+            rows.append(f"| {names[plan.id]} | {devices} | – | – | failed: {measured.error} | {measured.rounds} | |")
+            continue
+        mark = "winner" if winner is not None and plan.id == winner.id else ("best group" if plan.id in group else "")
+        rows.append(
+            f"| {names[plan.id]} | {devices} | {interval.median:.4f} | {interval.half_width:.4f} | "
+            f"[{interval.low:.4f}, {interval.high:.4f}] | {measured.rounds} | {mark} |"
+        )
+    notes = [
+        f"{result.rounds} rounds ({result.stop}), {result.elapsed_s:.0f} s; intervals: order statistics over the rounds, "
+        f"at least {result.options.confidence:.0%} where there are enough rounds. Best group: every plan whose "
+        "interval overlaps the fastest's; the winner is its plan with fewest devices.",
+        f"host load average {result.load_before:.2f} before, {result.load_after:.2f} after, on {result.host_cpus} cores",
+    ]
+    if result.overloaded:
+        notes.append("WARNING: the host was overloaded during the race; its intervals are wider than on a quiet host")
+    return "\n".join([*rows, "", *notes]) + "\n"
 
 
 def train(
