@@ -3,7 +3,8 @@ search wall time and reward evaluations, then the bars of the planners issue and
 
     .venv/bin/python bench/planners.py                      # alexnet, vgg16, inception_v3 on hetero4, hetero8
     .venv/bin/python bench/planners.py --models alexnet --clusters hetero4
-    .venv/bin/python bench/planners.py --measured           # + hybrid TAPP vs Pipe-Torch and BSP, measured locally
+    .venv/bin/python bench/planners.py --measured           # + hybrid TAPP vs Pipe-Torch and BSP, raced locally
+    .venv/bin/python bench/planners.py --measured-only      # only that: TAPP (hybrid) in the best group per model
 
 Layer libraries come from bench/libraries/<model>_b<batch>/ (profiled once with ``tapp profile`` settings and
 committed), so the numbers do not move with this machine's load. The oracle runs where it can finish (hetero4):
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ from tapp_core.costmodel import estimate
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners import get_planner
+from tapp_core.runtime.race import RaceResult
 
 LIBRARIES = Path(__file__).resolve().parent / "libraries"
 PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
@@ -161,19 +162,23 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 
 
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
-    """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: each final plan measured ``--repeats`` times
-    on the worker pool, in turns so that load drift touches all alike; medians side by side."""
+    """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: the three final plans raced (the flow's evaluation
+    race: interleaved rounds, medians with intervals); TAPP passes where it is in the best group."""
     from tapp_core.runtime.calibration import load_fitted_calibration
     from tapp_core.runtime.pool import WorkerPool
+    from tapp_core.runtime.race import race
+    from tasks.measure import RuntimeSettings
 
     cluster = load_cluster("local")
     calibration = load_fitted_calibration()
+    settings = RuntimeSettings()
     table = Table(
-        title=f"Measured on the local cluster: median of {args.repeats} measurements per plan; "
-        f"estimates with the fitted calibration ({calibration.note or 'ideal'})"
+        title="Measured on the local cluster: the plans raced in interleaved rounds (median over rounds, its "
+        f"interval); estimates with the fitted calibration ({calibration.note or 'ideal'})"
     )
-    for column in ("model", "planner", "measured s", "estimated s", "search s", "plan"):
+    for column in ("model", "planner", "measured s", "interval s", "rounds", "best group", "estimated s", "search s"):
         table.add_column(column)
+    table.add_column("plan")
     bars = []
     with WorkerPool(cluster) as pool:
         for model in args.models:
@@ -196,27 +201,44 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                 "pipetorch": get_planner("pipetorch", calibration=calibration).plan(library, cluster),
                 "bsp": get_planner("bsp", calibration=calibration).plan(library, cluster),
             }
-            samples: dict[str, list[float]] = {name: [] for name in plans}
-            for _ in range(args.repeats):
-                for name, plan in plans.items():
-                    measurement = pool.measure(plan)
-                    samples[name].append(measurement.step_time_s if measurement.ok else math.inf)
+            result = race(pool, list(plans.values()), model, settings.race, settings.round_steps())
+            group = {p.id for p in result.best_group()}
             console.log(
-                f"{model}: measured {', '.join(f'{n} {statistics.median(v):.3f} s' for n, v in samples.items())}"
+                f"{model}: raced {result.rounds} rounds ({result.stop}), load {result.load_before:.2f} -> "
+                f"{result.load_after:.2f}{' OVERLOADED' if result.overloaded else ''}; "
+                f"TAPP chosen by {tapp.notes.get('chosen_by', '?')}"
             )
-            medians = {name: statistics.median(values) for name, values in samples.items()}
             for name, plan in plans.items():
+                measured = result.measurement(plan.id)
                 predicted = estimate(plan, library, cluster, calibration).step_time
                 layout = Row(model, cluster.name, name, predicted, 0.0, 0, plan).layout
-                table.add_row(model, name, f"{medians[name]:.4f}", f"{predicted:.4f}", f"{searched[name]:.0f}", layout)
-            table.add_section()
-            for other in ("pipetorch", "bsp"):
-                ratio = medians["tapp (hybrid)"] / medians[other]
-                bars.append(
-                    (f"{model} local: measured TAPP (hybrid) no worse than {other}", ratio <= 1.0, f"ratio {ratio:.3f}")
+                shown = (
+                    (f"{measured.step_time_s:.4f}", f"[{measured.interval_low_s:.4f}, {measured.interval_high_s:.4f}]")
+                    if measured.ok
+                    else ("failed", escape(str(measured.error))[:60])
                 )
+                table.add_row(
+                    model,
+                    name,
+                    *shown,
+                    str(measured.rounds),
+                    "yes" if plan.id in group else "",
+                    f"{predicted:.4f}",
+                    f"{searched[name]:.0f}",
+                    layout,
+                )
+            table.add_section()
+            bars.append((f"{model} local: measured TAPP (hybrid) in the best group", tapp.id in group, _group(result)))
     console.print(table)
     return bars
+
+
+def _group(result: RaceResult) -> str:
+    return "best group " + ", ".join(
+        f"{m.step_time_s:.4f} s"
+        for p, m in zip(result.plans, result.measurements, strict=True)
+        if p in result.best_group()
+    )
 
 
 def main() -> None:
@@ -243,7 +265,6 @@ def main() -> None:
     parser.add_argument("--measured", action="store_true", help="add the measured check on the local cluster")
     parser.add_argument("--measured-only", action="store_true", help="only the measured check")
     parser.add_argument("--measured-rounds", type=int, default=3, help="hybrid TAPP: final rounds that measure")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements of each final plan")
     args = parser.parse_args()
 
     rows: list[Row] = []
