@@ -31,8 +31,9 @@ NEAR_BEST = 0.10
 """A new plan measured within this fraction of the best measured step time (or faster) is confirmed."""
 CONFIRM = RaceOptions(min_rounds=3, max_rounds=3)
 """The confirmation: more rounds raced against the best measured plan; both plans' rounds are pooled."""
-FINAL = RaceOptions(min_rounds=5, max_rounds=12, budget_s=300.0)
-"""The final choice's race among the search's top candidates."""
+FINAL = RaceOptions(min_rounds=5, max_rounds=12, budget_s=150.0)
+"""The final choice's race among the search's top candidates (no new round after 150 s: the chosen plan is raced
+again against every method in an experiment's evaluation)."""
 
 
 @dataclass(frozen=True)
