@@ -301,7 +301,7 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
         span = f"{int(rounds.min())}" if rounds.min() == rounds.max() else f"{int(rounds.min())}–{int(rounds.max())}"
         return [
             "Step times measured on the MPI runtime, in seconds: every method's plan raced in one race of interleaved"
-f" rounds ({span} rounds per plan), each cell the median over its rounds ± half its confidence interval"
+            f" rounds ({span} rounds per plan), each cell the median over its rounds ± half its confidence interval"
             " (order statistics over the rounds, at least 90 % coverage). Bold: the fastest method and every method"
             " whose interval overlaps it; no winner is declared among them."
         ]
