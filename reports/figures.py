@@ -182,7 +182,10 @@ def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step tim
             above = [max(hi - h, 0.0) if hi == hi else 0.0 for h, hi in zip(heights, high, strict=True)]
             errors = [below, above]
         bars = axes.bar(positions, heights, width=width, label=method, yerr=errors, capsize=2, ecolor="#333333")
-        axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
+        if errors is None:
+            axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
+        else:  # inside the bar, clear of its error bar
+            axes.bar_label(bars, fmt="%.3f", fontsize=7, label_type="center", rotation=90, color="white")
     axes.set_xticks(range(len(groups)), groups)
     axes.set_ylabel("step time (s)" + (", median and its confidence interval" if intervals else ""))
     axes.set_title(title)
