@@ -265,9 +265,17 @@ def evaluate_method(
 
 def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> None:
     """The measurement's metrics, each round's step time (step = the race's round number, so two methods' runs
-    pair round by round), and the race it came from."""
+    pair round by round), the race it came from and whether the method is in the race's best group."""
     run.log_metrics(measurement_metrics(measured))
     now = int(time.time() * 1000)
     rounds = [Metric(runs.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
     run.client.log_batch(run.run_id, metrics=rounds, synchronous=True)
-    run.set_tags({runs.RACE_ID: race.id, runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
+    best = any(p.id == measured.plan_id for p in race.best_group())
+    run.set_tags(
+        {
+            runs.RACE_ID: race.id,
+            runs.RACE_STOP: race.stop,
+            runs.HOST_OVERLOADED: str(race.overloaded).lower(),
+            runs.BEST_GROUP: str(best).lower(),
+        }
+    )

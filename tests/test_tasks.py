@@ -168,6 +168,7 @@ def test_two_methods_with_one_plan_are_raced_once_and_share_its_figure(
         assert data.metrics[runs.STEP_TIME] == data.metrics[runs.MEASURED_STEP_TIME] == 0.25
         assert (data.metrics[runs.STEP_TIME_LOW], data.metrics[runs.STEP_TIME_HIGH]) == (0.25, 0.25)
         assert data.metrics[runs.RACE_ROUNDS] == race.rounds and data.tags[runs.RACE_ID] == race.id
+        assert data.tags[runs.BEST_GROUP] == "true"  # 0.25 s against BSP's 0.5 s
     rounds = MlflowClient().get_metric_history(results[1].run_id, runs.ROUND_STEP_TIME)
     assert [m.step for m in rounds] == list(range(1, race.rounds + 1))
 
