@@ -258,6 +258,7 @@ def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation], race: Rac
                 "race_plans": len(race.plans),
                 runs.LOAD_BEFORE: race.load_before,
                 runs.LOAD_AFTER: race.load_after,
+                runs.HOST_OTHER_CPU: race.other_cpu_share,
             }
         )
         parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})

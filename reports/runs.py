@@ -68,6 +68,8 @@ LOAD_BEFORE = "host_load_before"
 LOAD_AFTER = "host_load_after"
 HOST_CPUS = "host_cpus"
 HOST_RANKS = "host_ranks"
+HOST_OTHER_CPU = "host_other_cpu_share"
+"""The share of the host's CPU time other processes than the race's own took while it ran."""
 # Metrics of an experiment run
 SPEEDUP = "speedup_bsp_over_tapp"
 """The median of BSP/TAPP per-round step-time ratios in the evaluation race (``_low``, ``_high``: its interval)."""
@@ -189,6 +191,7 @@ def evaluations(
             LOAD_AFTER,
             HOST_CPUS,
             HOST_RANKS,
+            HOST_OTHER_CPU,
         ),
     )
 

@@ -332,15 +332,17 @@ def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> lis
     if speedups is not None and not speedups.empty:
         notes.append(f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, ± half its interval.")
     for key, group in evaluations.groupby(list(runs.KEY_COLUMNS), sort=False):
-        loads = group[[runs.LOAD_BEFORE, runs.LOAD_AFTER, runs.HOST_CPUS, runs.HOST_RANKS]].dropna()
+        columns = [runs.HOST_OTHER_CPU, runs.LOAD_BEFORE, runs.LOAD_AFTER, runs.HOST_CPUS, runs.HOST_RANKS]
+        loads = group[columns].dropna(subset=[runs.LOAD_BEFORE, runs.HOST_CPUS])
         if loads.empty:
             continue
-        before, after, cpus, ranks = loads.max()
-        if host_overloaded(before, after, int(cpus), int(ranks)):
+        others, before, after, cpus, ranks = (float(v) for v in loads.max())
+        if host_overloaded(others, before, after, int(cpus), int(ranks)):
             model, cluster, batch = key
+            took = f"other processes took {others:.0%} of its CPU time; " if math.isfinite(others) else ""
             notes.append(
                 f"WARNING: the race for {model_label(str(model))} on {cluster}, batch {batch}, ran on an overloaded "
-                f"host (1-minute load average {before:.1f} before, {after:.1f} after, {int(cpus)} cores, "
+                f"host ({took}1-minute load average {before:.1f} before, {after:.1f} after; {int(cpus)} cores, "
                 f"{int(ranks)} ranks of its own): its intervals are wider and its medians higher than on a quiet host."
             )
     return notes

@@ -44,9 +44,21 @@ def step_time_spread(step_times_s: Sequence[float], warmup: int = DEFAULT_WARMUP
     return q[2] - q[0]
 
 
-def host_overloaded(load_before: float, load_after: float, cpus: int, ranks: int) -> bool:
-    """Whether a race ran on a host busy with other work: before it (its ranks idle) the 1-minute load average
-    already exceeded the host's cores, or after it the load exceeded the cores plus the race's own ranks."""
+OTHER_CPU_LIMIT = 0.25
+"""A race is on an overloaded host when other processes took more than this share of the host's CPU time."""
+
+
+def host_overloaded(other_cpu_share: float, load_before: float, load_after: float, cpus: int, ranks: int) -> bool:
+    """Whether a race ran on a host busy with other work.
+
+    Where the race counted CPU time (Linux), the measure is what other processes than its own (its ranks and the
+    process that ran it) took of the host's CPU time while it ran: more than ``OTHER_CPU_LIMIT``. Elsewhere the
+    1-minute load average stands in: above the host's cores before the race (its ranks idle), or above the cores
+    plus the race's own ranks after it. (The load average alone is a poor measure of others' work: it also holds
+    the ranks' own work of the last minute, so back-to-back races would look overloaded.)
+    """
+    if math.isfinite(other_cpu_share):
+        return other_cpu_share > OTHER_CPU_LIMIT
     if cpus <= 0 or not (math.isfinite(load_before) and math.isfinite(load_after)):
         return False
     return load_before > cpus or load_after > cpus + ranks
@@ -91,6 +103,9 @@ class Measurement:
     host_cpus: int = 0
     host_ranks: int = 0
     """The cores this process may use, and the race's ranks on this host (for ``overloaded``)."""
+    other_cpu_share: float = float("nan")
+    """The share of the host's CPU time that other processes than the race's own took while it ran (NaN: not
+    counted)."""
 
     @property
     def ok(self) -> bool:
@@ -105,7 +120,7 @@ class Measurement:
 
     @property
     def overloaded(self) -> bool:
-        return host_overloaded(self.load_before, self.load_after, self.host_cpus, self.host_ranks)
+        return host_overloaded(self.other_cpu_share, self.load_before, self.load_after, self.host_cpus, self.host_ranks)
 
     @classmethod
     def failed(cls, plan_id: str, error: str, emulated: bool = False) -> Measurement:

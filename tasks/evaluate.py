@@ -173,6 +173,7 @@ def measurement_metrics(measured: Measurement) -> dict[str, float]:
         runs.LOAD_AFTER: measured.load_after,
         runs.HOST_CPUS: measured.host_cpus,
         runs.HOST_RANKS: measured.host_ranks,
+        runs.HOST_OTHER_CPU: measured.other_cpu_share,
     }
 
 

@@ -145,6 +145,11 @@ class PoolMeasurer:
         self.model = model
         self.settings = settings
 
+    @property
+    def rank_pids(self) -> list[int]:
+        """The pool's ranks, whose CPU time a race does not count as other work."""
+        return list(pool_for(self.cluster).rank_pids)
+
     def measure(self, plan: Plan) -> Measurement:
         s = self.settings
         return pool_for(self.cluster).measure(

@@ -4,7 +4,11 @@ and a real race of tiny plans on MPI workers. No timing bars: bench/race_repeata
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +25,7 @@ from tapp_core.runtime.race import (
     MAX_ROUNDS,
     SEPARATED,
     TIME_BUDGET,
+    OtherWork,
     RaceOptions,
     RoundSteps,
     pooled_rounds,
@@ -90,11 +95,30 @@ def test_the_best_group_is_every_interval_overlapping_the_best() -> None:
     assert separated([a, c]) and not separated([a]) and best_group([None]) == []
 
 
-def test_an_overloaded_host_is_one_busy_before_the_race_or_beyond_its_own_ranks_after() -> None:
-    assert not host_overloaded(0.5, 3.5, cpus=2, ranks=3)  # the race's own three ranks
-    assert host_overloaded(2.5, 3.0, cpus=2, ranks=3)
-    assert host_overloaded(1.0, 5.5, cpus=2, ranks=3)
-    assert not host_overloaded(math.nan, 9.0, cpus=2, ranks=3)
+def test_an_overloaded_host_is_one_where_others_took_its_cpu_else_one_with_a_high_load() -> None:
+    assert host_overloaded(0.4, 0.5, 0.5, cpus=2, ranks=3)  # others took 40 % of the CPU time
+    assert not host_overloaded(0.1, 5.0, 5.0, cpus=2, ranks=3)  # the load was the race's own (and the last one's)
+    assert not host_overloaded(math.nan, 0.5, 3.5, cpus=2, ranks=3)  # not counted: the load average decides
+    assert host_overloaded(math.nan, 2.5, 3.0, cpus=2, ranks=3)
+    assert host_overloaded(math.nan, 1.0, 5.5, cpus=2, ranks=3)
+    assert not host_overloaded(math.nan, math.nan, 9.0, cpus=2, ranks=3)
+
+
+def test_the_cpu_time_of_other_processes_is_counted() -> None:
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
+    )
+    try:
+        others = OtherWork(lambda: [])
+        time.sleep(1.0)
+        mine = OtherWork(lambda: [busy.pid])
+        time.sleep(0.2)
+        share, share_without_it = others.share(), mine.share()
+    finally:
+        busy.wait()
+    cpus = os.cpu_count() or 1
+    assert share > 0.5 / cpus  # a busy loop of about one core, counted as another's work
+    assert share_without_it < share  # named as ours, it is not
 
 
 # --- the protocol on synthetic rounds -------------------------------------------------------------------------
@@ -288,5 +312,6 @@ def test_a_real_race_of_tiny_plans_on_the_workers(pool: WorkerPool) -> None:
         assert interval is not None and interval.low <= measured.step_time_s <= interval.high
         assert math.isfinite(measured.load_before) and math.isfinite(measured.load_after)
         assert measured.host_cpus >= 1 and measured.host_ranks == 3 and measured.emulated
+        assert 0.0 <= measured.other_cpu_share <= 1.0  # the ranks' own CPU time is not counted as others'
     assert result.winner() in (ONE, THREE)
     assert all(order.count(raising.id) == (1 if n == 0 else 0) for n, order in enumerate(result.orders))

@@ -133,7 +133,7 @@ RACE = {  # method: per-round step times of one race (rounds 1-5); the oracle sh
 }
 
 
-def log_race(experiment: str, loads: tuple[float, float] = (0.4, 3.1)) -> RunRef:
+def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1)) -> RunRef:
     """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load."""
     tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
     with tracked_run("alexnet", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
@@ -157,8 +157,9 @@ def log_race(experiment: str, loads: tuple[float, float] = (0.4, 3.1)) -> RunRef
                         runs.STEP_TIME_LOW: ordered[0],
                         runs.STEP_TIME_HIGH: ordered[-1],
                         runs.RACE_ROUNDS: len(rounds),
-                        runs.LOAD_BEFORE: loads[0],
-                        runs.LOAD_AFTER: loads[1],
+                        runs.HOST_OTHER_CPU: loads[0],
+                        runs.LOAD_BEFORE: loads[1],
+                        runs.LOAD_AFTER: loads[2],
                         runs.HOST_CPUS: 2,
                         runs.HOST_RANKS: 3,
                     }
@@ -198,7 +199,7 @@ def test_raced_cells_show_the_interval_and_mark_the_best_group(tracking_uri: str
 
 
 def test_a_race_on_an_overloaded_host_is_a_warning_in_the_table(tracking_uri: str, experiment_name: str) -> None:
-    log_race(experiment_name, loads=(3.5, 6.0))  # busier than its 2 cores before the race started
+    log_race(experiment_name, loads=(0.4, 3.5, 6.0))  # other processes took 40 % of the CPU time
     markdown = build_tables(experiment_name).step_time.to_markdown()
     assert "WARNING: the race for AlexNet on local, batch 64, ran on an overloaded host" in markdown
-    assert "(1-minute load average 3.5 before, 6.0 after, 2 cores, 3 ranks of its own)" in markdown
+    assert "(other processes took 40% of its CPU time; 1-minute load average 3.5 before, 6.0 after;" in markdown

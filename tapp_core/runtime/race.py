@@ -20,8 +20,9 @@ so plans measured one after the other are compared under different loads. A race
 - **The verdict**: the best group (every plan whose interval overlaps the best's) and, for a caller that must
   pick one, the winner: the plan with fewest devices in the best group (it frees resources at the same speed),
   then the lowest median. Per-round paired ratios (``ratio``) compare two plans with an interval of their own.
-- **Load**: the host's 1-minute load average before and after the race is in every Measurement, with the cores
-  this process may use and the race's ranks on the host, so a report can warn about an overloaded host
+- **Load**: every Measurement holds the host's 1-minute load average before and after the race, the cores this
+  process may use, the race's ranks on the host, and the share of the host's CPU time that other processes took
+  while it ran (counted from ``/proc``), so a report can warn about an overloaded host
   (``tapp_core.metrics.host_overloaded``).
 
 ``run_race`` is the protocol over any ``run_round(plan) -> Measurement``; ``race`` runs it on a ``WorkerPool``.
@@ -38,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tapp_core.cluster import Cluster
@@ -148,6 +150,7 @@ class RaceResult:
     load_after: float
     host_cpus: int
     host_ranks: int
+    other_cpu_share: float
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Names the race, so that records of its plans can be paired round by round later."""
 
@@ -186,7 +189,7 @@ class RaceResult:
 
     @property
     def overloaded(self) -> bool:
-        return host_overloaded(self.load_before, self.load_after, self.host_cpus, self.host_ranks)
+        return host_overloaded(self.other_cpu_share, self.load_before, self.load_after, self.host_cpus, self.host_ranks)
 
     def summary(self) -> dict[str, object]:
         """Plain data for a plan's notes, a log or JSON: the verdict, every plan's interval, the conditions."""
@@ -202,6 +205,7 @@ class RaceResult:
             "load_before": self.load_before,
             "load_after": self.load_after,
             "host_cpus": self.host_cpus,
+            "other_cpu_share": self.other_cpu_share,
             "overloaded": self.overloaded,
             "plans": [_plan_summary(p, m) for p, m in zip(self.plans, self.measurements, strict=True)],
         }
@@ -239,17 +243,65 @@ def load_average() -> float:
 @dataclass(frozen=True)
 class HostLoad:
     """The conditions a race ran in: the 1-minute load average before and after it, the cores this process may use,
-    and the race's ranks on this host."""
+    the race's ranks on this host, and the share of the host's CPU time other processes took meanwhile."""
 
     before: float
     after: float
     cpus: int
     ranks: int
+    other_cpu_share: float
 
     def stamp(self, measured: Measurement) -> Measurement:
         return replace(
-            measured, load_before=self.before, load_after=self.after, host_cpus=self.cpus, host_ranks=self.ranks
+            measured,
+            load_before=self.before,
+            load_after=self.after,
+            host_cpus=self.cpus,
+            host_ranks=self.ranks,
+            other_cpu_share=self.other_cpu_share,
         )
+
+
+def _host_busy_s() -> float:
+    """CPU seconds every core of the host has spent busy since boot (``/proc/stat``; NaN without it)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return math.nan
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class OtherWork:
+    """Counts the CPU time that other processes than ``own()`` (the race's ranks and this process) take from the
+    host between ``__init__`` and ``share()``."""
+
+    def __init__(self, own: Callable[[], Sequence[int]]) -> None:
+        self.own = own
+        self.started = time.monotonic()
+        self.host = _host_busy_s()
+        self.ours = {pid: _process_cpu_s(pid) for pid in {os.getpid(), *own()}}
+
+    def share(self) -> float:
+        """Others' CPU seconds over the host's CPU seconds available meanwhile (NaN where it cannot be counted)."""
+        elapsed = time.monotonic() - self.started
+        host = _host_busy_s() - self.host
+        if not math.isfinite(host) or elapsed <= 0:
+            return math.nan
+        ours = 0.0
+        for pid in {os.getpid(), *self.own()}:
+            now, before = _process_cpu_s(pid), self.ours.get(pid)
+            ours += (now or 0.0) - (before or 0.0) if now is not None else 0.0
+        return max(host - ours, 0.0) / (elapsed * (os.cpu_count() or 1))
 
 
 def run_race(
@@ -258,9 +310,11 @@ def run_race(
     options: RaceOptions = RaceOptions(),
     *,
     host_ranks: int = 0,
+    own_pids: Callable[[], Sequence[int]] = list,
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
-    """Race ``plans`` with ``run_round`` as the protocol above says; ``on_round(number, so_far)`` after each round."""
+    """Race ``plans`` with ``run_round`` as the protocol above says; ``on_round(number, so_far)`` after each round.
+    ``own_pids()`` names the processes that run the plans (the ranks), whose CPU time is not others' work."""
     distinct: dict[str, Plan] = {}
     for plan in plans:
         distinct.setdefault(plan.id, plan)
@@ -268,11 +322,11 @@ def run_race(
     if not entrants:
         raise RaceError("a race needs at least one plan")
     order_random = random.Random(options.seed)
-    load_before, started = load_average(), time.monotonic()
+    load_before, started, others = load_average(), time.monotonic(), OtherWork(own_pids)
     orders: list[list[str]] = []
 
     def result(stop: str) -> RaceResult:
-        load = HostLoad(load_before, load_average(), host_cpus(), host_ranks)
+        load = HostLoad(load_before, load_average(), host_cpus(), host_ranks, others.share())
         return _result(entrants, stop, time.monotonic() - started, orders, options, load)
 
     for number in range(1, options.max_rounds + 1):
@@ -333,6 +387,7 @@ def _result(
         load_after=load.after,
         host_cpus=load.cpus,
         host_ranks=load.ranks,
+        other_cpu_share=load.other_cpu_share,
     )
 
 
@@ -392,6 +447,7 @@ def race(
         plans,
         options,
         host_ranks=ranks_on_host(pool.cluster),
+        own_pids=lambda: pool.rank_pids,
         on_round=on_round,
     )
 
@@ -412,6 +468,10 @@ class PoolRounds:
         self.steps = steps
         self.emulate = emulate
 
+    @property
+    def rank_pids(self) -> list[int]:
+        return list(self.pool.rank_pids)
+
     def measure(self, plan: Plan) -> Measurement:
         return self.pool.measure(
             plan,
@@ -422,6 +482,12 @@ class PoolRounds:
             emulate=self.emulate,
             timeout_s=self.steps.timeout_s,
         )
+
+
+def own_processes(measurer: object) -> Callable[[], Sequence[int]]:
+    """The processes that run ``measurer``'s plans, for ``OtherWork``: its ``rank_pids`` where it has them (a pool,
+    ``PoolRounds``), else none."""
+    return lambda: list(getattr(measurer, "rank_pids", ()))
 
 
 def ranks_on_host(cluster: Cluster) -> int:

@@ -23,7 +23,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, validate
 from tapp_core.planners.evaluation import PlanEvaluator
-from tapp_core.runtime.race import RaceOptions, RaceResult, pooled_rounds, ranks_on_host, run_race
+from tapp_core.runtime.race import RaceOptions, RaceResult, own_processes, pooled_rounds, ranks_on_host, run_race
 
 SCREEN = RaceOptions(min_rounds=1, max_rounds=1)
 """A new plan's first measurement: one round, interleaved with the call's other new plans."""
@@ -178,7 +178,13 @@ class MeasuredReward:
 
     def race(self, plans: Sequence[Plan], options: RaceOptions | None = None) -> RaceResult:
         """Race ``plans`` (``options``: the final choice's by default); their rounds join what was measured before."""
-        result = run_race(self.measurer.measure, plans, options or self.final, host_ranks=ranks_on_host(self.cluster))
+        result = run_race(
+            self.measurer.measure,
+            plans,
+            options or self.final,
+            host_ranks=ranks_on_host(self.cluster),
+            own_pids=own_processes(self.measurer),
+        )
         for plan, measured in zip(result.plans, result.measurements, strict=True):
             self.plans.setdefault(plan.id, plan)
             known = self.measurements.get(plan.id)
