@@ -5,11 +5,23 @@ search wall time and reward evaluations, then the bars of the planners issue and
     .venv/bin/python bench/planners.py --models alexnet --clusters hetero4
     .venv/bin/python bench/planners.py --measured           # + hybrid TAPP vs Pipe-Torch and BSP, raced locally
     .venv/bin/python bench/planners.py --measured-only      # only that: TAPP (hybrid) in the best group per model
+    .venv/bin/python bench/planners.py --random 12 --seed 1 # issue 14: 12 random clusters, a table per cluster
+    .venv/bin/python bench/planners.py --clusters out/random-s1-03.yaml --models vgg16   # re-run one such cell
+    .venv/bin/python bench/planners.py --scale              # 16 and 32 devices: search time, gap to the others
 
 Layer libraries come from bench/libraries/<model>_b<batch>/ (profiled once with ``tapp profile`` settings and
 committed), so the numbers do not move with this machine's load. The oracle runs where it can finish (hetero4):
 it is exhaustive over every contiguous plan, i.e. every cut position of the topological order, with no
 coarsening; TAPP's gap there is to the oracle, elsewhere to the best other planner.
+
+Issue 14 (TAPP on clusters nobody tuned it for): ``--random N --seed S`` generates N clusters
+(``bench/random_clusters.py``; ``--seed`` picks the family and seeds the planners, ``--planner-seed`` sets the
+planners' apart) and judges every model on every one of them as a *cell* (``bench/planner_cells.py``): the
+time-boxed oracle (``--oracle-time-limit``; it says whether it proved optimality), TAPP, the RL alone (no polish,
+no warm start; ``--no-rl-alone`` skips it), every other planner and every single-device plan, a table per cluster,
+then a summary with the issue's bars; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
+clusters as files; a cluster given to ``--clusters`` as a file is judged the same way. ``--scale`` runs hetero8
+doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle.
 """
 
 from __future__ import annotations
@@ -17,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,21 +39,37 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tapp_core.cluster import Cluster, load_cluster
-from tapp_core.costmodel import estimate
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
-from tapp_core.planners import get_planner
-from tapp_core.runtime.race import RaceResult
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.planner_cells import (  # noqa: E402
+    OTHER_PLANNERS,
+    RL_ALONE,
+    Cell,
+    Settings,
+    note_number,
+    print_cluster,
+    print_summary,
+    run_cell,
+    worst_gap_line,
+)
+from bench.random_clusters import describe, random_clusters, replicated, write_cluster  # noqa: E402
+from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.costmodel import estimate  # noqa: E402
+from tapp_core.library import LayerLibrary  # noqa: E402
+from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.planners import get_planner  # noqa: E402
 
 LIBRARIES = Path(__file__).resolve().parent / "libraries"
-PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
+PLANNERS = ("single-cpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
 ORACLE_CLUSTERS = ("hetero4",)
 PAPER_SPEEDUP_OVER_BSP = {"alexnet": 1.33, "vgg16": 1.30, "inception_v3": 1.49}
 TAPP_GAP_BAR = 0.03
 TAPP_WALL_BAR_S = 120.0
 DP_WALL_BAR_S = 2.0
 DP_PLANNERS = ("pipetorch", "pipedream")
+SCALE_DEVICES = (16, 32)
 
 console = Console(width=160)
 
@@ -84,7 +114,7 @@ def run_planner(name: str, library: LayerLibrary, cluster: Cluster, args: argpar
     plan = get_planner(name, **options).plan(library, cluster)
     wall = time.perf_counter() - started
     step = estimate(plan, library, cluster).step_time
-    return Row(library.model, cluster.name, name, step, wall, int(plan.notes.get("evaluations", 0)), plan)
+    return Row(library.model, cluster.name, name, step, wall, int(note_number(plan, "evaluations")), plan)
 
 
 def reference_for(rows: list[Row]) -> tuple[str, float]:
@@ -205,8 +235,8 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
             group = {p.id for p in result.best_group()}
             console.log(
                 f"{model}: raced {result.rounds} rounds ({result.stop}), load {result.load_before:.2f} -> "
-                f"{result.load_after:.2f}{' OVERLOADED' if result.overloaded else ''}; "
-                f"TAPP chosen by {tapp.notes.get('chosen_by', '?')}"
+                f"{result.load_after:.2f}, others took {result.other_cpu_share:.0%} of the CPU"
+                f"{' OVERLOADED' if result.overloaded else ''}; TAPP chosen by {tapp.notes.get('chosen_by', '?')}"
             )
             for name, plan in plans.items():
                 measured = result.measurement(plan.id)
@@ -217,38 +247,38 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                     if measured.ok
                     else ("failed", escape(str(measured.error))[:60])
                 )
+                in_group = "yes" if plan.id in group else ""
                 table.add_row(
-                    model,
-                    name,
-                    *shown,
-                    str(measured.rounds),
-                    "yes" if plan.id in group else "",
-                    f"{predicted:.4f}",
-                    f"{searched[name]:.0f}",
+                    model, name, *shown, str(measured.rounds), in_group, f"{predicted:.4f}", f"{searched[name]:.0f}",
                     layout,
-                )
+                )  # fmt: skip
             table.add_section()
-            bars.append((f"{model} local: measured TAPP (hybrid) in the best group", tapp.id in group, _group(result)))
+            medians = ", ".join(
+                f"{m.step_time_s:.4f} s"
+                for p, m in zip(result.plans, result.measurements, strict=True)
+                if p.id in group
+            )
+            bars.append(
+                (f"{model} local: measured TAPP (hybrid) in the best group", tapp.id in group, f"best group {medians}")
+            )
     console.print(table)
     return bars
 
 
-def _group(result: RaceResult) -> str:
-    return "best group " + ", ".join(
-        f"{m.step_time_s:.4f} s"
-        for p, m in zip(result.plans, result.measurements, strict=True)
-        if p in result.best_group()
-    )
-
-
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3"])
-    parser.add_argument("--clusters", nargs="+", default=["hetero4", "hetero8"])
+    parser.add_argument(
+        "--clusters",
+        nargs="+",
+        help="cluster names (the table and bars of hetero4/hetero8, their default) or cluster files (judged cell by "
+        "cell, as --random does)",
+    )
     parser.add_argument("--planners", nargs="+", default=list(PLANNERS))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--schedule", default="1f1b")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the planners' seed, and the family of --random clusters")
+    parser.add_argument("--planner-seed", type=int, help="the planners' seed when it should differ from --seed")
     parser.add_argument(
         "--tapp-rounds",
         type=int,
@@ -261,16 +291,72 @@ def main() -> None:
         default=100.0,
         help="stop TAPP's rounds after this many seconds (0: none); the final polish comes after",
     )
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--json", type=Path, help="also write the rows (and cells) here")
     parser.add_argument("--measured", action="store_true", help="add the measured check on the local cluster")
     parser.add_argument("--measured-only", action="store_true", help="only the measured check")
     parser.add_argument("--measured-rounds", type=int, default=3, help="hybrid TAPP: final rounds that measure")
-    args = parser.parse_args()
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="judge N random clusters of family --seed")
+    parser.add_argument("--write-clusters", type=Path, metavar="DIR", help="write the random and scale clusters here")
+    parser.add_argument(
+        "--oracle-time-limit", type=float, default=60.0, help="cells: the oracle's time limit in seconds (0: none)"
+    )
+    parser.add_argument(
+        "--planner-time-limit",
+        type=float,
+        default=300.0,
+        help="cells and scale: kill any other planner (a child process) after this many seconds (0: no limit, and "
+        "no child process)",
+    )
+    parser.add_argument(
+        "--rl-alone",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cells and scale: also run TAPP's RL alone (no polish, no warm start) beside the full planner",
+    )
+    parser.add_argument(
+        "--scale", action="store_true", help="run hetero8 x2 and x4 and random 16- and 32-device clusters"
+    )
+    parser.add_argument("--scale-random", type=int, default=1, help="random clusters of each size with --scale")
+    args = parser.parse_args(argv)
+    if args.random < 0 or args.scale_random < 0:
+        parser.error("--random and --scale-random take a count >= 0")
+    if args.planner_seed is None:
+        args.planner_seed = args.seed
+    if args.clusters is None:
+        args.clusters = [] if args.random or args.scale else ["hetero4", "hetero8"]
+    return args
 
+
+def is_cluster_file(name: str) -> bool:
+    return Path(name).suffix in {".yaml", ".yml"} or Path(name).exists()
+
+
+def main() -> None:
+    args = parse_args()
+    named = [c for c in args.clusters if not is_cluster_file(c)]
+    files = [c for c in args.clusters if is_cluster_file(c)]
+    output: dict[str, object] = {}
+    if named or args.measured or args.measured_only:
+        output["rows"] = run_classic(args, named)
+    judged = [load_cluster(f) for f in files] + random_clusters(args.random, args.seed)
+    scaled = scale_clusters(args) if args.scale else []
+    for cluster in (*judged, *scaled) if args.write_clusters else ():
+        console.print(f"wrote {write_cluster(cluster, args.write_clusters)}")
+    if scaled:
+        output["scale"] = [c.to_dict() for c in run_cells(args, scaled, scale=True)]
+    if judged:
+        output["cells"] = [c.to_dict() for c in run_cells(args, judged, scale=False)]
+    if args.json:
+        data = output["rows"] if list(output) == ["rows"] else output
+        args.json.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def run_classic(args: argparse.Namespace, cluster_names: list[str]) -> list[dict[str, object]]:
+    """hetero4 and hetero8: the table, the bars of the planners issue and the worst TAPP gap (as before)."""
     rows: list[Row] = []
     for model in args.models if not args.measured_only else []:
         library = library_for(model, args.batch_size)
-        for cluster_name in args.clusters:
+        for cluster_name in cluster_names:
             cluster = load_cluster(cluster_name)
             for name in args.planners:
                 if name == "oracle" and cluster_name not in ORACLE_CLUSTERS:
@@ -292,10 +378,6 @@ def main() -> None:
         bars += measured_check(args)
     for text, ok, detail in bars:
         console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] {text}: {detail}")
-    if args.json:
-        args.json.write_text(
-            json.dumps([{**r.__dict__, "plan": r.plan.to_dict()} for r in rows], indent=2, default=str) + "\n"
-        )
     gaps = []
     for (_, _), group in _groups(rows):
         tapp = next((r for r in group if r.planner == "tapp"), None)
@@ -303,6 +385,48 @@ def main() -> None:
             gaps.append(tapp.step_time_s / reference_for(group)[1] - 1)
     if gaps:
         print(f"worst TAPP gap: {100 * max(gaps):+.2f}%")
+    return [{**r.__dict__, "plan": r.plan.to_dict()} for r in rows]
+
+
+def scale_clusters(args: argparse.Namespace) -> list[Cluster]:
+    """hetero8 doubled and quadrupled, then ``--scale-random`` random clusters of 16 and of 32 devices."""
+    hetero8 = load_cluster("hetero8")
+    out = [replicated(hetero8, 2), replicated(hetero8, 4)]
+    for devices in SCALE_DEVICES:
+        out += random_clusters(args.scale_random, args.seed, devices)
+    return out
+
+
+def run_cells(args: argparse.Namespace, clusters: list[Cluster], scale: bool) -> list[Cell]:
+    """Every model on every cluster: a table per cluster, then the summary (the last line: TAPP's worst gap)."""
+    wanted = set(args.planners) | ({RL_ALONE} if args.rl_alone and "tapp" in args.planners else set())
+    order = ("tapp", RL_ALONE, *OTHER_PLANNERS) if scale else ("oracle", "tapp", RL_ALONE, *OTHER_PLANNERS)
+    settings = Settings(
+        schedule=args.schedule,
+        seed=args.planner_seed,
+        tapp_rounds=args.tapp_rounds,
+        tapp_time_limit_s=args.tapp_time_limit or None,
+        oracle_time_limit_s=args.oracle_time_limit or None,
+        planner_time_limit_s=args.planner_time_limit or None,
+        planners=tuple(p for p in order if p in wanted),
+        single_devices=not scale,
+        log=console.log,
+    )
+    console.print(
+        f"[bold]{'Scale' if scale else 'Cells'}[/]: {len(clusters)} clusters x {len(args.models)} models; schedule "
+        f"{args.schedule}, batch {args.batch_size}, planners' seed {args.planner_seed}; TAPP: simulated reward, "
+        f"{args.tapp_rounds or 'default'} rounds or {args.tapp_time_limit or 'no'} s, then its polish; "
+        + ("no oracle" if scale else f"oracle time limit {args.oracle_time_limit or 'none'} s")
+        + f"; other planners killed after {args.planner_time_limit or 'no'} s"
+    )
+    cells = []
+    for cluster in clusters:
+        mine = [run_cell(library_for(model, args.batch_size), cluster, settings) for model in args.models]
+        print_cluster(console, mine, describe(cluster))
+        cells += mine
+    print_summary(console, cells, scale=scale)
+    console.print(worst_gap_line(cells, scale=scale))
+    return cells
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
 """``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> report.
 
 Everything lands in one MLflow parent run with a nested run per stage (profile, search, sampling, report) and
-per evaluated method. Inputs are checked before any run exists, so a typo costs no half-written run.
+per evaluated method; every stage is a Prefect task (the search one per round). Inputs are checked before any
+run exists, so a typo costs no half-written run.
+
+What a person sees first: the parent run's description (the verdict, the result table, TAPP's plan, links), the
+evaluation as an MLflow table (``evaluation.json``, for ``mlflow.load_table``), and in Prefect the flow run's log
+lines and its keyed artifacts (``tasks.prefect_ui``). The flow run is named ``MODEL-CLUSTER-bBATCH-MODE``, the
+mode being ``measured`` or ``estimated``.
 """
 
 from __future__ import annotations
@@ -9,11 +15,12 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from reports import runs
-from reports.paper import Report
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
@@ -23,17 +30,35 @@ from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import load_fitted_calibration
 from tapp_core.runtime.race import RaceResult
+from tasks import prefect_ui, summary
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
 from tasks.progress import StageProgress
-from tasks.report import report_experiment
+from tasks.report import ReportRun, report_experiment
 from tasks.search import SearchBudget, sampling_stage, search_stage
-from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, TrackedRun, check_tracking, tracked_run
+from tasks.tracking import (
+    DEFAULT_EXPERIMENT,
+    ExperimentTags,
+    TrackedRun,
+    check_tracking,
+    mlflow_ui_url,
+    run_url,
+    runs_view_url,
+    tracked_run,
+)
 from tasks.train import TrainSettings, train_method
 
 DEFAULT_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch", "even", "pipedream", "autoddl", "oracle")
 DEFAULT_OUT = Path("out") / "report"
+DEFAULT_ROUNDS = SearchBudget.rounds + SearchBudget.measured_rounds
+"""TAPP's search rounds in all, the measured ones included (as the TAPP planner counts them)."""
+DEFAULT_STEPS = RuntimeSettings.steps - RuntimeSettings.warmup
+"""Timed steps per plan and race round, after the warm-up (as ``tapp measure --steps`` counts them)."""
+DEFAULT_WARMUP = RuntimeSettings.warmup
+
+sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_CACHE)(sampling_stage)
+"""The sampling stage as a Prefect task (its measured rounds are its nested ``search-round-N`` tasks)."""
 
 
 class ExperimentIncomplete(RuntimeError):
@@ -49,6 +74,9 @@ class ExperimentResult:
     step_time_table: str
     """The step-time table as Markdown (the same text as ``report_dir/step_time.md``)."""
     evaluations: dict[str, Evaluation] = field(default_factory=dict)
+    experiment_id: str = ""
+    summary: str = ""
+    """The parent run's description: verdict, result table, TAPP's plan, links (Markdown)."""
 
 
 def check_inputs(
@@ -73,21 +101,60 @@ def check_inputs(
     return target, check_tracking(tracking_uri)
 
 
-@flow(name="tapp-experiment", flow_run_name="{model}-{cluster}-b{batch_size}")
+def search_budget(
+    search_rounds: int,
+    samples_per_round: int,
+    measured_rounds: int | None,
+    measured_per_round: int,
+    measure: bool,
+) -> SearchBudget:
+    """The search of ``search_rounds`` rounds in all, the last ``measured_rounds`` rewarded by measurements (None:
+    the default when measuring, none otherwise), the rounds before them by the cost model."""
+    measured = (SearchBudget.measured_rounds if measure else 0) if measured_rounds is None else measured_rounds
+    if measured < 0:
+        raise TappError(f"measured rounds must be 0 or more, got {measured}")
+    if measured and not measure:
+        raise TappError(f"{measured} measured round(s) need the runtime: measure, or ask for 0 measured rounds")
+    if search_rounds <= measured:
+        raise TappError(
+            f"search rounds ({search_rounds}) must be more than the measured rounds ({measured}): the rounds "
+            "before the measured ones are rewarded by the cost model"
+        )
+    return SearchBudget(search_rounds - measured, samples_per_round, measured, measured_per_round)
+
+
+def runtime_settings(measure: bool, steps: int, warmup: int, seed: int) -> RuntimeSettings:
+    """How the final evaluation measures: a race whose rounds run each plan for ``steps`` timed steps after
+    ``warmup`` warm-up steps."""
+    if steps < 1 or warmup < 0:
+        raise TappError(f"a measurement needs at least 1 timed step and no negative warm-up (got {steps}, {warmup})")
+    return RuntimeSettings(enabled=measure, steps=warmup + steps, warmup=warmup, seed=seed)
+
+
+def experiment_run_name() -> str:
+    """The flow run's name, ``MODEL-CLUSTER-bBATCH-MODE``: measured and estimate-only runs differ at a glance."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    mode = "measured" if parameters.get("measure", True) else "estimated"
+    return f"{parameters.get('model', 'alexnet')}-{parameters.get('cluster', 'local')}-b{parameters.get('batch_size', 64)}-{mode}"
+
+
+@flow(name="tapp-experiment", flow_run_name=experiment_run_name)
 def tapp_experiment(
     model: str = "alexnet",
     cluster: str = "local",
     batch_size: int = 64,
     dataset: str = "synthetic",
     data_dir: str | None = None,
-    search_rounds: int = SearchBudget.rounds,
+    search_rounds: int = DEFAULT_ROUNDS,
     samples_per_round: int = SearchBudget.samples_per_round,
-    measured_rounds: int = SearchBudget.measured_rounds,
+    measured_rounds: int | None = None,
     measured_per_round: int = SearchBudget.measured_per_round,
     methods: tuple[str, ...] = DEFAULT_METHODS,
     measure: bool = True,
-    steps: int = RuntimeSettings.steps,
-    warmup: int = RuntimeSettings.warmup,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
     train_epochs: int = 0,
     train_steps: int | None = None,
     seed: int = 0,
@@ -98,14 +165,18 @@ def tapp_experiment(
 ) -> ExperimentResult:
     """Find TAPP's plan for ``model`` on ``cluster``, compare it with the baselines, and report, all in MLflow.
 
-    ``measure=False`` skips the runtime (step times from the cost model, tagged ``estimated``);
-    ``train_epochs`` > 0 also trains each method's plan on ``dataset`` for the accuracy table.
+    ``search_rounds`` counts TAPP's policy-gradient rounds in all; the last ``measured_rounds`` of them (default:
+    3 when measuring, else 0) are rewarded by measurements on the workers. ``measure=False`` skips the runtime
+    (step times from the cost model, tagged ``estimated``); ``steps`` timed steps after ``warmup`` warm-up steps
+    make each plan's round of the final evaluation's race; ``train_epochs`` > 0 also trains each method's plan on
+    ``dataset`` for the accuracy table.
     """
     methods = tuple(methods)
     target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
-    budget = SearchBudget(search_rounds, samples_per_round, measured_rounds if measure else 0, measured_per_round)
-    runtime = RuntimeSettings(enabled=measure, steps=steps, warmup=warmup, seed=seed)
+    budget = search_budget(search_rounds, samples_per_round, measured_rounds, measured_per_round, measure)
+    runtime = runtime_settings(measure, steps, warmup, seed)
+    sampling = budget.sampling_runtime(runtime)
     training = TrainSettings(train_epochs, train_steps, data_dir) if train_epochs > 0 else None
     chosen_methods = methods_for(target, methods)
     params = {
@@ -116,22 +187,29 @@ def tapp_experiment(
         "data_dir": data_dir,
         "methods": ",".join(chosen_methods),
         "search_rounds": search_rounds,
+        "simulated_rounds": budget.rounds,
         "samples_per_round": samples_per_round,
         "measured_rounds": budget.measured_rounds,
         "measured_per_round": budget.measured_per_round,
-        "measured_steps": budget.measured_steps,
+        "sampling_steps": sampling.steps - sampling.warmup,
+        "sampling_warmup": sampling.warmup,
         "measure": measure,
         "steps": steps,
         "warmup": warmup,
         "train_epochs": train_epochs,
         "seed": seed,
     }
+    prefect_ui.log(
+        f"{model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, {dataset} data; "
+        f"{'measured' if measure else 'estimated by the cost model'}; TAPP search {search_rounds} rounds "
+        f"({budget.rounds} on the cost model, {budget.measured_rounds} measured); methods {', '.join(chosen_methods)}"
+    )
     name = f"{model} on {target.name}, batch {batch_size}"
     try:
         with tracked_run(name, tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment, uri=uri) as parent:
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
-            evaluations, report = _run_stages(
+            evaluations, reported, text = _run_stages(
                 parent, tags, target, chosen_methods, budget, runtime, training, out, experiment
             )
     finally:
@@ -140,9 +218,11 @@ def tapp_experiment(
         experiment=experiment,
         tracking_uri=uri,
         run_id=parent.run_id,
-        report_dir=report.folder,
-        step_time_table=report.tables.step_time.to_markdown(),
+        report_dir=reported.report.folder,
+        step_time_table=reported.report.tables.step_time.to_markdown(),
         evaluations=evaluations,
+        experiment_id=parent.ref.experiment_id,
+        summary=text,
     )
 
 
@@ -156,8 +236,9 @@ def _run_stages(
     training: TrainSettings | None,
     out: str,
     experiment: str,
-) -> tuple[dict[str, Evaluation], Report]:
-    """Profile, search, sample, evaluate every method (and train each plan), report; all under ``parent``."""
+) -> tuple[dict[str, Evaluation], ReportRun, str]:
+    """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
+    ``parent``."""
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
     calibration = load_fitted_calibration()
     parent.log_dict(calibration.to_dict(), "calibration.json")
@@ -165,15 +246,16 @@ def _run_stages(
     with tempfile.TemporaryDirectory(prefix="tapp-search-") as workdir:
         sampling = budget.sampling_runtime(runtime)
         search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, Path(workdir))
-        tapp_plan = sampling_stage(parent.ref, tags, search, library, target, sampling)
+        tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
+    prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
     evaluations, failed, race = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
     if training is not None:
         failed += _train(parent, tags, target, evaluations, training)
-    report = report_experiment(parent.ref, tags, out, experiment)
-    _summarise(parent, evaluations, race)
+    reported = report_experiment(parent.ref, tags, out, experiment)
+    text = _summarise(parent, tags, evaluations, reported, failed, race)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
-    return evaluations, report
+    return evaluations, reported, text
 
 
 def _evaluate(
@@ -198,7 +280,7 @@ def _evaluate(
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
     first_with_plan: dict[str, str] = {}
-    progress = StageProgress("evaluation", len(methods), "final evaluation: methods")
+    progress = StageProgress("evaluation", len(methods), "final evaluation")
     for done, method_plan in enumerate(planned, start=1):
         method, plan = method_plan.method, method_plan.plan
         shared = first_with_plan.setdefault(plan.id, method) if plan is not None and method_plan.ok else method
@@ -206,11 +288,23 @@ def _evaluate(
         state = evaluate_method(method_plan, parent.ref, tags, race, source, return_state=True)
         if state.is_completed():
             result = evaluations[method] = state.result()
-            progress.update(done, f"{method} {result.step_time_s:.4f} s")
+            how = "measured" if result.measured else "estimated"
+            progress.update(
+                done, f"{method} {summary.number(result.step_time_s)} s ({how})", summary.plan_line(result.plan)
+            )
         else:
             failed.append(f"evaluation of {method}")
-            progress.update(done, f"{method} FAILED")
+            progress.update(done, f"{method} FAILED: {_reason(state)}")
     return evaluations, failed, race
+
+
+def _reason(state: Any) -> str:
+    """Why a task's state is not completed, in one line."""
+    try:
+        state.result()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return str(state.name)
 
 
 def _train(
@@ -228,13 +322,53 @@ def _train(
             progress.update(done, f"{method} {state.result().test_accuracy:.1%}")
         else:
             failed.append(f"training of {method}")
-            progress.update(done, f"{method} FAILED")
+            progress.update(done, f"{method} FAILED: {_reason(state)}")
     return failed
 
 
-def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation], race: RaceResult | None) -> None:
-    """Headline numbers on the parent run (the BSP/TAPP speedup with its interval, from the race's per-round
-    ratios), the race's conditions, and every chosen plan under ``plans/``."""
+def _summarise(
+    parent: TrackedRun,
+    tags: ExperimentTags,
+    evaluations: dict[str, Evaluation],
+    reported: ReportRun,
+    failed: list[str],
+    race: RaceResult | None,
+) -> str:
+    """What a person reads first: headline metrics (the BSP/TAPP speedup with its interval, from the race's
+    per-round ratios, and the race's conditions), the evaluation table and the result text on the parent run,
+    every chosen plan under ``plans/``, and the same result in Prefect (log lines, keyed artifacts)."""
+    _headline(parent, evaluations, race)
+    for method, evaluation in evaluations.items():
+        parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
+    frame = summary.result_frame(evaluations)
+    if not frame.empty:  # as shown (rounded); also as evaluation.json, the table mlflow.load_table reads
+        parent.log_table(summary.shown_frame(frame), "evaluation.csv")
+    ref = parent.ref
+    ui = mlflow_ui_url(ref.tracking_uri)
+    links = summary.Links(
+        report_folder=str(reported.report.folder.resolve()),
+        report_run=run_url(ui, ref.experiment_id, reported.run_id, "report/step_time.md"),
+        runs_view=runs_view_url(ui, ref.experiment_id),
+        flow_run=prefect_ui.flow_run_url(prefect_ui.flow_run_id()),
+    )
+    title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
+    text = summary.result_markdown(title, evaluations, links, failed)
+    parent.set_note(text)
+    prefect_ui.log(text)
+    prefect_ui.markdown_artifact(prefect_ui.RESULT_KEY, text, f"TAPP vs the baselines: {tags.model} on {tags.cluster}")
+    prefect_ui.table_artifact(prefect_ui.EVALUATION_KEY, frame, "one row per method, fastest first")
+    prefect_ui.link_artifact(
+        prefect_ui.MLFLOW_RUN_KEY,
+        run_url(ui, ref.experiment_id, ref.run_id),
+        f"MLflow run {ref.run_id}",
+        f"the experiment's parent run in the MLflow UI at {ui}",
+    )
+    return text
+
+
+def _headline(parent: TrackedRun, evaluations: dict[str, Evaluation], race: RaceResult | None) -> None:
+    """Each method's step time, the BSP/TAPP speedup (with its interval when both were raced), the race's
+    conditions and its summary (``race.json``)."""
     headline: dict[str, float | None] = {
         f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()
     }
@@ -242,13 +376,8 @@ def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation], race: Rac
         bsp, tapp = evaluations["bsp"], evaluations["tapp"]
         ratio = race.ratio(bsp.plan.id, tapp.plan.id) if race is not None and bsp.measured and tapp.measured else None
         if ratio is not None:
-            headline.update(
-                {
-                    runs.SPEEDUP: ratio.median,
-                    f"{runs.SPEEDUP}_low": ratio.low,
-                    f"{runs.SPEEDUP}_high": ratio.high,
-                }
-            )
+            headline[runs.SPEEDUP] = ratio.median
+            headline[f"{runs.SPEEDUP}_low"], headline[f"{runs.SPEEDUP}_high"] = ratio.low, ratio.high
         else:
             headline[runs.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
     if race is not None:
@@ -264,5 +393,3 @@ def _summarise(parent: TrackedRun, evaluations: dict[str, Evaluation], race: Rac
         parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
         parent.log_dict(race.summary(), "race.json")
     parent.log_metrics(headline)
-    for method, evaluation in evaluations.items():
-        parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")

@@ -13,9 +13,9 @@ from tasks.report import paper_report
 from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking
 
 
-@flow(name="paper-table")
+@flow(name="paper-table", flow_run_name="paper-table-{experiment}")
 def paper_table(
-    experiment: str = DEFAULT_EXPERIMENT, out: str = "out/paper", tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT, out: str = "out/report", tracking_uri: str | None = None
 ) -> Report:
     """Tables (Markdown, CSV, LaTeX) and figures (PNG) of every finished evaluation in ``experiment``."""
     return paper_report(experiment, out, check_tracking(tracking_uri))

@@ -6,7 +6,9 @@ and the rest the server process importing it again and opening its database. ``t
 same server itself, first: the same application (``prefect.server.api.server:create_app``) under uvicorn with the
 environment Prefect's ephemeral mode gives it (its ephemeral services, no UI), in its own process, so that its
 start overlaps the command's imports, input checks and the opening of the MLflow store. The flow then runs with
-``PREFECT_API_URL`` pointed at it, and the server stops when the command ends, as Prefect's own would.
+``PREFECT_API_URL`` pointed at it, and the server stops when the command ends, as Prefect's own would. Such a
+server has no UI and is gone after the command, so its flow runs get no URL (``tasks.prefect_ui.flow_run_url``);
+with ``PREFECT_API_URL`` naming a lasting server (``prefect server start``), they do.
 """
 
 from __future__ import annotations
@@ -129,8 +131,11 @@ def prefect_api() -> Iterator[Callable[[], LocalPrefectServer | None]]:
         stack.callback(server.stop)
 
         def ready() -> LocalPrefectServer:
+            from tasks.prefect_ui import temporary_api  # not before the server starts: it imports pandas
+
             server.wait_ready(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
             stack.enter_context(temporary_settings({PREFECT_API_URL: server.api_url}))
+            stack.enter_context(temporary_api(server.api_url))  # it has no UI and stops with the command: no links
             stack.callback(send_pending_logs_and_events)
             return server
 

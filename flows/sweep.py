@@ -12,9 +12,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.experiment import DEFAULT_METHODS, check_inputs, tapp_experiment
+from flows.experiment import DEFAULT_METHODS, DEFAULT_ROUNDS, check_inputs, tapp_experiment
 from reports import runs
 from reports.paper import write_report
+from tasks import prefect_ui
 from tasks.search import SearchBudget
 from tasks.tracking import DEFAULT_EXPERIMENT, code_version, tracked_run
 
@@ -31,14 +32,23 @@ class SweepResult:
     failed: list[str] = field(default_factory=list)
 
 
-@flow(name="benchmark-sweep")
+def sweep_run_name() -> str:
+    """``sweep-MODELS-MODE``, e.g. ``sweep-alexnet-vgg16-measured``."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    models = "-".join(parameters.get("models", ("alexnet", "vgg16", "inception_v3")))
+    return f"sweep-{models}-{'measured' if parameters.get('measure', True) else 'estimated'}"
+
+
+@flow(name="benchmark-sweep", flow_run_name=sweep_run_name)
 def benchmark_sweep(
     models: tuple[str, ...] = ("alexnet", "vgg16", "inception_v3"),
     batch_sizes: tuple[int, ...] = (64,),
     clusters: tuple[str, ...] = ("local",),
     dataset: str = "synthetic",
     data_dir: str | None = None,
-    search_rounds: int = SearchBudget.rounds,
+    search_rounds: int = DEFAULT_ROUNDS,
     samples_per_round: int = SearchBudget.samples_per_round,
     methods: tuple[str, ...] = DEFAULT_METHODS,
     measure: bool = True,
@@ -47,7 +57,9 @@ def benchmark_sweep(
     out: str = "out/sweep",
     tracking_uri: str | None = None,
 ) -> SweepResult:
-    """Every combination as a ``tapp_experiment`` subflow, all tagged with this sweep's run; one report at the end."""
+    """Every combination as a ``tapp_experiment`` subflow, all tagged with this sweep's run; one report at the end
+    (also the sweep run's description in MLflow, and its ``tapp-sweep-result`` artifact in Prefect).
+    ``search_rounds`` counts each search's rounds in all, as ``tapp_experiment`` does."""
     combinations = list(itertools.product(models, batch_sizes, clusters))
     uri = ""
     for model, batch_size, cluster in combinations:  # every input checked before any run exists
@@ -88,6 +100,11 @@ def benchmark_sweep(
         report = write_report(experiment, out, uri, within=sweep.run_id, tag=runs.SWEEP_RUN)
         for path in (*report.table_files, *report.figure_files):
             sweep.log_file(path, "report")
+        table = report.tables.step_time.to_markdown()
+        failures = f"\n\nFailed experiments: {'; '.join(failed)}." if failed else ""
+        sweep.set_note(f"### Benchmark sweep: {len(combinations)} experiments\n\n{table}{failures}\n")
+        prefect_ui.log(table)
+        prefect_ui.markdown_artifact("tapp-sweep-result", table + failures, "the sweep's step-time table")
         if failed:
             raise SweepIncomplete(f"failed experiments: {'; '.join(failed)}; report of the others in {out}")
     return SweepResult(sweep.run_id, report.folder, report.tables.step_time.to_markdown(), failed)

@@ -50,13 +50,14 @@ class HasTimeline(Protocol):
 def gantt(
     estimate_or_timeline: HasTimeline | Sequence[TimelineOp], path: str | Path, title: str = "Pipeline timeline"
 ) -> Path:
-    """Draw one row per device with every operation of the timeline as a bar; write a PNG to ``path``."""
+    """Draw one row per device (named with its stage) with every operation of the timeline as a bar, sends in a thin
+    lane under it, and the legend under the time axis; write a PNG to ``path``."""
     timeline = _timeline_of(estimate_or_timeline)
     if not timeline:
         raise ValueError("the timeline is empty: nothing to draw")
     step_time = _step_time_of(estimate_or_timeline, timeline)
     devices = _device_order(timeline)
-    figure = Figure(figsize=(12, 1.0 + 0.7 * len(devices)))
+    figure = Figure(figsize=(12, 1.6 + 0.7 * len(devices)), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     span = max(op.end for op in timeline) - min(op.start for op in timeline)
@@ -64,19 +65,17 @@ def gantt(
     for op in timeline:
         row = devices.index(op.device)
         _draw_bar(axes, op, row, span, several_iterations)
-    axes.set_yticks(range(len(devices)), devices)
+    stage_of = {op.device: op.stage for op in reversed(timeline)}  # each device's first operation's stage
+    axes.set_yticks(range(len(devices)), [f"{d}\nstage {stage_of[d]}" for d in devices])
     axes.set_ylim(len(devices) - 0.5, -0.6)
     axes.set_xlabel("time (s)")
     axes.set_title(f"{title} — step time {step_time:.4g} s")
     kinds = [k for k in OP_KINDS if any(op.kind == k for op in timeline)]
     handles = [Patch(color=KIND_COLOURS[k], label=KIND_LABELS.get(k, k)) for k in kinds]
-    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.2 / len(devices)), ncol=len(kinds))
+    # Below the axis label, outside the axes: the constrained layout makes room for it, so nothing overlaps.
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(kinds), frameon=False)
     axes.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, format="png", dpi=120)
-    return out
+    return _save_png(figure, path)
 
 
 def _timeline_of(source: HasTimeline | Sequence[TimelineOp]) -> list[TimelineOp]:
@@ -153,6 +152,7 @@ def reward_curve(history: pd.DataFrame, path: str | Path, title: str = "TAPP sea
     for axes in (rewards, times):
         axes.set_xlabel("search round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
     figure.suptitle(title)
     return _save_png(figure, path)
 

@@ -52,10 +52,19 @@ class Device(_Strict):
     memory: Bytes
     host: str | None = None
     gpu_index: int | None = Field(default=None, ge=0)
+    gpu_model: str | None = Field(default=None, min_length=1)
+    """A cuda device's GPU model (``torch.cuda.get_device_name``, e.g. "NVIDIA H100 80GB HBM3"): with the kind,
+    what makes a layer's time differ from one device to another."""
 
     @property
     def slowdown(self) -> float:
         return 1.0 / self.speed
+
+    @model_validator(mode="after")
+    def _gpu_model_on_gpus_only(self) -> Device:
+        if self.gpu_model is not None and self.kind != "cuda":
+            raise ValueError(f"gpu_model is for cuda devices; {self.name!r} is a {self.kind} device")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mlflow.entities import Metric
@@ -177,9 +177,11 @@ def measurement_metrics(measured: Measurement) -> dict[str, float]:
     }
 
 
-def record_evaluation(run: TrackedRun, result: Evaluation) -> None:
-    """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete)."""
+def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str, float] | None = None) -> None:
+    """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete), and
+    before the ``details`` (MLflow's compare page plots the metric a run logged first)."""
     run.log_metrics({runs.STEP_TIME: result.step_time_s, runs.COMMUNICATION_SHARE: result.communication_share})
+    run.log_metrics(details or {})
     run.set_tags({runs.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
 
 
@@ -244,12 +246,13 @@ def evaluate_method(
         if chosen is not None:
             run.log_params(plan_params(chosen))
             run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
-        run.log_metrics({"planning_wall_s": planned.planning_wall_s})
+        details = {"planning_wall_s": planned.planning_wall_s}  # logged after the step time, or when it fails
         if planned.failure is not None:
+            run.log_metrics(details)
             raise planned.failure
         assert chosen is not None and planned.estimate is not None
         run.log_dict(planned.estimate.to_dict(), runs.ESTIMATE_ARTIFACT)
-        run.log_metrics(estimate_metrics(planned.estimate))
+        details.update(estimate_metrics(planned.estimate))
         measured = None
         if race is not None:
             measured = race.measurement(chosen.id)
@@ -257,17 +260,19 @@ def evaluate_method(
                 run.set_tags({MEASUREMENT_FROM: measurement_from})
             run.log_text(measured.to_json(), "measurement.json")
             if not measured.ok:
+                run.log_metrics(details)
                 raise EvaluationFailed(f"{method}: plan {chosen.id} failed on the runtime: {measured.error}")
-            record_race(run, race, measured)
+            details.update(measurement_metrics(measured))
         result = Evaluation(method, run.run_id, chosen, planned.estimate, measured)
-        record_evaluation(run, result)
+        record_evaluation(run, result, details)
+        if race is not None and measured is not None:
+            record_race(run, race, measured)
     return result
 
 
 def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> None:
-    """The measurement's metrics, each round's step time (step = the race's round number, so two methods' runs
-    pair round by round), the race it came from and whether the method is in the race's best group."""
-    run.log_metrics(measurement_metrics(measured))
+    """Each round's step time (step = the race's round number, so two methods' runs pair round by round), the race
+    the measurement came from and whether the method is in the race's best group."""
     now = int(time.time() * 1000)
     rounds = [Metric(runs.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
     run.client.log_batch(run.run_id, metrics=rounds, synchronous=True)

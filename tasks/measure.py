@@ -89,7 +89,14 @@ def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     return False
 
 
-@task(name="race", retries=2, retry_delay_seconds=5, retry_condition_fn=_pool_failed, cache_policy=NO_CACHE)
+@task(
+    name="race",
+    task_run_name="race",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_pool_failed,
+    cache_policy=NO_CACHE,
+)
 def race_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> RaceResult:
     """Race ``plans`` on the cluster's workers (identical plans once); failed plans come back with ``error`` set."""
     options = settings.race

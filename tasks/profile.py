@@ -24,7 +24,7 @@ def profiling_threads(cluster: Cluster) -> int:
 
 
 # Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
-@task(name="profile", cache_policy=NO_CACHE)
+@task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
 def profile_layers(
     model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
 ) -> LayerLibrary:
@@ -65,5 +65,7 @@ def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeat
         library = profile_layers(tags.model, tags.batch_size, "cpu", profiling_threads(cluster), repeats)
         record_library(run, library)
         run.log_metrics({"wall_s": time.perf_counter() - started})
-    progress.update(1, f"{len(library.layers)} layers")
+    progress.update(
+        1, f"{len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms on {library.threads} thread(s)"
+    )
     return library

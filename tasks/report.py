@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
@@ -12,10 +13,18 @@ from tasks.progress import StageProgress
 from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, code_version, tracked_run
 
 
-@task(name="report")
+@dataclass(frozen=True)
+class ReportRun:
+    """A written report and the MLflow run that holds its files (under ``report/``)."""
+
+    report: Report
+    run_id: str
+
+
+@task(name="report", task_run_name="report")
 def report_experiment(
     parent: RunRef, tags: ExperimentTags, out: str | Path, experiment: str = DEFAULT_EXPERIMENT
-) -> Report:
+) -> ReportRun:
     """Tables and figures of this experiment's runs only (read back from MLflow), in ``out`` and under ``report/``."""
     progress = StageProgress("report", 1, "tables and figures from MLflow")
     with tracked_run("report", tags.child(parent, runs.STAGE_RUN, stage="report"), parent=parent) as run:
@@ -23,11 +32,11 @@ def report_experiment(
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
         run.log_metrics({"files": len(report.table_files) + len(report.figure_files)})
-    progress.update(1, str(report.folder))
-    return report
+    progress.update(1, f"{len(report.table_files)} table files and {len(report.figure_files)} figures in {report.folder}")
+    return ReportRun(report, run.run_id)
 
 
-@task(name="paper-report")
+@task(name="paper-report", task_run_name="paper-report")
 def paper_report(experiment: str, out: str | Path, tracking_uri: str) -> Report:
     """Tables and figures of a whole MLflow experiment, in ``out`` and in a report run of that experiment."""
     report = write_report(experiment, out, tracking_uri)

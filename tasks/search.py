@@ -47,6 +47,7 @@ from tapp_core.planners.tapp import (
     TappSearch,
 )
 from tasks.measure import RuntimeSettings, _pool_failed, pool_for
+from tasks.prefect_ui import SAMPLED_PLANS_KEY, table_artifact
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
@@ -254,7 +255,7 @@ def round_metrics(report: RoundReport) -> dict[str, float]:
 
 
 def _run_rounds(run: TrackedRun, state: SearchState, rounds: range, stage: str, setting: SearchSetting) -> SearchState:
-    progress = StageProgress(stage, len(rounds), f"TAPP {stage}: rounds")
+    progress = StageProgress(stage, len(rounds), f"TAPP {stage} rounds")
     history = list(state.history)
     for done, number in enumerate(rounds, start=1):
         report = search_round(number, state, setting)
@@ -319,6 +320,7 @@ def sampling_stage(
             opened.simulated.plans.values(), measurements, library, cluster, chosen, state.calibration
         )
         run.log_table(table, "search/sampled_plans.csv")
+        table_artifact(SAMPLED_PLANS_KEY, table, "every plan the search sampled: estimate, and measurement if taken")
         run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
         final = opened.search.final_race
         if final is not None:

@@ -6,17 +6,27 @@ URI, experiment id, run id), which pickles, and opens its own child run under it
 
 The tags (named in ``reports.runs``, which reads them back) make a UI comparison and the paper table a filter:
 ``model``, ``method``, ``cluster``, ``batch_size``, ``seed``, ``dataset``, ``emulated``, ``code_version``,
-``run_kind`` and ``experiment_run`` (the experiment's parent run, on every run of one experiment).
+``run_kind`` and ``experiment_run`` (the experiment's parent run, on every run of one experiment). Every run also
+carries what the MLflow UI shows as its Source and Created by (``mlflow.source.*``, ``mlflow.user``) and, when it
+was made inside a Prefect flow run, that flow run's id and page (``prefect.flow_run_id``, ``prefect.flow_run_url``).
+
+What the MLflow UI opens on is set here too (``prepare_experiment``): every experiment TAPP writes to gets a saved
+view of the runs list (``RUNS_VIEW``: the method runs sorted by step time, with ``method``, ``model``, ``cluster``
+and ``step_time_s`` as columns), and ``runs_view_url`` / ``run_url`` are the links that open it.
 """
 
 from __future__ import annotations
 
 import functools
+import getpass
 import io
 import json
 import math
+import os
 import subprocess
+import sys
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,8 +47,24 @@ from tapp_core.errors import TappError
 DEFAULT_EXPERIMENT = "tapp"
 PARENT_TAG = "mlflow.parentRunId"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
+SOURCE_NAME_TAG = "mlflow.source.name"
+SOURCE_TYPE_TAG = "mlflow.source.type"
+USER_TAG = "mlflow.user"
+NOTE_TAG = "mlflow.note.content"
+"""A run's (or an experiment's) description: Markdown, shown at the top of its page."""
+FLOW_RUN_TAG = "prefect.flow_run_id"
+FLOW_RUN_URL_TAG = "prefect.flow_run_url"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+RUNS_VIEW = "tapp"
+"""The key of TAPP's saved runs view (experiment tag ``mlflow.sharedViewState.tapp``)."""
+DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves by default; ``TAPP_MLFLOW_UI_URL`` names another (for links to a SQLite store)."""
 
 MAX_TAG_LENGTH = 5000
+MAX_NOTE_LENGTH = 20000
+"""MLflow allows longer tag values than ``MAX_TAG_LENGTH`` (20,000 characters on an experiment), enough for a
+description."""
 MAX_PARAM_LENGTH = 6000
 
 
@@ -179,6 +205,10 @@ class TrackedRun:
         if items:
             self.client.log_batch(self.run_id, tags=items, synchronous=True)
 
+    def set_note(self, markdown: str) -> None:
+        """The run's description (Markdown), shown at the top of its page in the MLflow UI."""
+        self.client.set_tag(self.run_id, NOTE_TAG, markdown[:MAX_NOTE_LENGTH])
+
     def log_params(self, params: Mapping[str, object]) -> None:
         if params:
             items = [Param(k, _param_text(v)) for k, v in params.items()]
@@ -200,7 +230,8 @@ class TrackedRun:
         self.client.log_text(self.run_id, text, artifact_file)
 
     def log_table(self, frame: pd.DataFrame, artifact_file: str) -> None:
-        """A table as CSV (for pandas and people) and as MLflow's table JSON (for the UI's artifact view)."""
+        """A table as CSV (for pandas and people) and as MLflow's table JSON (for the UI's artifact view and
+        ``mlflow.load_table``), the latter named like the CSV with ``.json``."""
         buffer = io.StringIO()
         frame.to_csv(buffer, index=False)
         self.client.log_text(self.run_id, buffer.getvalue(), artifact_file)
@@ -230,12 +261,13 @@ def tracked_run(
     """
     resolved = parent.tracking_uri if parent else tracking_uri(uri)
     client = MlflowClient(resolved)
-    all_tags = dict(tags)
+    all_tags = {**source_tags(), **prefect_tags(), **tags}
     if parent is not None:
         exp_id = parent.experiment_id
         all_tags[PARENT_TAG] = parent.run_id
     else:
         exp_id = experiment_id(client, experiment)
+        prepare_experiment(client, exp_id)
     created = client.create_run(exp_id, run_name=name, tags=all_tags)
     run = TrackedRun(RunRef(resolved, exp_id, created.info.run_id), client)
     try:
@@ -246,6 +278,139 @@ def tracked_run(
         client.set_terminated(run.run_id, status)
         raise
     client.set_terminated(run.run_id, "FINISHED")
+
+
+def source_tags() -> dict[str, str]:
+    """What the MLflow UI shows as a run's Source (the Prefect flow, else the command) and Created by (the user).
+
+    ``MlflowClient.create_run`` sets neither (only MLflow's fluent ``start_run`` does)."""
+    from tasks.prefect_ui import flow_run_id
+
+    command = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    source = f"prefect flow {_flow_name()}" if flow_run_id() is not None else command
+    return {SOURCE_NAME_TAG: source, SOURCE_TYPE_TAG: "JOB" if _deployed() else "LOCAL", USER_TAG: _user()}
+
+
+def prefect_tags() -> dict[str, str]:
+    """The Prefect flow run a run was made in: its id, and its page when a lasting Prefect server holds it."""
+    from tasks.prefect_ui import flow_run_id, flow_run_url
+
+    found = flow_run_id()
+    if found is None:
+        return {}
+    url = flow_run_url(found)
+    return {FLOW_RUN_TAG: found, **({FLOW_RUN_URL_TAG: url} if url else {})}
+
+
+def _flow_name() -> str:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context.flow.name if context is not None and context.flow is not None else "flow"
+
+
+def _deployed() -> bool:
+    """Started by a Prefect deployment (a schedule or a worker), not by a person at a prompt."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name for this uid (some containers)
+        return "unknown"
+
+
+# --- What the MLflow UI opens on ------------------------------------------------------------------------------
+
+VIEW_COLUMNS = ("tags.`method`", "tags.`model`", "tags.`cluster`", f"metrics.`{runs.STEP_TIME}`")
+
+
+def runs_view_state() -> dict[str, object]:
+    """The saved view's state, in the MLflow UI's (3.17) own terms: every method run, best step time first, with
+    the columns that compare them, and the step time's chart first in the chart view."""
+    charts = [
+        {
+            "uuid": f"tapp-chart-{metric}",
+            "type": "BAR",
+            "runsCountToCompare": 20,
+            "metricSectionId": "tapp-metrics",
+            "deleted": False,
+            "isGenerated": True,
+            "displayName": metric,
+            "metricKey": metric,
+        }
+        for metric in (runs.STEP_TIME, runs.COMMUNICATION_SHARE)
+    ]
+    return {
+        "searchFilter": f"tags.{runs.KIND} = '{runs.EVALUATION}'",
+        "orderByKey": f"metrics.`{runs.STEP_TIME}`",
+        "orderByAsc": True,
+        "selectedColumns": list(VIEW_COLUMNS),
+        "columnOrder": list(VIEW_COLUMNS),
+        "columnWidths": {f"metrics.`{runs.STEP_TIME}`": 170},
+        "runsHiddenMode": "SHOW_ALL",
+        "compareRunCharts": charts,
+        "compareRunSections": [
+            {
+                "uuid": "tapp-metrics",
+                "name": "Step time",
+                "display": True,
+                "isReordered": True,
+                "deleted": False,
+                "isGenerated": True,
+            }
+        ],
+    }
+
+
+def prepare_experiment(client: MlflowClient, exp_id: str) -> None:
+    """Give the experiment TAPP's saved runs view (rewritten only when it differs) and, if it has none, a
+    description that says how to open it."""
+    experiment = client.get_experiment(exp_id)
+    state = json.dumps(runs_view_state(), sort_keys=True)
+    current = experiment.tags.get(VIEW_TAG_PREFIX + RUNS_VIEW)
+    try:
+        unchanged = current is not None and json.loads(current).get("state") == state
+    except (ValueError, AttributeError):
+        unchanged = False
+    if not unchanged:
+        now = int(time.time() * 1000)
+        view = {"name": "TAPP: step time per method", "createdAt": now, "updatedAt": now, "state": state}
+        client.set_experiment_tag(exp_id, VIEW_TAG_PREFIX + RUNS_VIEW, json.dumps(view))
+        # Not read by MLflow 3.17's UI (the link's workflowType decides), but it says what the experiment is.
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, "custom_model_development")
+    if not experiment.tags.get(NOTE_TAG):
+        client.set_experiment_tag(
+            exp_id,
+            NOTE_TAG,
+            "TAPP's experiments: one parent run per `tapp run`, with the result table in its description, and a "
+            "nested run per stage and per method. To compare the methods, choose the view **TAPP: step time per "
+            "method** (Views menu above the runs), or open the link `tapp run` prints.",
+        )
+
+
+def mlflow_ui_url(uri: str) -> str:
+    """The MLflow UI of store ``uri``: the server itself over http(s), else ``TAPP_MLFLOW_UI_URL``, else where
+    ``mlflow ui`` serves by default."""
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/")
+    return os.environ.get("TAPP_MLFLOW_UI_URL", DEFAULT_MLFLOW_UI).rstrip("/")
+
+
+def runs_view_url(ui: str, exp_id: str) -> str:
+    """The runs list in TAPP's saved view, in the UI's model-training mode (not its GenAI overview)."""
+    query = urllib.parse.urlencode({"viewStateShareKey": RUNS_VIEW, "workflowType": "machine_learning"})
+    return f"{ui}/#/experiments/{exp_id}/runs?{query}"
+
+
+def run_url(ui: str, exp_id: str, run_id: str, artifact: str | None = None) -> str:
+    """A run's page (or one of its artifacts) in the UI's model-training mode."""
+    page = f"{ui}/#/experiments/{exp_id}/runs/{run_id}" + (f"/artifacts/{artifact}" if artifact else "")
+    return page + "?workflowType=machine_learning"
 
 
 def _param_text(value: object) -> str:
@@ -265,6 +430,7 @@ def _json_default(value: object) -> object:
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "RUNS_VIEW",
     "ExperimentTags",
     "RunRef",
     "TrackedRun",
@@ -272,6 +438,11 @@ __all__ = [
     "check_tracking",
     "code_version",
     "experiment_id",
+    "mlflow_ui_url",
+    "prepare_experiment",
+    "run_url",
+    "runs_view_url",
+    "source_tags",
     "tracked_run",
     "tracking_uri",
 ]

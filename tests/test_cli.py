@@ -88,6 +88,7 @@ def test_measure_prints_the_measurement(work_dir: Path) -> None:
     output = tapp("measure", "--model", "tiny_cnn", "--plan", "plan.json", "--steps", "2", "--warmup", "1")
     measured = json.loads(output[output.index("{") :])
     assert measured["error"] is None and measured["step_time_s"] > 0
+    assert measured["rounds"] == 5 and measured["interval_low_s"] <= measured["step_time_s"]  # a race of one plan
 
 
 @pytest.mark.mpi
@@ -109,3 +110,82 @@ def test_measure_races_several_plans(work_dir: Path) -> None:
     assert race["winner"] in (one_stage.id, two_stages.id)
     tapp("measure", "--model", "tiny_cnn", "-p", "a.json", "-p", "b.json", "--min-rounds", "3", "--max-rounds", "2",
          exit_code=2)  # fmt: skip
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    """Typer's command model: the group, every command and every option (typer's own click, typer.core)."""
+    import typer.main
+    from typer.core import TyperGroup, TyperOption
+
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)
+    assert command.help and "The ``tapp`` command line" not in command.help
+    assert len(command.commands) == 7
+    missing = []
+    for name, sub in command.commands.items():
+        assert sub.help, f"tapp {name} has no help"
+        options = [p for p in sub.params if isinstance(p, TyperOption)]
+        assert options and len(options) == len(sub.params), f"tapp {name} takes arguments that are not options"
+        missing += [f"tapp {name} {option.opts[0]}" for option in options if not option.help]
+    missing += [f"tapp {option.opts[0]}" for option in command.params if not option.help]
+    assert missing == []
+
+
+def test_version() -> None:
+    output = tapp("--version")
+    assert output.startswith("tapp 0.1.0")
+
+
+def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
+    """Method names as the planners' registry has them; every command's defaults the flows' own."""
+    import typer.main
+
+    from flows import experiment
+    from flows.cli import common, experiments
+    from tapp_core.planners import PLANNER_NAMES
+    from tasks.evaluate import KNOWN_METHODS
+
+    assert common.METHODS == PLANNER_NAMES and set(KNOWN_METHODS) == set(PLANNER_NAMES)
+    assert (experiments.DEFAULT_ROUNDS, common.DEFAULT_STEPS, common.DEFAULT_WARMUP) == (
+        experiment.DEFAULT_ROUNDS,
+        experiment.DEFAULT_STEPS,
+        experiment.DEFAULT_WARMUP,
+    )
+    defaults: dict[str, set[str]] = {}
+    for sub in typer.main.get_command(app).commands.values():  # type: ignore[attr-defined]
+        for parameter in sub.params:
+            defaults.setdefault(str(parameter.name), set()).add(str(parameter.default))
+            defaults[f"{sub.name} {parameter.name}"] = {str(parameter.default)}
+    for name in (
+        "model",
+        "cluster",
+        "batch_size",
+        "seed",
+        "experiment",
+        "steps",
+        "warmup",
+        "plan_file",
+        "tracking_uri",
+    ):
+        assert len(defaults[name]) == 1, f"--{name} defaults differ between commands: {defaults[name]}"
+    assert defaults["run out"] == defaults["report out"] == {"out/report"}
+    assert defaults["profile model"] == {"alexnet"}
+
+
+def test_the_planner_takes_the_method_names(work_dir: Path) -> None:
+    tapp("plan", *MODEL, "--planner", "single-cpu", "--out", "single.json")
+    assert Plan.load(work_dir / "single.json").planner == "single-cpu"
+    tapp("plan", *MODEL, "--planner", "single", "--out", "old.json")  # the old name still works
+    assert Plan.load(work_dir / "old.json").stage_devices == Plan.load(work_dir / "single.json").stage_devices
+    output = tapp("plan", *MODEL, "--planner", "bsp", "--rounds", "3", exit_code=2)
+    assert "--rounds is for the tapp planner" in output
+
+
+def test_tapp_plan_rounds_and_budget(work_dir: Path) -> None:
+    """``--rounds`` counts TAPP's rounds; ``--budget`` caps the reward evaluations, which can end it sooner."""
+    args = ("plan", *MODEL, "--planner", "tapp", "--out", "tapp.json")
+    tapp(*args, "--rounds", "2")
+    assert Plan.load(work_dir / "tapp.json").notes["rounds"] == 2
+    tapp(*args, "--rounds", "50", "--budget", "5")
+    notes = Plan.load(work_dir / "tapp.json").notes
+    assert notes["rounds"] == 1 and notes["evaluations"] >= 5  # it ends with the round that spent the budget

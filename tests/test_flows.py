@@ -33,7 +33,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.models import ModelError
 from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE
 from tasks.profile import profile_layers
-from tasks.tracking import TrackingError
+from tasks.tracking import NOTE_TAG, RUNS_VIEW, TrackingError
 
 PAPER_METHODS = ("tapp", "single-cpu", "bsp", "pipetorch")
 QUICK = {"search_rounds": 3, "samples_per_round": 8, "methods": PAPER_METHODS}
@@ -58,7 +58,7 @@ def measured(
             experiment="flows-measured",
             out=str(folder / "report"),
             return_state=True,
-            **QUICK,
+            **{**QUICK, "search_rounds": 4},  # the last of them measured
         )
         yield state.result(), state, folder
 
@@ -76,7 +76,7 @@ def test_experiment_records_every_stage_and_method(measured: tuple[ExperimentRes
     assert parent.info.status == "FINISHED"
     for key, value in {"model": "tiny_cnn", "cluster": "local", "batch_size": "16", "emulated": "true"}.items():
         assert parent.data.tags[key] == value
-    assert parent.data.params["search_rounds"] == "3"
+    assert parent.data.params["search_rounds"] == "4"
 
     nested = children(client, result.run_id)
     trained = {f"train {m}" for m in PAPER_METHODS}
@@ -177,10 +177,132 @@ def test_search_progress_is_a_prefect_artifact(measured: tuple[ExperimentResult,
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    progress = {a.description.split(":")[0]: a.data for a in artifacts if a.type == "progress"}
-    assert progress["TAPP search"] == 100.0
-    assert progress["TAPP sampling"] == 100.0
-    assert progress["final evaluation"] == 100.0
+    progress = {a.key: a.data for a in artifacts if a.type == "progress"}
+    assert progress["tapp-search-progress"] == 100.0
+    assert progress["tapp-sampling-progress"] == 100.0
+    assert progress["tapp-evaluation-progress"] == 100.0
+
+
+def test_the_parent_run_opens_on_the_result(measured: tuple[ExperimentResult, object, Path]) -> None:
+    """Its description: the verdict, then the result table (rounded), TAPP's plan and a link to the report run."""
+    result, _, _ = measured
+    client = MlflowClient(result.tracking_uri)
+    note = client.get_run(result.run_id).data.tags[NOTE_TAG]
+    assert note == result.summary
+    lines = note.splitlines()
+    assert lines[0].startswith("### tiny_cnn on local, batch 16") and lines[2].startswith("**Fastest: ")
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"method", *PAPER_METHODS}
+    nested = children(client, result.run_id)
+    for method in PAPER_METHODS:
+        step_time = nested[method].data.metrics[runs.STEP_TIME]
+        assert rows[method].split("|")[2].strip() == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
+    assert f"TAPP's plan `{result.evaluations['tapp'].plan.id}`" in note
+    report_run = nested["report"].info.run_id
+    assert f"/runs/{report_run}/artifacts/report/step_time.md?workflowType=machine_learning" in note
+
+    table = client.load_table(result.experiment_id, "evaluation.json", run_ids=[result.run_id])
+    assert sorted(table["method"]) == sorted(PAPER_METHODS)
+    for row in table.itertuples(index=False):
+        assert row.step_time_s == pytest.approx(nested[row.method].data.metrics[runs.STEP_TIME], rel=1e-3)
+
+
+def test_the_mlflow_ui_is_told_what_to_show(measured: tuple[ExperimentResult, object, Path]) -> None:
+    """The saved runs view, Source and Created by, the flow run's tags, step_time_s first, the planner filled."""
+    result, state, _ = measured
+    client = MlflowClient(result.tracking_uri)
+    view = json.loads(client.get_experiment(result.experiment_id).tags[f"mlflow.sharedViewState.{RUNS_VIEW}"])
+    shown = json.loads(view["state"])
+    assert shown["orderByKey"] == "metrics.`step_time_s`" and shown["orderByAsc"] is True
+    assert shown["selectedColumns"] == ["tags.`method`", "tags.`model`", "tags.`cluster`", "metrics.`step_time_s`"]
+
+    flow_run_id = str(state.state_details.flow_run_id)
+    nested = children(client, result.run_id)
+    for run in [client.get_run(result.run_id), *nested.values()]:
+        tags = run.data.tags
+        assert tags["mlflow.source.name"] == "prefect flow tapp-experiment", run.info.run_name
+        assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.user"]
+        assert tags["prefect.flow_run_id"] == flow_run_id
+        assert tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")  # the harness is a server
+    for method in PAPER_METHODS:
+        assert next(iter(nested[method].data.metrics)) == runs.STEP_TIME  # the compare page plots it
+        assert nested[method].data.params["planner"] == method
+    parent = client.get_run(result.run_id).data.params
+    assert parent["search_rounds"] == nested["search"].data.params["search_rounds"] == "4"
+    assert (parent["simulated_rounds"], parent["measured_rounds"]) == ("3", "1")
+
+
+def _flow_run_record(flow_run_id: object) -> tuple[object, list[object], list[object], list[object]]:
+    """(flow run, its artifacts, its log lines, its task runs), read back from Prefect's API."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    from flows.server import send_pending_logs_and_events
+
+    send_pending_logs_and_events()  # log lines are sent in the background
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC
+        )
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return flow_run, artifacts, logs, tasks
+
+
+def test_prefect_shows_tapps_work(measured: tuple[ExperimentResult, object, Path]) -> None:
+    """Keyed artifacts (the result, the tables, the link to MLflow), TAPP's own log lines, stable task names."""
+    result, state, _ = measured
+    flow_run, artifacts, logs, tasks = _flow_run_record(state.state_details.flow_run_id)
+    assert flow_run.name == "tiny_cnn-local-b16-measured"
+    assert flow_run.parameters["measured_rounds"] == 1  # as MLflow records it
+    keyed = {a.key: a for a in artifacts if a.key}
+    assert keyed["tapp-result"].type == "markdown" and keyed["tapp-result"].data == result.summary
+    evaluation = json.loads(keyed["tapp-evaluation"].data)
+    assert keyed["tapp-evaluation"].type == "table" and {row["method"] for row in evaluation} == set(PAPER_METHODS)
+    tapp_row = next(row for row in evaluation if row["method"] == "tapp")
+    assert tapp_row["step_time_s"] == float(f"{result.evaluations['tapp'].step_time_s:.4g}")
+    client = MlflowClient(result.tracking_uri)
+    sampled = json.loads(keyed["tapp-sampled-plans"].data)
+    assert len(sampled) == children(client, result.run_id)["sampling"].data.metrics["sampled_plans"]
+    assert f"/runs/{result.run_id}?workflowType=machine_learning" in keyed["tapp-mlflow-run"].data  # a link
+
+    messages = [log.message for log in logs]
+    assert any(m.startswith("profiling tiny_cnn at batch 16 1/1: 7 layers") for m in messages)
+    assert any(m.startswith("TAPP search rounds 3/3: best ") for m in messages)
+    assert any(m.startswith("TAPP's chosen plan ") for m in messages)
+    assert any(m.startswith("final evaluation 4/4: ") for m in messages)
+    assert result.summary in messages
+
+    names = {t.name for t in tasks}
+    expected = {"profile", "sampling", "report", "measure-plans", *(f"search-round-{n}" for n in range(1, 5))}
+    expected |= {f"evaluate-{m}" for m in PAPER_METHODS} | {f"train-{m}" for m in PAPER_METHODS}
+    assert names == expected
+
+
+def test_tapp_run_prints_the_links_and_records_what_it_ran(
+    prefect_harness: None, tracking_uri: str, experiment_name: str, work_dir: Path
+) -> None:
+    """``tapp run`` against a Prefect server: the flow run's page, the runs view; the same counts in both UIs."""
+    args = ["run", "--model", "mlp", "--batch-size", "8", "--estimate-only", "--rounds", "2", "--samples-per-round"]
+    args += ["4", "--methods", "tapp,bsp", "--experiment", experiment_name, "--tracking-uri", tracking_uri]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.get_experiment_by_name(experiment_name).experiment_id
+    (parent,) = client.search_runs([experiment_id], f"tags.{runs.KIND} = 'experiment'")
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
+    assert f"#/experiments/{experiment_id}/runs?viewStateShareKey=tapp&workflowType=machine_learning" in done.output
+    assert f"#/experiments/{experiment_id}/runs/{parent.info.run_id}?workflowType" in done.output
+    assert f"Prefect: {parent.data.tags['prefect.flow_run_url']}" in done.output
+    flow_run, _, _, tasks = _flow_run_record(flow_run_id)
+    assert flow_run.name == "mlp-local-b8-estimated"
+    for key in ("search_rounds", "measured_rounds", "steps", "warmup"):
+        assert str(flow_run.parameters[key]) == parent.data.params[key], key
+    assert parent.data.params["measured_rounds"] == "0"
+    assert {t.name for t in tasks} >= {"profile", "search-round-1", "search-round-2", "sampling", "report"}
 
 
 def test_report_command_and_paper_table_flow_write_identical_tables(

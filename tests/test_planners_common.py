@@ -73,13 +73,18 @@ def with_fixed_parts(library: LayerLibrary, share: float) -> LayerLibrary:
     return dataclasses.replace(library, layers=layers)
 
 
-def small_cluster(speeds: tuple[float, ...] = (1.0, 0.5, 0.25), slow_pair: bool = True) -> Cluster:
+def small_cluster(speeds: tuple[float, ...] = (1.0, 0.5, 0.25), slow_pair: bool = True, gpu: bool = False) -> Cluster:
+    """Devices d0, d1, ... of these speeds (d1 a GPU with ``gpu``), the last two on a slow link."""
     names = [f"d{i}" for i in range(len(speeds))]
     overrides = [{"between": names[-2:], "bandwidth": "100Mbit/s", "latency": "50us"}] if slow_pair else []
+    kinds = ["cuda" if gpu and n == "d1" else "cpu" for n in names]
     return parse_cluster(
         {
             "name": "small",
-            "devices": [{"name": n, "speed": s, "memory": "4GiB"} for n, s in zip(names, speeds, strict=True)],
+            "devices": [
+                {"name": n, "kind": k, "speed": s, "memory": "4GiB"}
+                for n, k, s in zip(names, kinds, speeds, strict=True)
+            ],
             "links": {"bandwidth": "1Gbit/s", "latency": "50us", "overrides": overrides},
         }
     )
@@ -95,7 +100,7 @@ QUICK = {
 @pytest.mark.parametrize("name", PLANNER_NAMES)
 @pytest.mark.parametrize("make_library", [chain_library, branchy_library])
 def test_every_planner_returns_a_valid_plan(name: str, make_library) -> None:
-    library, cluster = make_library(), small_cluster()
+    library, cluster = make_library(), small_cluster(gpu=name == "single-gpu")
     plan = get_planner(name, micro_batches=(1, 2, 4), **QUICK.get(name, {})).plan(library, cluster)
     validate(plan, library, cluster)
     assert plan.planner == name
@@ -116,8 +121,14 @@ def test_no_contiguous_plan_beats_the_oracle() -> None:
 
 def test_single_takes_the_fastest_device_and_bsp_all_that_divide_the_batch() -> None:
     library = chain_library()
-    single = get_planner("single").plan(library, small_cluster((0.5, 2.0, 1.0)))
-    assert single.stage_devices == (("d1",),)
+    single = get_planner("single-cpu").plan(library, small_cluster((0.5, 2.0, 1.0)))
+    assert (single.stage_devices, single.planner) == ((("d1",),), "single-cpu")
+    with_gpu = small_cluster((0.5, 2.0, 1.0), gpu=True)
+    assert get_planner("single-cpu").plan(library, with_gpu).stage_devices == (("d2",),)
+    assert get_planner("single-gpu").plan(library, with_gpu).stage_devices == (("d1",),)
+    assert get_planner("single").plan(library, with_gpu).stage_devices == (("d1",),)  # the old name: any kind
+    with pytest.raises(PlannerError, match="no cuda device of cluster 'small'"):
+        get_planner("single-gpu").plan(library, small_cluster())
     bsp = get_planner("bsp").plan(library, small_cluster((0.5, 2.0, 1.0)))
     assert bsp.stage_devices == (("d1", "d2"),)  # three do not divide 64: the slowest is left out
     assert bsp.notes["left_out"] == ["d0"]
@@ -138,7 +149,7 @@ def test_options_are_listed_with_their_defaults() -> None:
     options = planner_options("tapp")
     assert options["reward"] == "simulated" and options["schedule"] == "1f1b" and "progress" in options
     assert "max_blocks" in planner_options("oracle")
-    assert set(planner_options("single")) == {
+    assert set(planner_options("single-cpu")) == {
         "batch_size",
         "micro_batches",
         "schedule",

@@ -198,7 +198,7 @@ def test_rounds_of_two_races_pool_into_one_interval() -> None:
 
 
 def test_ranks_are_pinned_only_where_every_thread_has_a_core() -> None:
-    local = load_cluster("local")  # three one-thread ranks
+    local = load_cluster("local").devices  # three one-thread ranks
     assert [rank_cores(local, r, [0, 1, 2, 3]) for r in range(3)] == [(0,), (1,), (2,)]
     assert rank_cores(local, 0, [0, 1]) is None
     two_hosts = parse_cluster(
@@ -212,7 +212,7 @@ def test_ranks_are_pinned_only_where_every_thread_has_a_core() -> None:
             "links": {"bandwidth": "1Gbit/s", "latency": 0},
         }
     )
-    assert [rank_cores(two_hosts, r, [4, 5, 6]) for r in range(3)] == [(4, 5), (4, 5), (6,)]
+    assert [rank_cores(two_hosts.devices, r, [4, 5, 6]) for r in range(3)] == [(4, 5), (4, 5), (6,)]
 
 
 # --- the search's measured reward and final choice --------------------------------------------------------------

@@ -138,3 +138,16 @@ def test_measure_starts_and_ends_its_own_pool() -> None:
     assert 0.0 <= measurement.communication_share <= 1.0
     assert set(measurement.device_wait_s) == {"d0", "d2"}
     assert all(v > 0 for v in measurement.peak_memory_bytes.values())
+
+
+def test_measure_on_a_large_cluster_starts_only_the_plans_devices() -> None:
+    """A 1000-device cluster on this host: ``measure`` starts the plan's two ranks, each on its own device (rank 0
+    runs d3, the cluster's first of the two, which holds the plan's second stage)."""
+    devices = [{"name": f"d{i}", "memory": "2GiB"} for i in range(1000)]
+    links = {"bandwidth": "1Gbit/s", "latency": "100us"}
+    cluster = parse_cluster({"name": "big", "emulated": False, "devices": devices, "links": links})
+    plan = Plan("mlp", 16, 2, "gpipe", (0, 0, 0, 1, 1, 1), (("d7",), ("d3",)))
+    measurement = measure(plan, cluster, steps=3, warmup=1)
+    assert measurement.ok, measurement.error
+    assert set(measurement.device_wait_s) == set(measurement.peak_memory_bytes) == {"d3", "d7"}
+    assert len(measurement.stage_compute_s) == 2

@@ -265,3 +265,25 @@ def test_plans_that_cannot_run_are_refused_before_the_workers() -> None:
         check_runnable(Plan("mlp", 8, 3, "gpipe", (0,) * 6, (("a",),)), cluster)
     with pytest.raises(PlanError, match="do not divide the micro-batch of 3"):
         check_runnable(Plan("mlp", 6, 2, "gpipe", (0,) * 6, (("a", "b"),)), cluster)
+
+
+def test_stages_own_their_parameters_and_never_change_the_cached_model() -> None:
+    """A stage moved to another device (``meta`` stands in for a GPU) or trained leaves the factory's cached
+    model where and as it was, so the next plan's split still runs on the CPU (issue 12, failure 2)."""
+    factory = StageFactory()
+    cached = factory.traced("tiny_cnn", 0)
+    before = {name: (t, t.detach().clone()) for name, t in cached.state_dict(keep_vars=True).items()}
+    moved = factory.stage("tiny_cnn", 0, (0, 0, 0, 1, 1, 1, 1), 2, 0, torch.device("meta"))
+    assert {p.device.type for p in moved.module.parameters()} == {"meta"}
+    assert set(moved.named_state()) == {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"}
+    trained = factory.stage("tiny_cnn", 0, (0, 0, 0, 0, 0, 1, 1), 2, 1, torch.device("cpu"))
+    with torch.no_grad():
+        for p in trained.named_parameters().values():
+            p.add_(1.0)
+    for name, tensor in cached.state_dict(keep_vars=True).items():
+        original, values = before[name]
+        assert tensor is original and tensor.device.type == "cpu", name
+        torch.testing.assert_close(tensor.detach(), values)
+    shared = {id(t) for t in cached.state_dict(keep_vars=True).values()}
+    assert not shared & {id(t) for t in trained.module.state_dict(keep_vars=True).values()}
+    factory.stage("tiny_cnn", 0, (0, 0, 1, 1, 1, 1, 1), 2, 0, torch.device("cpu"))  # a new split traces on the CPU

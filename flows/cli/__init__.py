@@ -13,12 +13,50 @@ exit status 2; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
 import typer
 
 from flows.cli import experiments, planning, runtime
-from flows.cli.common import reports_user_errors
+from flows.cli.common import console, reports_user_errors
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=(__doc__ or "").splitlines()[0])
+HELP = (
+    "TAPP: split the training of a deep network into a pipeline across unequal devices, measure the plan on MPI "
+    "workers, and compare it with the baselines in MLflow.\n\n"
+    "Start with `tapp run` (the whole experiment); `tapp plan`, `tapp simulate` and `tapp measure` do one step each."
+)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, rich_markup_mode="markdown")
+
+
+def tapp_version() -> str:
+    """The installed package's version, and the checkout's git commit when there is one."""
+    from tasks.tracking import code_version
+
+    try:
+        installed = version("tapp")
+    except PackageNotFoundError:
+        installed = "unknown"
+    commit = code_version()
+    return f"tapp {installed}" + (f" ({commit})" if commit != "unknown" else "")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        console.print(tapp_version(), highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """TAPP's command line (the ``tapp`` entry point)."""
+
 
 for _command in (
     planning.profile,
@@ -31,4 +69,4 @@ for _command in (
 ):
     app.command()(reports_user_errors(_command))
 
-__all__ = ["app"]
+__all__ = ["app", "tapp_version"]

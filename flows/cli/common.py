@@ -4,6 +4,7 @@ the layer library and plan every planning or runtime command starts from."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
@@ -23,6 +24,19 @@ if TYPE_CHECKING:
 console = Console()
 error_console = Console(stderr=True)
 
+METHODS = ("tapp", "single-cpu", "single-gpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle")
+"""The methods, by the names every command, MLflow's ``method`` tag and the report's runs use (the planners'
+registry, ``tapp_core.planners.PLANNER_NAMES``; written out here so that ``--help`` needs no import of it)."""
+DEFAULT_MODEL = "alexnet"
+DEFAULT_CLUSTER = "local"
+DEFAULT_BATCH = 64
+DEFAULT_PLAN = Path("plan.json")
+DEFAULT_REPORT = Path("out/report")
+DEFAULT_STEPS = 3
+"""Timed steps per plan and race round, after the warm-up (``tapp measure``, ``tapp run``): plans are measured in
+races of interleaved rounds (``tapp_core.runtime.race``), the flow's ``RuntimeSettings``."""
+DEFAULT_WARMUP = 1
+
 ModelOpt = Annotated[
     str,
     typer.Option(
@@ -32,7 +46,7 @@ ModelOpt = Annotated[
     ),
 ]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
-BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="mini-batch size")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="mini-batch size (samples per step)")]
 LibraryOpt = Annotated[
     Path | None,
     typer.Option(
@@ -40,9 +54,37 @@ LibraryOpt = Annotated[
     ),
 ]
 PlanFileOpt = Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")]
-SeedOpt = Annotated[int, typer.Option()]
-EmulateOpt = Annotated[bool | None, typer.Option("--emulate/--no-emulate", help="default: the cluster file's")]
+SeedOpt = Annotated[int, typer.Option(help="random seed: the planners' sampling, the weights and the data order")]
+EmulateOpt = Annotated[
+    bool | None,
+    typer.Option("--emulate/--no-emulate", help="slow devices and links down as the cluster says (default: its file's)"),
+]
 ExperimentOpt = Annotated[str, typer.Option(help="MLflow experiment name")]
+TrackingUriOpt = Annotated[
+    str | None, typer.Option(help="MLflow store or server (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+]
+ReportOutOpt = Annotated[Path, typer.Option("--out", "-o", help="folder for the report's tables and figures")]
+StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per plan and race round, after the warm-up")]
+WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps per plan and race round, not counted")]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir", help="CIFAR-10 folder (holding cifar-10-batches-py); default $TAPP_DATA_DIR, else none"
+    ),
+]
+DatasetOpt = Annotated[
+    str | None,
+    typer.Option(help="synthetic | cifar10 | fashion-mnist (default: cifar10 with a data folder, else synthetic)"),
+]
+
+
+def chosen_dataset(dataset: str | None, data_dir: Path | None) -> str:
+    """``--dataset``, else CIFAR-10 when a data folder is given (``--data-dir`` or ``$TAPP_DATA_DIR``), else
+    synthetic data."""
+    if dataset:
+        return dataset
+    return "cifar10" if data_dir is not None or os.environ.get("TAPP_DATA_DIR") else "synthetic"
+
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,6 +10,11 @@ import typer
 from rich.table import Table
 
 from flows.cli.common import (
+    DEFAULT_BATCH,
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    DEFAULT_PLAN,
+    METHODS,
     BatchOpt,
     ClusterOpt,
     LibraryOpt,
@@ -31,12 +36,12 @@ if TYPE_CHECKING:
     from tapp_core.plan import Plan
     from tapp_core.planners import SearchProgress
 
-PlannerOpt = Annotated[str, typer.Option(help="tapp | single | bsp | even | pipetorch | pipedream | autoddl | oracle")]
+PlannerOpt = Annotated[str, typer.Option(help=" | ".join(METHODS) + " (the method names of tapp run --methods)")]
 
 
 def profile(
-    model: ModelOpt = "vgg16",
-    batch_size: BatchOpt = 64,
+    model: ModelOpt = DEFAULT_MODEL,
+    batch_size: BatchOpt = DEFAULT_BATCH,
     out: Annotated[Path, typer.Option("--out", "-o", help="folder for layers.csv and library.json")] = Path("library"),
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's)")] = None,
@@ -58,13 +63,23 @@ def profile(
 
 
 def plan(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
     planner: PlannerOpt = "even",
-    batch_size: BatchOpt = 64,
-    out: Annotated[Path, typer.Option("--out", "-o")] = Path("plan.json"),
+    batch_size: BatchOpt = DEFAULT_BATCH,
+    out: Annotated[Path, typer.Option("--out", "-o", help="where to write the plan (JSON)")] = DEFAULT_PLAN,
     library: LibraryOpt = None,
-    budget: Annotated[int, typer.Option(help="search budget (rounds for tapp; planner-specific)")] = 0,
+    rounds: Annotated[
+        int | None, typer.Option(min=1, help="tapp: policy-gradient rounds in all (default: the planner's)")
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="tapp, autoddl, oracle: reward evaluations (distinct plans estimated or measured) after which the "
+            "search stops; tapp ends the round that reaches them (default: no limit but the rounds)",
+        ),
+    ] = None,
     reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
     seed: SeedOpt = 0,
 ) -> None:
@@ -75,7 +90,8 @@ def plan(
 
     target = load_cluster(cluster)
     layers = library_for(model, batch_size, library)
-    found = _run_planner(planner, layers, target, budget=budget, reward=reward, seed=seed, batch_size=batch_size)
+    options = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
+    found = _run_planner(planner, layers, target, budget, **{k: v for k, v in options.items() if v is not None})
     validate(found, layers, target)
     found.save(out)
     predicted = estimate(found, layers, target)
@@ -86,11 +102,14 @@ def plan(
     console.print(f"wrote {out}")
 
 
-def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int, **options: object) -> Plan:
+def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int | None, **options: object) -> Plan:
     """Build planner ``name`` with the options it accepts and run it under a progress bar over search rounds."""
+    from tapp_core.errors import TappError
     from tapp_core.planners import get_planner, planner_options
 
     accepted = planner_options(name)
+    if "rounds" in options and "rounds" not in accepted:
+        raise TappError(f"--rounds is for the tapp planner, not {name!r}")
     planner = get_planner(name, **{k: v for k, v in options.items() if k in accepted})
     with progress_bars() as progress:
         bars: list[TaskID] = []  # added on the first report, so constructive planners show no empty bar
@@ -103,13 +122,13 @@ def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int
                 status += f", reward {update.reward:.3f}, entropy {update.entropy:.2f} ({update.phase})"
             progress.update(bars[0], completed=update.round, total=update.total_rounds, status=status)
 
-        return planner.plan(library, cluster, budget=budget or None, progress=report)
+        return planner.plan(library, cluster, budget=budget, progress=report)
 
 
 def simulate(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
-    plan_file: PlanFileOpt = Path("plan.json"),
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    plan_file: PlanFileOpt = DEFAULT_PLAN,
     library: LibraryOpt = None,
     gantt: Annotated[Path | None, typer.Option(help="draw the timeline of one step to this PNG")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,

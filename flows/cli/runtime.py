@@ -1,8 +1,9 @@
-"""Commands that run a plan on MPI workers: ``measure`` (one plan, or a race of several) and ``train``."""
+"""Commands that run plans on MPI workers: ``measure`` (a race of one plan or several) and ``train``."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -10,12 +11,22 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from flows.cli.common import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    DEFAULT_PLAN,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
     ClusterOpt,
+    DataDirOpt,
+    DatasetOpt,
     EmulateOpt,
     LibraryOpt,
     ModelOpt,
     PlanFileOpt,
     SeedOpt,
+    StepsOpt,
+    WarmupOpt,
+    chosen_dataset,
     console,
     error_console,
     fail,
@@ -51,42 +62,37 @@ PlanFilesOpt = Annotated[
 
 
 def measure(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_files: PlanFilesOpt = None,
-    steps: Annotated[
-        int | None, typer.Option(min=1, help="timed steps after the warm-up (per round when racing); default 5, 3")
+    steps: StepsOpt = DEFAULT_STEPS,
+    warmup: WarmupOpt = DEFAULT_WARMUP,
+    min_rounds: Annotated[int, typer.Option(min=1, help="rounds before any verdict (5: a 90 % interval)")] = 5,
+    max_rounds: Annotated[int, typer.Option(min=1, help="most rounds")] = 15,
+    budget: Annotated[float, typer.Option(min=1.0, help="seconds after which no new round starts")] = 600.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="several plans: also write the race as JSON here")
     ] = None,
-    warmup: Annotated[
-        int | None, typer.Option(min=0, help="warm-up steps, not counted; default 2, 1 per round")
-    ] = None,
-    min_rounds: Annotated[int, typer.Option(min=1, help="racing: rounds before any verdict")] = 5,
-    max_rounds: Annotated[int, typer.Option(min=1, help="racing: most rounds")] = 15,
-    budget: Annotated[float, typer.Option(min=1.0, help="racing: seconds after which no new round starts")] = 600.0,
-    json_out: Annotated[Path | None, typer.Option("--json", help="racing: also write the race as JSON here")] = None,
     library: LibraryOpt = None,
     seed: SeedOpt = 0,
     emulate: EmulateOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds before a plan (a round, when racing) is abandoned")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="seconds before a plan's round is abandoned")] = 600.0,
 ) -> None:
-    """Run a plan on MPI workers (one rank per device, launched with mpiexec) and print its Measurement as JSON;
-    given several plans, race them in interleaved rounds and print each one's median with its interval."""
-    files = plan_files or [Path("plan.json")]
+    """Measure plans on MPI workers (one rank per device, launched with mpiexec) in a race of interleaved rounds:
+    one plan prints its Measurement as JSON (the median over its rounds, with its interval); several print each
+    one's median and interval, the best group and the winner."""
+    choice = RaceChoice(steps, warmup, min_rounds, max_rounds, budget, timeout)
+    files = plan_files or [DEFAULT_PLAN]
     if len(files) > 1:
-        options = RaceChoice(steps or 3, 1 if warmup is None else warmup, min_rounds, max_rounds, budget, timeout)
-        _race(model, cluster, files, library, seed, emulate, options, json_out)
+        _race(model, cluster, files, library, seed, emulate, choice, json_out)
         return
-    from tapp_core.runtime import measure as run_measure
-
     chosen, target = _plan_to_run(model, files[0], cluster, library)
-    timed, warm = steps or 5, 2 if warmup is None else warmup
     with error_console.status(f"measuring plan {chosen.id} on {target.name} ({len(target.devices)} MPI ranks)"):
-        result = run_measure(
-            chosen, target, model, steps=warm + timed, warmup=warm, seed=seed, emulate=emulate, timeout_s=timeout
-        )
-    typer.echo(result.to_json())
-    if not result.ok:
-        raise fail(f"plan {chosen.id} failed: {result.error}")
+        result = _run_race(target, [chosen], model, seed, emulate, choice)
+    measured = result.measurements[0]
+    typer.echo(measured.to_json())
+    if not measured.ok:
+        raise fail(f"plan {chosen.id} failed: {measured.error}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,24 @@ class RaceChoice:
     timeout_s: float
 
 
+def _run_race(
+    target: Cluster,
+    plans: list[Plan],
+    model: str,
+    seed: int,
+    emulate: bool | None,
+    choice: RaceChoice,
+    on_round: Callable[[int, RaceResult], None] | None = None,
+) -> RaceResult:
+    from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+
+    options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
+    steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
+    with WorkerPool(target) as pool:
+        return race(pool, plans, model, options, steps, emulate=emulate, on_round=on_round)
+
+
 def _race(
     model: str,
     cluster: str,
@@ -112,26 +136,16 @@ def _race(
     json_out: Path | None,
 ) -> None:
     """Race the plans of ``files`` on one pool and print the verdict as a Markdown table."""
-    from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
-
     loaded = [_plan_to_run(model, f, cluster, library) for f in files]
     target = loaded[0][1]
     plans = [plan for plan, _ in loaded]
-    options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
-    steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
     names: dict[str, list[str]] = {}
     for path, plan in zip(files, plans, strict=True):
         names.setdefault(plan.id, []).append(path.name)
-    with WorkerPool(target) as pool, error_console.status(f"racing {len(names)} plans on {target.name}") as status:
-        result = race(
-            pool,
-            plans,
-            model,
-            options,
-            steps,
-            emulate=emulate,
-            on_round=lambda number, _: status.update(f"racing {len(names)} plans on {target.name}: round {number}"),
+    racing = f"racing {len(names)} plans on {target.name}"
+    with error_console.status(racing) as status:
+        result = _run_race(
+            target, plans, model, seed, emulate, choice, lambda number, _: status.update(f"{racing}: round {number}")
         )
     print_markdown(race_table(result, {key: " = ".join(v) for key, v in names.items()}))
     if json_out is not None:
@@ -176,14 +190,12 @@ def race_table(result: RaceResult, names: dict[str, str]) -> str:
 
 
 def train(
-    model: ModelOpt = "alexnet",
-    cluster: ClusterOpt = "local",
-    plan_file: PlanFileOpt = Path("plan.json"),
-    data_dir: Annotated[
-        Path | None, typer.Option(help="CIFAR-10 folder (cifar-10-batches-py); default $TAPP_DATA_DIR")
-    ] = None,
-    dataset: Annotated[str, typer.Option(help="cifar10 | fashion-mnist | synthetic")] = "cifar10",
-    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    plan_file: PlanFileOpt = DEFAULT_PLAN,
+    data_dir: DataDirOpt = None,
+    dataset: DatasetOpt = None,
+    epochs: Annotated[int, typer.Option(min=1, help="passes over the training set")] = 1,
     steps_per_epoch: Annotated[int | None, typer.Option(min=1, help="cut each epoch short (smoke runs)")] = None,
     augment: Annotated[bool, typer.Option(help="random crop and flip")] = False,
     library: LibraryOpt = None,
@@ -196,6 +208,7 @@ def train(
 
     chosen, target = _plan_to_run(model, plan_file, cluster, library)
     directory = str(data_dir) if data_dir is not None else None
+    dataset = chosen_dataset(dataset, data_dir)
     test_set = open_dataset(dataset, directory, train=False)  # fails here, before any rank starts, if data is missing
     with error_console.status(f"training plan {chosen.id} on {target.name} for {epochs} epoch(s)"):
         result = run_train(

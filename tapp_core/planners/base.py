@@ -3,8 +3,8 @@
 A planner is a small dataclass whose fields are its options; ``get_planner(name, **options)`` builds one by
 name and rejects an option it does not have with a message listing those it has. ``budget`` is the most
 reward evaluations (cost-model estimates or runtime measurements) a searching planner may spend; constructive
-planners (single, bsp, even, the DPs) ignore it. Searching planners report progress once per round through
-``progress``, a callable taking one ``SearchProgress``.
+planners (single-cpu, single-gpu, bsp, even, the DPs) ignore it. Searching planners report progress once per round
+through ``progress``, a callable taking one ``SearchProgress``.
 """
 
 from __future__ import annotations
@@ -26,17 +26,22 @@ from tapp_core.schedules import SCHEDULES
 
 # name -> "module:Class" under tapp_core.planners; imported on first use so that the DP planners never pay
 # for torch's import and no planner module imports another's.
+# The names are the experiments' method names (``tapp run --methods``, the MLflow ``method`` tag).
 _REGISTRY: dict[str, str] = {
     "tapp": "tapp.planner:TappPlanner",
-    "single": "single:SinglePlanner",
+    "single-cpu": "single:SingleCpuPlanner",
+    "single-gpu": "single:SingleGpuPlanner",
     "bsp": "bsp:BspPlanner",
     "even": "even:EvenPlanner",
     "pipetorch": "pipetorch:PipeTorchPlanner",
     "pipedream": "pipedream:PipeDreamPlanner",
     "autoddl": "autoddl:AutoDdlPlanner",
     "oracle": "oracle:OraclePlanner",
+    "single": "single:SinglePlanner",
 }
-PLANNER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+OLD_NAMES: tuple[str, ...] = ("single",)
+"""Still accepted, not listed: ``single`` is the fastest device of any kind (a GPU first)."""
+PLANNER_NAMES: tuple[str, ...] = tuple(name for name in _REGISTRY if name not in OLD_NAMES)
 
 DEFAULT_MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 

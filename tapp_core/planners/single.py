@@ -1,8 +1,10 @@
-"""Single-device training on the fastest device whose memory holds the whole model."""
+"""Single-device training on the fastest device whose memory holds the whole model: of one kind (``single-cpu``,
+``single-gpu``, the methods the experiments compare), or of any kind, a GPU first (``single``, the old name)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
@@ -13,11 +15,14 @@ from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
 @dataclass
 class SinglePlanner(PlannerBase):
     name = "single"
+    kind: ClassVar[str | None] = None
+    """The device kind to choose from (``cpu``, ``cuda``); None: any, a GPU first."""
 
     def _plan(
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
-        ranked = sorted(cluster.devices, key=lambda d: (d.kind != "cuda", -d.speed, -d.threads))
+        candidates = [d for d in cluster.devices if self.kind is None or d.kind == self.kind]
+        ranked = sorted(candidates, key=lambda d: (d.kind != "cuda", -d.speed, -d.threads))
         problems = []
         for device in ranked:
             plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))
@@ -27,4 +32,18 @@ class SinglePlanner(PlannerBase):
                 problems.append(str(exc))
                 continue
             return plan
-        raise PlannerError(f"no device of cluster {cluster.name!r} can train the whole model: {'; '.join(problems)}")
+        which = f"{self.kind} device" if self.kind else "device"
+        reason = "; ".join(problems) or "it has none"
+        raise PlannerError(f"no {which} of cluster {cluster.name!r} can train the whole model: {reason}")
+
+
+@dataclass
+class SingleCpuPlanner(SinglePlanner):
+    name = "single-cpu"
+    kind = "cpu"
+
+
+@dataclass
+class SingleGpuPlanner(SinglePlanner):
+    name = "single-gpu"
+    kind = "cuda"

@@ -5,11 +5,13 @@ ranks of a plan see the same batches without sending them (only stages that read
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 import torch
 
 from tapp_core.models import INPUT_SHAPE
+from tapp_core.runtime import gpu
 
 IGNORED_LABEL = -1
 """Label of padding samples: ignored by the loss and by accuracy."""
@@ -43,6 +45,65 @@ class SyntheticBatches:
             self._cache[step] = (x, y)
             self._cache.pop(step - 8, None)
         return self._cache[step]
+
+
+class DeviceBatches:
+    """The batches of ``source`` on a GPU, each made ready while the steps before it run.
+
+    A host thread asks ``source`` for the next steps' batches (``depth`` ahead), pins them and copies them to
+    ``device`` on a side stream; ``get`` makes the current stream wait for that copy (on the GPU, not on the
+    host). So neither making a batch nor copying it is on a step's critical path, and the values are the
+    source's own: a GPU rank sees the same batches as a CPU rank. Without ``inputs`` (a last stage that reads
+    only the labels) the inputs stay on the host. Steps must be asked for in increasing order (each as often as
+    wanted), below ``steps``. ``close`` stops the thread.
+    """
+
+    def __init__(
+        self, source: BatchSource, device: torch.device, steps: int, inputs: bool = True, depth: int = 2
+    ) -> None:
+        self.source = source
+        self.device = device
+        self.steps = steps
+        self.inputs = inputs
+        self.depth = depth
+        self._stream = gpu.new_stream(device)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tapp-batches")
+        self._loading: dict[int, Future[tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]]] = {}
+        self._ready: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._next = 0
+
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if step not in self._ready:
+            self._prefetch(step)
+            x, y, copied = self._loading.pop(step).result()
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(copied)
+            for tensor in (x, y) if self.inputs else (y,):
+                tensor.record_stream(current)  # allocated on the side stream, used (and freed) on this one
+            self._ready[step] = (x, y)
+            self._ready.pop(step - 8, None)
+        self._prefetch(step + self.depth)
+        return self._ready[step]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._loading.clear()
+
+    def _prefetch(self, last: int) -> None:
+        """Start loading every step up to ``last`` not started yet (in order: the source may be an iterator)."""
+        while self._next <= min(last, self.steps - 1):
+            self._loading[self._next] = self._executor.submit(self._load, self._next)
+            self._next += 1
+
+    def _load(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        x, y = self.source.get(step)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            # The pinned copies may be freed at once: the host allocator keeps them until the copies are done.
+            if self.inputs:
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
+            copied = gpu.recorded_event(stream=self._stream)
+        return x, y, copied
 
 
 class IteratorBatches:

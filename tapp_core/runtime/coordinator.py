@@ -2,13 +2,13 @@
 gathers every rank's result and answers the pool with one Reply; the other ranks follow.
 
 A rank that does not answer within the job's time limit (plus a grace period) makes rank 0 ask the pool for a
-restart. If the pool's process goes away, rank 0 takes the whole MPI job down with it.
+restart. If the pool's link closes, rank 0 takes every rank down with it: between jobs with a StopJob, during one
+by aborting the MPI job.
 """
 
 from __future__ import annotations
 
 import select
-import socket
 import sys
 import threading
 import time
@@ -21,7 +21,7 @@ from tapp_core.runtime.jobs import JOB_TYPES, Job, StopJob, WorkJob
 from tapp_core.runtime.rank import Rank, describe
 from tapp_core.runtime.results import RankResult, Reply, assemble_reply
 from tapp_core.runtime.transport import poll
-from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
+from tapp_core.runtime.wire import ConnectionClosed, Link
 
 JOB_TAG = 11
 RESULT_TAG = 12
@@ -40,9 +40,9 @@ def _reply(job: WorkJob, results: Sequence[RankResult], silent: Sequence[int]) -
         return Reply(id=job.id, error=f"assembling the results failed: {describe(exc)}")
 
 
-def _next_job(link: socket.socket) -> Job:
+def _next_job(link: Link) -> Job:
     try:
-        job = recv_message(link)
+        job = link.recv()
     except (ConnectionClosed, OSError):
         return StopJob()  # the pool's process is gone: take every rank down with us
     if not isinstance(job, JOB_TYPES):
@@ -83,25 +83,19 @@ def _send_all(world: MPI.Intracomm, job: Job) -> None:
     poll(requests, lambda: None)
 
 
-def _watch_pool(link: socket.socket, busy: threading.Event) -> None:
-    """Abort the whole MPI job if the pool's process goes away while a job runs (no orphaned ranks)."""
+def _watch_pool(link: Link, busy: threading.Event) -> None:
+    """Abort the whole MPI job if the pool's link closes while a job runs (no orphaned ranks)."""
     while True:
         readable, _, _ = select.select([link], [], [], 0.5)
         if not readable:
             continue
-        if not busy.is_set():
-            time.sleep(0.05)  # a new job: the main thread reads it
-            continue
-        try:
-            gone = link.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            gone = True
-        if gone:
-            print("worker: the pool's process is gone; aborting the MPI job", file=sys.stderr, flush=True)
+        if busy.is_set() and link.peer_gone():
+            print("worker: the pool's link closed during a job; aborting the MPI job", file=sys.stderr, flush=True)
             MPI.COMM_WORLD.Abort(3)
+        time.sleep(0.05)  # a message or a closed link between jobs: the main thread reads it
 
 
-def coordinate(world: MPI.Intracomm, rank: Rank, link: socket.socket) -> None:
+def coordinate(world: MPI.Intracomm, rank: Rank, link: Link) -> None:
     """Rank 0: serve the pool's jobs until it sends a StopJob or goes away."""
     busy = threading.Event()
     threading.Thread(target=_watch_pool, args=(link, busy), daemon=True).start()
@@ -114,7 +108,7 @@ def coordinate(world: MPI.Intracomm, rank: Rank, link: socket.socket) -> None:
         own = rank.run(job)
         results, silent = _collect(world, job, own)
         busy.clear()
-        send_message(link, _reply(job, results, silent))
+        link.send(_reply(job, results, silent))
 
 
 def follow(world: MPI.Intracomm, rank: Rank) -> None:

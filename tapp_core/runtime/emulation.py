@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tapp_core.cluster import Cluster, Link
+from tapp_core.cluster import Cluster, Device, Link
 from tapp_core.costs import DEFAULT_CALIBRATION, ring_allreduce_s, transfer_s
 
 
@@ -36,30 +36,32 @@ PIN_VARIABLE = "TAPP_PIN_RANKS"
 """Set to 0 to leave the ranks unpinned (e.g. when several pools share one host)."""
 
 
-def rank_cores(cluster: Cluster, rank: int, available: Sequence[int]) -> tuple[int, ...] | None:
-    """The cores rank ``rank`` (device ``rank``) has to itself: the ranks of one host take consecutive blocks of
-    their device's ``threads`` from ``available``, in rank order. None when the host's ranks want more threads than
-    it has cores: sharing is then left to the operating system, which spreads the load better than any fixed
-    placement can."""
-    device = cluster.devices[rank]
-    neighbours = [d for d in cluster.devices if d.host == device.host]
-    if sum(d.threads for d in neighbours) > len(available):
+def rank_cores(devices: Sequence[Device], rank: int, available: Sequence[int]) -> tuple[int, ...] | None:
+    """The cores rank ``rank`` has to itself, ``devices`` being the devices the ranks run, in rank order: the ranks
+    of one host take consecutive blocks of their device's ``threads`` from ``available``, in rank order. None when
+    the host's ranks want more threads than it has cores: sharing is then left to the operating system, which
+    spreads the load better than any fixed placement can."""
+    device = devices[rank]
+    if sum(d.threads for d in devices if d.host == device.host) > len(available):
         return None
-    start = sum(d.threads for d in cluster.devices[:rank] if d.host == device.host)
+    start = sum(d.threads for d in devices[:rank] if d.host == device.host)
     return tuple(sorted(available)[start : start + device.threads])
 
 
-def configure_threads(cluster: Cluster, rank: int) -> tuple[int, ...] | None:
-    """Set torch's intra-op pool to the rank's device's thread count (the interop pool only if still settable) and,
-    where the host has a core for every thread of its ranks, pin the rank to its own cores (``rank_cores``), so that
-    no rank's compute is preempted by another's; returns the cores pinned to (None: not pinned)."""
-    device = cluster.devices[rank]
+def configure_threads(device: Device) -> None:
+    """Set torch's intra-op pool to the device's thread count (the interop pool only if still settable)."""
     torch.set_num_threads(device.threads)
     with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran in this process
         torch.set_num_interop_threads(device.threads)
+
+
+def pin_rank(devices: Sequence[Device], rank: int) -> tuple[int, ...] | None:
+    """Pin this process (rank ``rank`` of ranks running ``devices``) to its own cores (``rank_cores``) where the host
+    has a core for every thread of its ranks, so that no rank's compute is preempted by another's; returns the
+    cores (None: not pinned, or ``TAPP_PIN_RANKS=0``)."""
     if os.environ.get(PIN_VARIABLE, "1") == "0" or not hasattr(os, "sched_setaffinity"):
         return None
-    cores = rank_cores(cluster, rank, sorted(os.sched_getaffinity(0)))
+    cores = rank_cores(devices, rank, sorted(os.sched_getaffinity(0)))
     if cores is not None:
         os.sched_setaffinity(0, cores)
     return cores

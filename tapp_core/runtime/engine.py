@@ -5,6 +5,12 @@ Gradients accumulate over the micro-batches of a step, replicas sum them with on
 and the optimiser steps. With weight stashing (async), each forward runs on a snapshot of the weights current
 at that moment, and its backward computes the gradient at that snapshot; the gradient is then applied to the
 live weights at the stage's next update, as in PipeDream.
+
+On a GPU the host queues work without waiting for it, as a plain PyTorch loop does: the first stage's batches
+are prefetched onto the GPU (``DeviceBatches``), received tensors land in pinned memory and are copied
+without blocking, sends are copied back on a side stream (``Transport``), the loss stays on the GPU until the
+step ends, and compute is timed with CUDA events (``ComputeClock``). Each step ends by synchronising the GPU, so
+its step time is the GPU's, not the host's.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource
+from tapp_core.runtime import gpu
+from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.layout import Layout, Route
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
@@ -53,6 +60,44 @@ class EvalRecord:
     loss_sum: float = 0.0
     correct: int = 0
     samples: int = 0
+
+
+class ComputeClock:
+    """The compute time of a rank's actions, emulated slowdown included: ``stop(start())`` around each action.
+
+    On a CPU, ``stop`` returns the action's wall time. On a GPU whose slowdown is emulated, it synchronises the GPU
+    first (the emulation must know the time at once). Otherwise a GPU's actions are timed with CUDA events,
+    ``stop`` returns 0, and ``settle`` (at the end of a step) synchronises the GPU and returns their total.
+    """
+
+    def __init__(self, device: torch.device, emulation: Emulation) -> None:
+        self.device = device
+        self.emulation = emulation
+        self.gpu = device.type == "cuda"
+        self.deferred = self.gpu and not (emulation.enabled and emulation.slowdown > 1.0)
+        self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def start(self) -> float | torch.cuda.Event:
+        if self.deferred:
+            return gpu.recorded_event(timing=True)
+        return time.perf_counter()
+
+    def stop(self, start: float | torch.cuda.Event) -> float:
+        if isinstance(start, torch.cuda.Event):
+            self._spans.append((start, gpu.recorded_event(timing=True)))
+            return 0.0
+        if self.gpu:
+            torch.cuda.synchronize(self.device)
+        return self.emulation.slow_down(time.perf_counter() - start)
+
+    def settle(self) -> float:
+        """Wait for the GPU's queued work; the time of the event-timed actions since the last ``settle``."""
+        if not self.gpu:
+            return 0.0
+        torch.cuda.synchronize(self.device)
+        total = sum(gpu.elapsed_s(start, end) for start, end in self._spans)
+        self._spans.clear()
+        return total
 
 
 @dataclass
@@ -109,6 +154,10 @@ class StageEngine:
             v.index: [layout.routes(stage.index, self.replica, c) for c in v.consumers] for v in stage.outputs
         }
         self.params = dict(stage.module.named_parameters())
+        self.clock = ComputeClock(stage.device, emulation)
+        self._pin = stage.device.type == "cuda"
+        """Receive into pinned host memory, so the copies to the GPU need not block."""
+        self._step_loss: dict[int, torch.Tensor] = {}
         # A stage of parameter-free layers (activations, pooling) has nothing to update.
         self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
         self._lookahead = 2 * (micro_batches + len(layout.stage_ranks)) + 2
@@ -121,6 +170,17 @@ class StageEngine:
 
     def train(self, steps: int, batches: BatchSource) -> RankRecord:
         self.stage.module.train()
+        on_device = None
+        if self._reads_data and self.clock.gpu:
+            reads_input = any(v.producer == MODEL_INPUT for v in self.stage.inputs)
+            on_device = DeviceBatches(batches, self.stage.device, steps, inputs=reads_input)
+        try:
+            return self._train(steps, on_device or batches)
+        finally:
+            if on_device is not None:
+                on_device.close()
+
+    def _train(self, steps: int, batches: BatchSource) -> RankRecord:
         record = RankRecord(stage=self.stage.index, replica=self.replica)
         actions = self.schedule.actions(self.stage.index, self.stage.graph.n_stages, self.micro_batches, steps)
         losses = [0.0] * steps
@@ -139,13 +199,16 @@ class StageEngine:
                 next_post += 1
             self.transport.control.check()
             if action.kind == "forward":
-                compute += self._forward(action.index, posted.pop(i), batches, training=True, losses=losses)
+                compute += self._forward(action.index, posted.pop(i), batches, training=True)
             elif action.kind == "backward":
                 compute += self._backward(action.index, posted.pop(i))
             else:
                 posted.pop(i)
                 compute += self._update()
+                compute += self.clock.settle()
                 end = time.perf_counter()
+                if action.index in self._step_loss:
+                    losses[action.index] = float(self._step_loss.pop(action.index))
                 record.step_s.append(end - window_start)
                 record.compute_s.append(compute)
                 record.wait_s.append(self.transport.wait_s - wait_mark)
@@ -157,6 +220,11 @@ class StageEngine:
         if self.stage.is_last:
             record.loss = losses
         return record
+
+    @property
+    def _reads_data(self) -> bool:
+        """Whether this stage reads the batches: the model input, or (last stage) the labels."""
+        return self.stage.is_last or any(v.producer == MODEL_INPUT for v in self.stage.inputs)
 
     def evaluate(self, n_batches: int, batches: BatchSource) -> EvalRecord:
         """Forward-only pass over ``n_batches`` batches (eval mode); the last stage counts loss and hits."""
@@ -174,6 +242,7 @@ class StageEngine:
                 self._forward(action.index, posted.pop(i), batches, training=False, evaluation=result)
                 self.transport.progress()
         self.transport.flush()
+        self.clock.settle()
         self.stage.module.train()
         return result
 
@@ -185,7 +254,7 @@ class StageEngine:
             for value in self.stage.inputs:
                 if value.producer == MODEL_INPUT:
                     continue
-                buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype)
+                buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype, pin_memory=self._pin)
                 for route in self.in_routes[value.index]:
                     tag = data_tag(value.index, False, action.index)
                     posted.receipts.append(self.transport.irecv(buffer[route.lo : route.hi], route.peer, tag))
@@ -196,7 +265,7 @@ class StageEngine:
                     continue
                 buffers = []
                 for routes in self.out_routes[value.index]:
-                    buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype)
+                    buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype, pin_memory=self._pin)
                     for route in routes:
                         tag = data_tag(value.index, True, action.index)
                         posted.receipts.append(self.transport.irecv(buffer[route.lo : route.hi], route.peer, tag))
@@ -210,13 +279,11 @@ class StageEngine:
         posted: _Posted,
         batches: BatchSource,
         training: bool,
-        losses: list[float] | None = None,
         evaluation: EvalRecord | None = None,
     ) -> float:
         step, j = divmod(micro_batch, self.micro_batches)
         device = self.stage.device
-        reads_data = self.stage.is_last or any(v.producer == MODEL_INPUT for v in self.stage.inputs)
-        if reads_data:
+        if self._reads_data:
             x, y = batches.get(step)
             first = j * (self.batch_size // self.micro_batches) + self.rows[0]
             x, y = x[first : first + self.local_rows], y[first : first + self.local_rows]
@@ -226,26 +293,27 @@ class StageEngine:
             if value.producer == MODEL_INPUT:
                 tensor = x.to(device)
             else:
-                tensor = posted.buffers[value.index][0].to(device)
+                tensor = posted.buffers[value.index][0].to(device, non_blocking=True)
                 if training and value.requires_grad:
                     tensor.requires_grad_(True)
             inputs.append(tensor)
 
-        start = time.perf_counter()
+        start = self.clock.start()
         params, version = self._weights_for_forward() if training else (None, 0)
         outputs = self.stage.forward(inputs, params)
         loss = None
         if self.stage.is_last:
             labels = y.to(device)
             loss = micro_batch_loss(outputs[0], labels, self.batch_size)
-            if losses is not None:
-                losses[step] += float(loss.detach())
+            if training:  # kept on the device until the step ends: reading it would wait for the GPU
+                so_far = self._step_loss.get(step)
+                self._step_loss[step] = loss.detach() if so_far is None else so_far + loss.detach()
             if evaluation is not None:
                 keep = labels != IGNORED_LABEL
                 evaluation.loss_sum += float(loss) * self.batch_size
                 evaluation.correct += int((outputs[0].argmax(1) == labels)[keep].sum())
                 evaluation.samples += int(keep.sum())
-        compute = self._finish_compute(start)
+        compute = self.clock.stop(start)
 
         for value, output in zip(self.stage.outputs, outputs, strict=True):
             for routes in self.out_routes[value.index]:
@@ -259,7 +327,7 @@ class StageEngine:
     def _backward(self, micro_batch: int, posted: _Posted) -> float:
         context = self._in_flight.pop(micro_batch)
         self.transport.wait(posted.receipts)
-        start = time.perf_counter()
+        start = self.clock.start()
         if context.loss is not None:
             torch.autograd.backward(context.loss)
         else:
@@ -267,16 +335,16 @@ class StageEngine:
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):
                 if value.index in posted.buffers and output.requires_grad:
                     buffers = posted.buffers[value.index]
-                    grad = buffers[0].to(self.stage.device)
+                    grad = buffers[0].to(self.stage.device, non_blocking=True)
                     for extra in buffers[1:]:
-                        grad = grad + extra.to(self.stage.device)
+                        grad = grad + extra.to(self.stage.device, non_blocking=True)
                     tensors.append(output)
                     grads.append(grad)
             if tensors:
                 torch.autograd.backward(tensors, grads)
         if self.schedule.stashes_weights:
             self._snapshot_users[context.version] -= 1
-        compute = self._finish_compute(start)
+        compute = self.clock.stop(start)
 
         for value, tensor in zip(self.stage.inputs, context.inputs, strict=True):
             if value.producer == MODEL_INPUT or not value.requires_grad:
@@ -289,25 +357,20 @@ class StageEngine:
     def _update(self) -> float:
         compute = 0.0
         if self.schedule.stashes_weights:
-            start = time.perf_counter()
+            start = self.clock.start()
             self._fold_stashed_grads()
-            compute += self._finish_compute(start)
+            compute += self.clock.stop(start)
         if self.optimizer is None:
             return compute
         if self.replica_comm is not None:
             self._allreduce_grads()
-        start = time.perf_counter()
+        start = self.clock.start()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule.stashes_weights:
             self._version += 1
             self._drop_unused_snapshots()
-        return compute + self._finish_compute(start)
-
-    def _finish_compute(self, start: float) -> float:
-        if self.stage.device.type == "cuda":
-            torch.cuda.synchronize(self.stage.device)
-        return self.emulation.slow_down(time.perf_counter() - start)
+        return compute + self.clock.stop(start)
 
     def _allreduce_grads(self) -> None:
         params = list(self.params.values())

@@ -1,8 +1,10 @@
-"""The jobs the pool gives the ranks, and rank 0's greeting (its reply to each job is ``results.Reply``).
+"""The messages between the pool and its ranks: the pool's setup for the ranks, rank 0's greeting, and the jobs
+(rank 0's reply to each job is ``results.Reply``).
 
-The pool sends a job to rank 0 over its socket (``wire``); rank 0 hands it to the other ranks over MPI, and every
-rank dispatches on the job's type. The types are plain data (plans, numbers, strings), pickled like the dicts
-they replace, so that they can become JSON messages.
+Once rank 0 has proven the pool's key (``wire``), the pool sends it a ``RankSetup``, which rank 0 hands to every
+rank; rank 0 answers ``Ready`` when every rank is up. The pool then sends a job at a time; rank 0 hands each to the
+other ranks over MPI, and every rank dispatches on the job's type. The types are plain data (plans, numbers,
+strings), pickled over the authenticated link only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from tapp_core.cluster import Cluster
 from tapp_core.plan import Plan
 from tapp_core.runtime.optim import OptimizerConfig
 
@@ -74,6 +77,14 @@ WorkJob: TypeAlias = PrepareJob | PlanJob
 """A job every rank runs and answers."""
 Job: TypeAlias = WorkJob | StopJob
 JOB_TYPES = (PrepareJob, MeasureJob, TrainJob, StopJob)
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What every rank needs before its first job: the cluster, and the pool's devices (rank i runs ``devices[i]``)."""
+
+    cluster: Cluster
+    devices: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The runtime's front door: ``measure`` a plan, or ``train`` it for real, on a cluster's MPI workers.
 
-Both start a ``WorkerPool`` (one mpiexec job, one rank per cluster device) unless given one, so a search that
+Both check the plan first (``check_before_launch``: a plan that cannot run raises ``PlanError`` before any MPI
+process starts), then start a ``WorkerPool`` of the plan's devices only, unless given a pool: a search that
 measures many plans passes its pool and pays process start once.
 """
 
@@ -11,12 +12,29 @@ import os
 
 from tapp_core.cluster import Cluster
 from tapp_core.metrics import DEFAULT_WARMUP, Measurement
-from tapp_core.plan import Plan
+from tapp_core.models import build_traced_model
+from tapp_core.plan import Plan, PlanError
 from tapp_core.runtime.optim import OptimizerConfig
-from tapp_core.runtime.pool import DEFAULT_STEPS, WorkerPool, mpiexec_command
+from tapp_core.runtime.pool import DEFAULT_STEPS, WorkerPool, check_runnable, mpiexec_command
 from tapp_core.runtime.results import TrainResult
+from tapp_core.runtime.stage import StageError, check_stage_assignment
 
-__all__ = ["measure", "mpiexec_command", "train"]
+__all__ = ["check_before_launch", "measure", "mpiexec_command", "train"]
+
+
+def check_before_launch(plan: Plan, cluster: Cluster, model: str | None = None) -> None:
+    """What can be checked before any rank starts: ``check_runnable`` (schedule, shape, devices), then the plan
+    against the model's traced layers (one stage per layer, no edge running backward).
+
+    Raises ``PlanError`` (``ModelError`` if the model cannot be built or traced). Memory needs a layer library:
+    ``tapp_core.plan.validate`` checks it.
+    """
+    check_runnable(plan, cluster)
+    graph_module = build_traced_model(model or plan.model)
+    try:
+        check_stage_assignment(graph_module, plan.stage_of_layer, plan.n_stages)
+    except StageError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def measure(
@@ -35,10 +53,13 @@ def measure(
     """Run ``steps`` training steps of ``plan`` (synthetic data) on ``cluster`` and measure them.
 
     ``model`` overrides ``plan.model`` (a registry name or ``module:callable``). Emulation of the cluster's
-    heterogeneity is on when the cluster says ``emulated`` unless ``emulate`` says otherwise. A failing plan
-    gives a Measurement with ``error`` set; a pool that cannot start raises ``PoolError``.
+    heterogeneity is on when the cluster says ``emulated`` unless ``emulate`` says otherwise. A plan that cannot
+    run raises ``PlanError`` before anything starts (``check_before_launch``); a plan that fails on the workers
+    gives a Measurement with ``error`` set; a pool that cannot start raises ``PoolError`` (``PoolRefused`` if this
+    host cannot hold its ranks).
     """
-    with _given_or_own(pool, cluster) as workers:
+    check_before_launch(plan, cluster, model)
+    with _given_or_own(pool, cluster, plan) as workers:
         return workers.measure(
             plan,
             model,
@@ -67,8 +88,12 @@ def train(
     timeout_s: float = 24 * 3600.0,
     pool: WorkerPool | None = None,
 ) -> TrainResult:
-    """Train ``plan`` on ``dataset`` for ``epochs`` epochs; ``TrainResult.test_accuracy`` is after the last."""
-    with _given_or_own(pool, cluster) as workers:
+    """Train ``plan`` on ``dataset`` for ``epochs`` epochs; ``TrainResult.test_accuracy`` is after the last.
+
+    Raises like ``measure``; a training that fails on the workers (its data, say) gives a result with ``error``.
+    """
+    check_before_launch(plan, cluster, model)
+    with _given_or_own(pool, cluster, plan) as workers:
         return workers.train(
             plan,
             model,
@@ -84,6 +109,8 @@ def train(
         )
 
 
-def _given_or_own(pool: WorkerPool | None, cluster: Cluster) -> contextlib.AbstractContextManager[WorkerPool]:
-    """``pool`` as it is (left running), else a new pool of ``cluster`` closed on leaving."""
-    return contextlib.nullcontext(pool) if pool is not None else WorkerPool(cluster)
+def _given_or_own(
+    pool: WorkerPool | None, cluster: Cluster, plan: Plan
+) -> contextlib.AbstractContextManager[WorkerPool]:
+    """``pool`` as it is (left running), else a new pool of the plan's devices, closed on leaving."""
+    return contextlib.nullcontext(pool) if pool is not None else WorkerPool(cluster, devices=plan.devices)

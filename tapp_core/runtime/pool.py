@@ -1,28 +1,51 @@
 """A pool of MPI workers that stays up and measures plan after plan (the search's reward source).
 
-One ``mpiexec`` job runs one rank per cluster device; its rank 0 connects back to this process over a socket
-and takes jobs from it. Imports and process start are paid once per pool, not per plan. A plan that raises,
-runs out of memory or passes its time limit comes back as a failed Measurement and the pool goes on. A rank that
-dies (or a plan that hangs past its limit plus a grace period) ends in a failed Measurement that says so, and
-the pool is restarted before the call returns.
+One ``mpiexec`` job runs one rank per pool device (all of the cluster's by default, or the few a plan uses); its
+rank 0 connects back to this process and takes jobs from it. Imports and process start are paid once per pool,
+not per plan. A plan that raises, runs out of memory or passes its time limit comes back as a failed Measurement
+and the pool goes on. A rank that dies (or a plan that hangs past its limit plus a grace period) ends in a failed
+Measurement that says so, and the pool is restarted before the call returns.
+
+Nothing runs that should not, and nothing is left behind:
+
+- The port. The pool listens on loopback, or on this host's name when a device names another host, on a port the
+  system picks, or the first free one of ``ports`` (default: the environment variable ``PORTS_VARIABLE``, e.g.
+  ``TAPP_POOL_PORTS=50000-50099``, the range to open between hosts). Until rank 0 has proven the pool's key
+  (``wire``: a random key per start, given to the ranks in their environment), nothing it sends is unpickled; a
+  connection that fails is dropped and logged, and the pool goes on waiting for its rank 0 until the start
+  timeout. The port closes once rank 0 is in.
+- The processes. The ranks die with this process at any moment, start included (``guard``): mpiexec gets a
+  parent-death signal when started from the main thread, every rank on this host watches this process, every rank
+  its own parent and its launch deadline, and rank 0 aborts the MPI job when its link closes during a job. ``close`` ends them in order; SIGTERM, while a pool is open and no
+  one else handles it, becomes ``SystemExit`` so that ``with`` blocks close their pools; pools still open at
+  exit are closed.
+- The folder. The pool's ``tapp-pool-*`` folder goes with ``close``; one left by a SIGKILL is removed by the next
+  pool to start (``folders``).
+- The scale. A pool that would put more ranks on this host than it can hold is refused before anything starts
+  (``placement``; ``allow_oversubscribe`` lifts that).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import itertools
+import logging
 import os
+import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import TypedDict, Unpack
 
 import torch
@@ -30,14 +53,22 @@ import torch
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
-from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape
-from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, Ready, StopJob, TrainJob, WorkJob
+from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape, check_stages_used
+from tapp_core.runtime import placement
+from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
+from tapp_core.runtime.guard import ProcessId, set_parent_death_signal
+from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, RankSetup, Ready, StopJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.results import Reply, TrainResult
-from tapp_core.runtime.wire import ConnectionClosed, recv_message, send_message
+from tapp_core.runtime.wire import KEY_VARIABLE, ConnectionClosed, Link, accept_rank, new_key
 
 DEFAULT_STEPS = DEFAULT_WARMUP + MIN_STEPS
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PORTS_VARIABLE = "TAPP_POOL_PORTS"
+HANDSHAKE_TIMEOUT_S = 10.0
+"""How long one connection may take to prove the key (rank 0 answers in milliseconds)."""
+
+log = logging.getLogger(__name__)
 
 
 class StepOptions(TypedDict, total=False):
@@ -55,6 +86,11 @@ class PoolError(TappError):
     """The worker pool could not start, or died; the message says why (with the end of the workers' log)."""
 
 
+class PoolRefused(TappError):
+    """The pool was not started: what it was asked for cannot work here (too many ranks for this host, a bad port
+    range). Not worth a retry."""
+
+
 def mpiexec_path() -> str:
     """The mpiexec next to this Python (the ``mpich`` wheel's), else the first on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
@@ -63,10 +99,14 @@ def mpiexec_path() -> str:
     return "mpiexec"
 
 
-def mpiexec_command(cluster: Cluster, program: list[str], mpiexec: str | None = None) -> list[str]:
-    """``mpiexec -n <devices> [-hosts h:n,...] program``: rank i runs device i, on the device's host if given."""
-    command = [mpiexec or mpiexec_path(), "-n", str(len(cluster.devices))]
-    hosts = [d.host for d in cluster.devices]
+def mpiexec_command(
+    cluster: Cluster, program: list[str], mpiexec: str | None = None, devices: Sequence[str] | None = None
+) -> list[str]:
+    """``mpiexec -n <devices> [-hosts h:n,...] program``: rank i runs ``devices[i]`` (default: the cluster's), on
+    the device's host if given."""
+    chosen = [cluster.device(name) for name in devices] if devices is not None else list(cluster.devices)
+    command = [mpiexec or mpiexec_path(), "-n", str(len(chosen))]
+    hosts = [d.host for d in chosen]
     if any(hosts):
         if not all(hosts):
             raise PoolError(f"cluster {cluster.name!r} gives a host for some devices but not all")
@@ -76,48 +116,139 @@ def mpiexec_command(cluster: Cluster, program: list[str], mpiexec: str | None = 
 
 
 def check_runnable(plan: Plan, cluster: Cluster) -> None:
-    """The checks that need no layer library: shape, devices known and used once, replicas dividing the micro-batch."""
+    """The checks that need neither the model nor a layer library (the plan's schedule is checked when it is
+    made): shape, a layer on every stage, devices known and used once, replicas dividing the micro-batch. Raises
+    ``PlanError`` naming the first problem."""
     check_shape(plan)
+    check_stages_used(plan.stage_of_layer, plan.n_stages)
     check_devices(plan, cluster)
     check_replicas(plan)
 
 
+def pool_devices(cluster: Cluster, devices: Sequence[str] | None) -> tuple[str, ...]:
+    """The devices a pool starts ranks for, in the cluster's order: ``devices``, or all of the cluster's."""
+    if devices is None:
+        return cluster.device_names
+    unknown = sorted(set(devices) - set(cluster.device_names))
+    if unknown:
+        raise PoolError(f"cluster {cluster.name!r} has no device(s) {', '.join(unknown)}")
+    chosen = tuple(name for name in cluster.device_names if name in set(devices))
+    if not chosen:
+        raise PoolError("a worker pool needs at least one device")
+    return chosen
+
+
+def port_range(text: str | None) -> tuple[int, int] | None:
+    """``PORT`` or ``FIRST-LAST`` (``PORTS_VARIABLE``'s form) as a range; None for none given."""
+    if text is None or not text.strip():
+        return None
+    first, _, last = text.strip().partition("-")
+    try:
+        ports = (int(first), int(last or first))
+    except ValueError:
+        ports = (0, -1)
+    if not 1 <= ports[0] <= ports[1] <= 65535:
+        raise PoolRefused(f"{PORTS_VARIABLE} must be PORT or FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got {text!r}")
+    return ports
+
+
+# --- every open pool closes: at exit, and on SIGTERM (made SystemExit while pools are open) --------------------
+
+_open_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_open_lock = threading.Lock()
+_sigterm_installed = False
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _opened(pool: WorkerPool) -> None:
+    """Track ``pool``; while pools are open, SIGTERM (if nobody else handles it) unwinds like an exception."""
+    global _sigterm_installed
+    with _open_lock:
+        _open_pools.add(pool)
+        if (
+            not _sigterm_installed
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        ):
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            _sigterm_installed = True
+
+
+def _closed(pool: WorkerPool) -> None:
+    global _sigterm_installed
+    with _open_lock:
+        _open_pools.discard(pool)
+        if (
+            _sigterm_installed
+            and not _open_pools
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _exit_on_sigterm
+        ):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = False
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    for pool in list(_open_pools):
+        pool.close()
+
+
 class WorkerPool:
-    """``with WorkerPool(cluster) as pool: pool.measure(plan)`` — one mpiexec job for many plans."""
+    """``with WorkerPool(cluster) as pool: pool.measure(plan)`` — one mpiexec job for many plans.
+
+    ``devices`` names the devices to start ranks for (default: all of the cluster's); plans may use those only.
+    ``ports`` is the range to listen on (default: ``PORTS_VARIABLE``, else any free port); ``allow_oversubscribe``
+    starts more ranks on this host than ``placement`` deems it can hold (default: ``placement``'s variable).
+    """
 
     def __init__(
         self,
         cluster: Cluster,
         *,
+        devices: Sequence[str] | None = None,
         python: str = sys.executable,
         mpiexec: str | None = None,
         start_timeout_s: float = 180.0,
         grace_s: float = 20.0,
         env: Mapping[str, str] | None = None,
         bind_host: str | None = None,
+        ports: tuple[int, int] | None = None,
+        allow_oversubscribe: bool | None = None,
     ) -> None:
         self.cluster = cluster
+        self.devices = pool_devices(cluster, devices)
         self.python = python
         self.mpiexec = mpiexec
         self.start_timeout_s = start_timeout_s
         self.grace_s = grace_s
         self.extra_env = dict(env or {})
-        self.bind_host = bind_host or (
-            "127.0.0.1" if not any(d.host for d in cluster.devices) else socket.gethostname()
-        )
+        self.bind_host = bind_host or placement.bind_address([cluster.device(d) for d in self.devices])
+        self.ports = ports if ports is not None else port_range(os.environ.get(PORTS_VARIABLE))
+        self.allow_oversubscribe = allow_oversubscribe
         self.restarts = 0
         self.rank_pids: list[int] = []
+        self.port: int | None = None
+        """The port the pool listens on while it starts (None otherwise)."""
+        self._token = secrets.token_hex(8)  # on the ranks' command lines: how the pool recognises its own ranks
         self._process: subprocess.Popen[bytes] | None = None
-        self._link: socket.socket | None = None
-        self._workdir = Path(tempfile.mkdtemp(prefix="tapp-pool-"))
-        self._log_path = self._workdir / "workers.log"
+        self._link: Link | None = None
+        self._busy = False
+        self._folder: Path | None = None
         self._log_offset = 0
         self._job_ids = itertools.count(1)
 
     # --- life cycle -------------------------------------------------------------------------------------------
 
     def __enter__(self) -> WorkerPool:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -127,73 +258,151 @@ class WorkerPool:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None and self._link is not None
 
+    @property
+    def folder(self) -> Path | None:
+        """The pool's ``tapp-pool-*`` folder (the workers' log), from the first start until ``close``."""
+        return self._folder
+
+    @property
+    def _log_path(self) -> Path:
+        assert self._folder is not None
+        return self._folder / "workers.log"
+
     def start(self) -> None:
+        """Start the MPI job and wait until every rank is up; ``PoolRefused`` before anything starts if this host
+        cannot hold the ranks, ``PoolError`` if the job fails to start (anything started is ended)."""
         if self.alive:
             return
-        cluster_file = self._workdir / "cluster.json"
-        cluster_file.write_text(self.cluster.model_dump_json())
-        listener = socket.create_server((self.bind_host, 0))
-        port = listener.getsockname()[1]
-        program = [self.python, "-m", "tapp_core.runtime.worker", "--connect", f"{self.bind_host}:{port}"]
-        command = mpiexec_command(self.cluster, [*program, "--cluster", str(cluster_file)], self.mpiexec)
-        env = {**os.environ, **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-        log = self._log_path.open("ab")
-        self._log_offset = log.tell()
+        self._check_capacity()
+        _opened(self)
+        if self._folder is None:
+            sweep_pool_folders()
+            self._folder = make_pool_folder()
         try:
-            self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        except OSError as exc:
-            listener.close()
-            raise PoolError(f"cannot start the worker pool with {command[0]}: {exc}") from exc
-        finally:
-            log.close()
-        deadline = time.monotonic() + self.start_timeout_s
-        try:
-            while True:
-                ready, _, _ = select.select([listener], [], [], 0.2)
-                if ready:
-                    self._link, _ = listener.accept()
-                    break
-                self._fail_if_exited("while starting")
-                if time.monotonic() > deadline:
-                    self._kill()
-                    raise PoolError(
-                        f"the worker pool did not start within {self.start_timeout_s:.0f} s{self._log_tail()}"
-                    )
-            self._link.settimeout(self.start_timeout_s)
-            hello = recv_message(self._link)
-            self._link.settimeout(None)
-            if not isinstance(hello, Ready):
-                raise ConnectionClosed(f"rank 0 greeted with a {type(hello).__name__}")
-        except (ConnectionClosed, OSError) as exc:
+            self._launch()
+        except BaseException:
             self._kill()
-            raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
-        finally:
-            listener.close()
-        self.rank_pids = [r.pid for r in hello.ranks]
+            raise
 
     def close(self) -> None:
-        """Shut the workers down (politely, then by force)."""
-        if self._process is None:
-            return
-        if self._link is not None:
-            try:
-                send_message(self._link, StopJob())
-                self._process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._kill()
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        """Shut the workers down (politely between jobs, else by force) and remove the pool's folder."""
+        try:
+            if self._process is not None and self._link is not None and not self._busy:
+                try:
+                    self._link.send(StopJob())
+                    self._process.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            self._kill()
+        finally:
+            if self._folder is not None:
+                remove_pool_folder(self._folder)
+                self._folder = None
+            _closed(self)
 
     def restart(self) -> None:
         self._kill()
         self.restarts += 1
         self.start()
 
+    def _check_capacity(self) -> None:
+        if placement.oversubscribe_allowed(self.allow_oversubscribe):
+            return
+        reason = placement.overload(self.cluster.name, [self.cluster.device(d) for d in self.devices])
+        if reason is not None:
+            raise PoolRefused(reason)
+
+    def _launch(self) -> None:
+        key = new_key()
+        listener = self._listen()
+        try:
+            self.port = listener.getsockname()[1]
+            deadline = time.monotonic() + self.start_timeout_s
+            self._process = self._spawn(self.port, key)
+            self._link = self._accept_rank0(listener, key, deadline)
+        finally:
+            listener.close()
+            self.port = None
+        try:
+            self._link.send(RankSetup(self.cluster, self.devices))
+            hello = self._wait_for_ready(deadline)
+        except (ConnectionClosed, OSError) as exc:
+            raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
+        self.rank_pids = [r.pid for r in hello.ranks]
+
+    def _listen(self) -> socket.socket:
+        """A listening socket on ``bind_host``: any free port, or the first free one of ``ports``."""
+        first, last = self.ports or (0, 0)
+        for port in range(first, last + 1):
+            try:
+                listener = socket.create_server((self.bind_host, port))
+                listener.setblocking(False)  # a connection gone between select and accept must not block accept
+                return listener
+            except OSError as exc:
+                if port == last:
+                    where = f"port {first}" if first == last else f"ports {first}-{last}"
+                    where = "a port" if first == 0 else where
+                    raise PoolRefused(f"the worker pool cannot listen on {self.bind_host}, {where}: {exc}") from None
+        raise AssertionError("unreachable: the port range is not empty")
+
+    def _spawn(self, port: int, key: bytes) -> subprocess.Popen[bytes]:
+        program = [
+            *(self.python, "-m", "tapp_core.runtime.worker", "--connect", f"{self.bind_host}:{port}"),
+            *("--owner", ProcessId.current().encode(), "--start-timeout", str(self.start_timeout_s)),
+            *("--pool", self._token),
+        ]
+        command = mpiexec_command(self.cluster, program, self.mpiexec, self.devices)
+        env = {**os.environ, **self.extra_env, KEY_VARIABLE: key.hex()}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        # The parent-death signal follows the thread that starts the child: only the main thread lives as long
+        # as this process. (From other threads, the ranks' own guards do the job.)
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        die_with_us = functools.partial(_die_with, os.getpid()) if in_main_thread and sys.platform == "linux" else None
+        with self._log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            try:
+                return subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # Ctrl-C reaches this process, which ends the job in order
+                    preexec_fn=die_with_us,
+                )
+            except OSError as exc:
+                raise PoolError(f"cannot start the worker pool with {command[0]}: {exc}") from exc
+
+    def _accept_rank0(self, listener: socket.socket, key: bytes, deadline: float) -> Link:
+        """Wait for rank 0 to connect and prove the key; strangers are dropped and logged."""
+        while True:
+            ready, _, _ = select.select([listener], [], [], 0.2)
+            if ready:
+                try:
+                    return accept_rank(listener, key, min(HANDSHAKE_TIMEOUT_S, max(deadline - time.monotonic(), 1.0)))
+                except BlockingIOError:
+                    continue
+                except OSError as exc:  # AuthenticationFailed included
+                    log.warning("worker pool on port %s: refused a connection: %s", listener.getsockname()[1], exc)
+                    continue
+            self._fail_if_exited("while starting")
+            if time.monotonic() > deadline:
+                raise PoolError(f"the worker pool did not start within {self.start_timeout_s:.0f} s{self._log_tail()}")
+
+    def _wait_for_ready(self, deadline: float) -> Ready:
+        assert self._link is not None
+        while not select.select([self._link], [], [], 0.2)[0]:
+            self._fail_if_exited("while starting")
+            if time.monotonic() > deadline:
+                raise PoolError(f"the worker pool did not start within {self.start_timeout_s:.0f} s{self._log_tail()}")
+        hello = self._link.recv()
+        if not isinstance(hello, Ready):
+            raise PoolError(f"rank 0 greeted with a {type(hello).__name__}{self._log_tail()}")
+        return hello
+
     def _kill(self) -> None:
         """End the MPI job: mpiexec is asked to clean up (SIGINT), then forced; then any rank it left behind."""
+        self._busy = False
         if self._link is not None:
             self._link.close()
             self._link = None
@@ -213,9 +422,9 @@ class WorkerPool:
                     os.kill(pid, signal.SIGKILL)
 
     def _is_our_rank(self, pid: int) -> bool:
-        """Whether ``pid`` is still one of this pool's ranks (not a reused pid): its command names our folder."""
+        """Whether ``pid`` is still one of this pool's ranks (not a reused pid): its command names our token."""
         try:
-            return str(self._workdir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            return self._token in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             return False
 
@@ -226,6 +435,8 @@ class WorkerPool:
             raise PoolError(f"the worker pool exited with status {code} {when}{self._log_tail()}")
 
     def _log_tail(self, lines: int = 15) -> str:
+        if self._folder is None:
+            return ""
         try:
             with self._log_path.open("rb") as log:
                 log.seek(self._log_offset)
@@ -239,28 +450,38 @@ class WorkerPool:
     def _request(self, job: WorkJob) -> Reply:
         """Send ``job`` and wait for its reply; a dead or hung pool is restarted and reported in ``error``."""
         self.start()
-        assert self._link is not None and self._process is not None
-        deadline = time.monotonic() + job.timeout_s + self.grace_s
         try:
-            send_message(self._link, job)
-            while True:
-                ready, _, _ = select.select([self._link], [], [], 0.1)
-                if ready:
-                    reply = recv_message(self._link)
-                    if not isinstance(reply, Reply) or reply.id != job.id:
-                        continue
-                    if reply.restart:
-                        self.restart()
-                        return replace(reply, error=f"{reply.error}; the pool was restarted")
-                    return reply
-                if self._process.poll() is not None:
-                    raise ConnectionClosed(f"mpiexec exited with status {self._process.returncode}")
-                if time.monotonic() > deadline:
-                    self.restart()
-                    no_answer = f"no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
-                    return Reply(id=job.id, error=f"timeout: {no_answer}; the pool was restarted")
+            reply = self._exchange(job)
         except (ConnectionClosed, OSError) as exc:
             return Reply(id=job.id, error=self._restart_after_death(job, exc))
+        if reply is None:
+            self.restart()
+            no_answer = f"no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
+            return Reply(id=job.id, error=f"timeout: {no_answer}; the pool was restarted")
+        if reply.restart:
+            self.restart()
+            return replace(reply, error=f"{reply.error}; the pool was restarted")
+        return reply
+
+    def _exchange(self, job: WorkJob) -> Reply | None:
+        """Send ``job`` and wait for its Reply; None past its time limit and grace. While it runs, the pool is busy:
+        a ``close`` then (an interrupt) ends the workers by force instead of queueing a StopJob behind the job."""
+        assert self._link is not None and self._process is not None
+        deadline = time.monotonic() + job.timeout_s + self.grace_s
+        self._busy = True
+        self._link.send(job)
+        while True:
+            ready, _, _ = select.select([self._link], [], [], 0.1)
+            if ready:
+                reply = self._link.recv()
+                if isinstance(reply, Reply) and reply.id == job.id:
+                    self._busy = False
+                    return reply
+                continue
+            if self._process.poll() is not None:
+                raise ConnectionClosed(f"mpiexec exited with status {self._process.returncode}")
+            if time.monotonic() > deadline:
+                return None
 
     def _restart_after_death(self, job: WorkJob, exc: Exception) -> str:
         """Restart the pool after a rank died running ``job``; what happened, for the job's error."""
@@ -271,7 +492,7 @@ class WorkerPool:
             self.restarts += 1
             self.start()
             message += "\nthe pool was restarted"
-        except PoolError as restart_error:
+        except (PoolError, PoolRefused) as restart_error:
             message += f"\nrestarting the pool failed too: {restart_error}"
         return message
 
@@ -283,6 +504,15 @@ class WorkerPool:
         except subprocess.TimeoutExpired:
             return f"; mpiexec was still running{self._log_tail()}"
         return f"; mpiexec exited with status {code}{self._log_tail()}"
+
+    def check_plan(self, plan: Plan) -> None:
+        """``check_runnable``, and the plan's devices among this pool's; ``PlanError`` otherwise."""
+        check_runnable(plan, self.cluster)
+        outside = [d for d in plan.devices if d not in self.devices]
+        if outside:
+            raise PlanError(
+                f"plan uses device(s) {', '.join(outside)} that this pool did not start (it runs {', '.join(self.devices)})"
+            )
 
     def _setup(
         self, plan: Plan, model: str | None, seed: int, emulate: bool | None, optimizer: OptimizerConfig | None
@@ -329,7 +559,7 @@ class WorkerPool:
             error = f"{steps} steps leave none after {warmup} warm-up steps"
             return Measurement.failed(plan.id, error, setup.emulate), {}
         try:
-            check_runnable(plan, self.cluster)
+            self.check_plan(plan)
         except PlanError as exc:
             return Measurement.failed(plan.id, str(exc), setup.emulate), {}
         job = MeasureJob(
@@ -370,7 +600,7 @@ class WorkerPool:
         setup = self._setup(plan, model, seed, emulate, optimizer)
         failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=setup.emulate)
         try:
-            check_runnable(plan, self.cluster)
+            self.check_plan(plan)
         except PlanError as exc:
             failed.error = str(exc)
             return failed
@@ -389,3 +619,11 @@ class WorkerPool:
             failed.error = reply.error or "no training result came back"
             return failed
         return reply.train
+
+
+def _die_with(parent: int) -> None:
+    """In mpiexec, before it runs: SIGTERM (which mpiexec answers by ending its job) when the thread that started
+    it ends; if that already happened, no mpiexec."""
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tapp_core.cluster import Cluster
+from tapp_core.cluster import Device
 from tapp_core.errors import TappError
 from tapp_core.metrics import Measurement, host_overloaded, step_time_spread
 from tapp_core.plan import Plan
+from tapp_core.runtime.placement import is_local_host
 from tapp_core.stats import DEFAULT_CONFIDENCE, Interval, best_group, best_index, median_interval, paired_ratio_interval
 
 if TYPE_CHECKING:
@@ -446,7 +447,7 @@ def race(
         PoolRounds(pool, model, steps, emulate).measure,
         plans,
         options,
-        host_ranks=ranks_on_host(pool.cluster),
+        host_ranks=ranks_on_host([pool.cluster.device(d) for d in pool.devices]),
         own_pids=lambda: pool.rank_pids,
         on_round=on_round,
     )
@@ -490,13 +491,9 @@ def own_processes(measurer: object) -> Callable[[], Sequence[int]]:
     return lambda: list(getattr(measurer, "rank_pids", ()))
 
 
-def ranks_on_host(cluster: Cluster) -> int:
-    """The cluster's ranks that run on this host: all of them when the cluster names no hosts."""
-    devices = cluster.devices
-    if not any(d.host for d in devices):
-        return len(devices)
-    here = {os.uname().nodename, "localhost", "127.0.0.1"}
-    return sum(1 for d in devices if d.host in here)
+def ranks_on_host(devices: Sequence[Device]) -> int:
+    """How many of ``devices``' ranks run on this host (``placement.is_local_host``)."""
+    return sum(1 for d in devices if is_local_host(d.host))
 
 
 def pooled_rounds(earlier: Measurement, later: Measurement, confidence: float = DEFAULT_CONFIDENCE) -> Measurement:

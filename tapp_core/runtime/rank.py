@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from tapp_core.cluster import Cluster
+from tapp_core.cluster import Cluster, Device
 from tapp_core.data import batch_loader, open_dataset
 from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.plan import Plan
+from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import StageEngine
@@ -32,8 +33,7 @@ from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Trans
 from tapp_core.schedules import schedule_for
 
 
-def torch_device(cluster: Cluster, rank: int) -> torch.device:
-    device = cluster.devices[rank]
+def torch_device(device: Device) -> torch.device:
     if device.kind == "cuda":
         return torch.device("cuda", device.gpu_index or 0)
     return torch.device("cpu")
@@ -134,14 +134,18 @@ class PlanCommunicators:
 
 
 class Rank:
-    """This process's rank (rank i runs cluster device i): runs its share of each job."""
+    """This process's rank (rank i runs ``devices[i]``, the pool's devices of ``cluster``): runs its share of each
+    job."""
 
-    def __init__(self, world: MPI.Intracomm, cluster: Cluster) -> None:
+    def __init__(self, world: MPI.Intracomm, cluster: Cluster, devices: tuple[str, ...]) -> None:
         self.world = world
         self.rank = world.Get_rank()
         self.cluster = cluster
-        self.device_name = cluster.devices[self.rank].name
-        self.device = torch_device(cluster, self.rank)
+        self.devices = devices
+        self.device_name = devices[self.rank]
+        self.device = torch_device(cluster.device(self.device_name))
+        if self.device.type == "cuda" and torch.cuda.is_available():  # else its plans fail, saying why
+            gpu.claim(self.device)
         self.factory = StageFactory()
 
     def run(self, job: WorkJob) -> RankResult:
@@ -154,7 +158,7 @@ class Rank:
         start = now()
         result = RankResult(job=job.id, rank=self.rank, device=self.device_name, status="ok")
         try:
-            graph_module, _ = self.factory.traced(job.model, job.seed)
+            graph_module = self.factory.traced(job.model, job.seed)
             self.factory.split(job.model, job.seed, (0,) * len(layer_nodes(graph_module)), 1)
         except Exception as exc:
             result.status, result.error_kind, result.error = "error", classify(exc), describe(exc)
@@ -184,7 +188,7 @@ class Rank:
             stage = self.factory.stage(
                 setup.model, setup.seed, plan.stage_of_layer, plan.n_stages, result.stage, self.device
             )
-            emulation = Emulation.for_rank(self.cluster, list(self.cluster.device_names), self.rank, setup.emulate)
+            emulation = Emulation.for_rank(self.cluster, list(self.devices), self.rank, setup.emulate)
             hosts = {self.cluster.device(d).host for d in plan.devices}
             transport = Transport(comms.plan, comms.header, pipeline, control, emulation, shared_clock=len(hosts) == 1)
             engine = self._engine(setup, layout, stage, transport, emulation, comms.replicas)
@@ -202,11 +206,13 @@ class Rank:
         return result
 
     def layout(self, plan: Plan) -> Layout:
-        """The plan's stages as ranks of this cluster."""
-        rank_of = {name: i for i, name in enumerate(self.cluster.device_names)}
+        """The plan's stages as ranks of this pool."""
+        rank_of = {name: i for i, name in enumerate(self.devices)}
         missing = [d for d in plan.devices if d not in rank_of]
         if missing:
-            raise ValueError(f"plan uses device(s) {', '.join(missing)} that cluster {self.cluster.name!r} lacks")
+            raise ValueError(
+                f"plan uses device(s) {', '.join(missing)} that this pool of {self.cluster.name!r} did not start"
+            )
         return Layout(tuple(tuple(rank_of[d] for d in devs) for devs in plan.stage_devices), plan.micro_batch_size)
 
     def _engine(

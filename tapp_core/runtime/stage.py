@@ -9,6 +9,8 @@ that reads it takes it from the data, which is identical on every rank.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,37 +233,75 @@ def _trace_values(split: torch.fx.GraphModule, sample: torch.Tensor) -> dict[tor
     return values
 
 
+def owned_copy(shared: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModule:
+    """A copy of ``shared`` on ``device`` that shares no tensor with it: parameters, buffers and tensor constants
+    are copied straight to ``device``; the graph (never changed after the split) is shared.
+
+    A split's submodules share their layers with the traced model they were cut from; a stage trains and moves
+    this copy, so the cached model stays on the CPU at its initial weights, whatever a plan did to its stage.
+    """
+    copies: dict[int, Any] = {}
+    for tensor in itertools.chain(shared.parameters(), shared.buffers()):
+        moved = tensor.detach().to(device, copy=True)
+        copies[id(tensor)] = nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
+    owned = torch.fx.GraphModule(shared, shared.graph, class_name=type(shared).__name__)
+    for name, child in list(owned.named_children()):
+        setattr(owned, name, copy.deepcopy(child, copies))
+    for name, param in list(owned._parameters.items()):
+        if param is not None:
+            owned._parameters[name] = copies[id(param)]
+    for name, buffer in list(owned._buffers.items()):
+        if buffer is not None:
+            owned._buffers[name] = copies[id(buffer)]
+    for node in owned.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        path, _, attr = str(node.target).rpartition(".")
+        holder = owned.get_submodule(path) if path else owned
+        constant = getattr(holder, attr)
+        if isinstance(constant, torch.Tensor) and id(constant) not in copies:
+            setattr(holder, attr, constant.detach().to(device, copy=True))
+    return owned
+
+
 class Stage:
     """One stage's submodule and its cut values, on one device.
 
-    ``named_parameters`` uses the original model's parameter names, so stages of different plans and the
+    The stage owns its parameters (``owned_copy``): training or moving it never touches the model it was cut
+    from. ``named_parameters`` uses the original model's parameter names, so stages of different plans and the
     single-device model can be compared name by name.
     """
 
     def __init__(
         self, index: int, module: nn.Module, graph: PipelineGraph, device: torch.device, whole_model: nn.Module
     ) -> None:
+        """``module`` is the split's submodule of stage ``index`` (sharing its layers with ``whole_model``)."""
+        if not isinstance(module, torch.fx.GraphModule):
+            raise StageError(f"stage {index} is a {type(module).__name__}, not a split's GraphModule")
+        model_names = {id(t): name for name, t in whole_model.state_dict(keep_vars=True).items()}
+        # The submodule's state names -> the model's (the copy keeps the submodule's names).
+        self._names = {
+            local: model_names[id(t)] for local, t in module.state_dict(keep_vars=True).items() if id(t) in model_names
+        }
+        self.module: nn.Module = owned_copy(module, device)
         self.index = index
-        self.module = module.to(device)
         self.graph = graph
         self.device = device
         self.inputs = [graph.values[v] for v in graph.stage_inputs[index]]
         self.outputs = [graph.values[v] for v in graph.stage_outputs[index]]
-        # After the move: moving to a GPU replaces buffer objects. The submodule shares its layers with the model.
-        self._names = {id(t): name for name, t in whole_model.state_dict(keep_vars=True).items()}
 
     @property
     def is_last(self) -> bool:
         return self.index == self.graph.n_stages - 1
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
-        return {self._names[id(p)]: p for p in self.module.parameters()}
+        return {self._names[name]: p for name, p in self.module.named_parameters()}
 
     def named_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under the original model's names."""
-        state: dict[str, torch.Tensor] = {self._names[id(p)]: p for p in self.module.parameters()}
-        state.update({self._names[id(b)]: b for b in self.module.buffers() if id(b) in self._names})
-        return state
+        return {
+            self._names[name]: t for name, t in self.module.state_dict(keep_vars=True).items() if name in self._names
+        }
 
     def forward(
         self, inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None
@@ -277,28 +317,28 @@ class Stage:
 class StageFactory:
     """Builds stages from (model spec, seed, plan), caching traced models and splits across plans on one rank.
 
-    Every stage starts from the model's initial weights for its seed, whichever plans ran before it.
+    The cached models are never trained or moved (every stage trains its own copy), so every stage starts from
+    the model's initial weights for its seed, whichever plans ran before it, on whichever device.
     """
 
     def __init__(self, num_classes: int = 10, input_shape: Sequence[int] = INPUT_SHAPE) -> None:
         self.num_classes = num_classes
         self.input_shape = tuple(input_shape)
-        self._models: dict[tuple[str, int], tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]] = {}
+        self._models: dict[tuple[str, int], torch.fx.GraphModule] = {}
         self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
 
     MAX_MODELS = 4
     MAX_SPLITS = 64
 
-    def traced(self, model: str, seed: int) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
+    def traced(self, model: str, seed: int) -> torch.fx.GraphModule:
+        """The traced model of ``model`` at ``seed``'s initial weights, on the CPU (read only: do not train it)."""
         key = (model, seed)
         if key not in self._models:
             if len(self._models) >= self.MAX_MODELS:
                 oldest = next(iter(self._models))
                 del self._models[oldest]
                 self._splits = {k: v for k, v in self._splits.items() if k[:2] != oldest}
-            graph_module = build_traced_model(model, num_classes=self.num_classes, seed=seed)
-            initial = {name: t.detach().clone() for name, t in graph_module.state_dict(keep_vars=True).items()}
-            self._models[key] = (graph_module, initial)
+            self._models[key] = build_traced_model(model, num_classes=self.num_classes, seed=seed)
         return self._models[key]
 
     def split(
@@ -308,18 +348,14 @@ class StageFactory:
         if key not in self._splits:
             if len(self._splits) >= self.MAX_SPLITS:
                 del self._splits[next(iter(self._splits))]
-            graph_module, _ = self.traced(model, seed)
-            self._splits[key] = split_stages(graph_module, stage_of_layer, n_stages, self.input_shape)
+            self._splits[key] = split_stages(self.traced(model, seed), stage_of_layer, n_stages, self.input_shape)
         return self._splits[key]
 
     def stage(
         self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int, stage: int, device: torch.device
     ) -> Stage:
-        graph_module, initial = self.traced(model, seed)
+        """Stage ``stage`` of the plan, on ``device``, at the initial weights, in training mode."""
         split, graph = self.split(model, seed, stage_of_layer, n_stages)
-        built = Stage(stage, split.get_submodule(f"submod_{stage}"), graph, device, graph_module)
-        with torch.no_grad():
-            for name, tensor in built.named_state().items():
-                tensor.copy_(initial[name])
+        built = Stage(stage, split.get_submodule(f"submod_{stage}"), graph, device, self.traced(model, seed))
         built.module.train()
         return built

@@ -7,13 +7,16 @@ the link delivers it. A receive's communication wait is the part of the wait aft
 (the rest is waiting for the sender's compute: a pipeline bubble, idle time), as the cost model defines it. The
 header's times come from CLOCK_MONOTONIC, shared by the processes of one host; across hosts the whole wait counts.
 
-CUDA tensors are staged through host memory unless ``TAPP_MPI_CUDA_AWARE=1`` says the MPI can read GPU memory.
+CUDA tensors are staged through pinned host memory unless ``TAPP_MPI_CUDA_AWARE=1`` says the MPI can read GPU
+memory. A send of a CUDA tensor returns at once: its copy is queued on a side stream behind the compute that
+made the tensor, and the MPI send is posted when the copy is done (each wait and ``progress`` posts those that
+are), so the copy overlaps the compute queued after it.
 """
 
 from __future__ import annotations
 
-import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +24,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from tapp_core.runtime import gpu
 from tapp_core.runtime.emulation import Emulation, now, sleep_until
+from tapp_core.runtime.gpu import cuda_aware_mpi
 
 ABORT_TAG = 1
 DATA_TAG_BASE = 16
@@ -55,10 +60,6 @@ class PlanAborted(RuntimeError):
 
 class PlanTimeout(RuntimeError):
     """The plan ran past its time limit."""
-
-
-def cuda_aware_mpi() -> bool:
-    return os.environ.get("TAPP_MPI_CUDA_AWARE", "") == "1"
 
 
 def _buffer(tensor: torch.Tensor) -> list[object]:
@@ -125,6 +126,19 @@ class Receipt:
 
 
 @dataclass
+class _StagedSend:
+    """A send of a CUDA tensor waiting for its copy (or, CUDA-aware, for the compute that makes it)."""
+
+    ready: torch.cuda.Event
+    data: torch.Tensor
+    """What MPI sends: the pinned host copy, or the device tensor itself."""
+    source: torch.Tensor
+    """The device tensor, kept alive until the copy is done."""
+    dest: int
+    tag: int
+
+
+@dataclass
 class Transport:
     """Sends and receives of one rank in one plan. ``wait_s`` accumulates the counted waits."""
 
@@ -144,16 +158,49 @@ class Transport:
     _sends: list[tuple[MPI.Request, object]] = field(default_factory=list)
     _receives: dict[int, Receipt] = field(default_factory=dict)
     _collective: tuple[list[MPI.Request], object] | None = None
+    _staged: deque[_StagedSend] = field(default_factory=deque)
+    _copy_streams: dict[int, torch.cuda.Stream] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._stage_through_host = not cuda_aware_mpi()
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int) -> None:
-        """Post a send of ``tensor`` (copied to host first if on a GPU without CUDA-aware MPI); returns at once."""
+        """Send ``tensor``; returns at once. A CUDA tensor's send is posted once its copy to the host is done."""
         data = tensor.detach()
-        if data.is_cuda and self._stage_through_host:
-            data = data.to("cpu")
-        data = data.contiguous()
+        if data.is_cuda:
+            self._stage(data, dest, tag)
+        else:
+            self._post_send(data.contiguous(), dest, tag)
+
+    def _stage(self, data: torch.Tensor, dest: int, tag: int) -> None:
+        """Queue ``data``'s copy to pinned host memory on the side stream, behind the compute that makes it."""
+        stream = self._copy_streams.get(data.device.index or 0)
+        if stream is None:
+            stream = self._copy_streams[data.device.index or 0] = gpu.new_stream(data.device)
+        stream.wait_stream(torch.cuda.current_stream(data.device))
+        with torch.cuda.stream(stream):
+            if self._stage_through_host:
+                host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+                host.copy_(data, non_blocking=True)
+            else:
+                host = data.contiguous()
+            ready = gpu.recorded_event(stream=stream)
+        self._staged.append(_StagedSend(ready, host, data, dest, tag))
+
+    def _post_staged(self, wait: bool = False) -> None:
+        """Post the staged sends whose copies are done (all of them, waiting, with ``wait``), in order."""
+        while self._staged and (wait or gpu.done(self._staged[0].ready)):
+            staged = self._staged.popleft()
+            staged.ready.synchronize()
+            self._post_send(staged.data, staged.dest, staged.tag)
+
+    def _check(self) -> None:
+        """What every wait does between tests: post the sends whose copies are done, and check for aborts."""
+        if self._staged:
+            self._post_staged()
+        self.control.check()
+
+    def _post_send(self, data: torch.Tensor, dest: int, tag: int) -> None:
         posted = now()
         delivered = self.emulation.send_ready_at(dest, data.numel() * data.element_size())
         header = np.array([posted, delivered])
@@ -173,7 +220,7 @@ class Transport:
         if not receipts:
             return
         start = now()
-        poll([r for receipt in receipts for r in receipt.requests], self.control.check)
+        poll([r for receipt in receipts for r in receipt.requests], self._check)
         for receipt in receipts:
             del self._receives[id(receipt)]
         if self.emulation.enabled:
@@ -195,7 +242,7 @@ class Transport:
         if self.emulation.enabled:
             requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
         self._collective = (requests, (host, started))
-        poll(requests, self.control.check)
+        poll(requests, self._check)
         self._collective = None
         if self.emulation.enabled:
             nbytes = host.numel() * host.element_size()
@@ -207,15 +254,18 @@ class Transport:
 
     def barrier(self) -> None:
         """A barrier of the plan's ranks, not counted as communication (it waits for peers, not for data)."""
-        poll([self.barrier_comm.Ibarrier()], self.control.check)
+        poll([self.barrier_comm.Ibarrier()], self._check)
 
     def progress(self) -> None:
-        """Complete and drop the sends that finished."""
+        """Post the staged sends whose copies are done; complete and drop the sends that finished."""
+        if self._staged:
+            self._post_staged()
         if self._sends:
             self._sends = [(r, keep) for r, keep in self._sends if not r.Test()]
 
     def flush(self) -> None:
-        """Wait for every posted send (at the end of a run, outside every step)."""
+        """Post every staged send and wait for every send (at the end of a run, outside every step)."""
+        self._post_staged(wait=True)
         poll([r for r, _ in self._sends], self.control.check)
         self._sends.clear()
 
@@ -233,3 +283,4 @@ class Transport:
         if self._collective is not None:
             abandon(*self._collective)
             self._collective = None
+        self._staged.clear()  # never posted; the host allocator keeps the pinned copies until they are done

@@ -1,9 +1,13 @@
-"""The per-rank entry point, run under mpiexec with one rank per cluster device (rank i = device i).
+"""The per-rank entry point, run under mpiexec with one rank per pool device (rank i runs the pool's device i).
 
-    python -m tapp_core.runtime.worker --connect HOST:PORT --cluster cluster.json
+    TAPP_POOL_KEY=<hex> python -m tapp_core.runtime.worker --connect HOST:PORT --owner BOOT/PID/START \\
+        --start-timeout SECONDS --pool TOKEN
 
-Rank 0 connects to the pool in the parent process and coordinates the jobs (``coordinator``); every rank runs
-its share of each (``rank``).
+Every rank first starts its guard (``guard``: it dies with the pool's process), then loads MPI and torch. Rank 0
+connects to the pool, proves the pool's key (``wire``) and receives the ``RankSetup`` (the cluster and the pool's
+devices), which it hands to every rank; every rank warms up, rank 0 answers ``Ready`` and then coordinates the
+jobs (``coordinator``) while every rank runs its share of each (``rank``). A rank that fails aborts the whole MPI
+job, so that no rank is left waiting for the others (in ``MPI_Finalize`` or for a job).
 """
 
 from __future__ import annotations
@@ -12,45 +16,84 @@ import argparse
 import faulthandler
 import os
 import signal
-import socket
 import sys
-from pathlib import Path
+import traceback
+from typing import TYPE_CHECKING
 
-import torch
-from mpi4py import MPI
+from tapp_core.runtime.guard import ProcessId, RankGuard
+from tapp_core.runtime.wire import KEY_VARIABLE, Link, connect_pool
 
-from tapp_core.cluster import Cluster
-from tapp_core.runtime.coordinator import coordinate, follow
-from tapp_core.runtime.emulation import configure_threads
-from tapp_core.runtime.jobs import RankInfo, Ready
-from tapp_core.runtime.rank import Rank, warm_up
-from tapp_core.runtime.wire import send_message
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+FAILED_EXIT = 4
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connect", required=True, help="HOST:PORT of the pool")
+    parser.add_argument("--owner", default="", help="the pool's process (guard.ProcessId), which the ranks outlive not")
+    parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds for the pool to accept rank 0")
+    parser.add_argument("--pool", default="", help="the pool's token (it finds its ranks by it)")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connect", required=True, help="HOST:PORT of the pool")
-    parser.add_argument("--cluster", required=True, help="the cluster as JSON")
-    args = parser.parse_args(argv)
+    args = _arguments(argv)
+    guard = RankGuard.start(ProcessId.decode(args.owner) if args.owner else None, args.start_timeout)
+    key = bytes.fromhex(os.environ.pop(KEY_VARIABLE, ""))  # not handed on to anything this rank starts
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <rank pid>` prints where a rank is stuck
+    from mpi4py import MPI
+
     world = MPI.COMM_WORLD
-    cluster = Cluster.model_validate_json(Path(args.cluster).read_text())
-    if world.Get_size() != len(cluster.devices):
-        print(f"worker: {world.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
-        return 2
-    configure_threads(cluster, world.Get_rank())
-    warm_up()
-    rank = Rank(world, cluster)
-    ranks = world.gather(RankInfo(os.getpid(), socket.gethostname(), tuple(sys.argv)), root=0)
-    if world.Get_rank() == 0:
-        assert ranks is not None  # the gather's root holds every rank's
-        host, _, port = args.connect.rpartition(":")
-        with socket.create_connection((host, int(port))) as link:
-            send_message(link, Ready(tuple(ranks), torch.__version__))
-            coordinate(world, rank, link)
-    else:
-        follow(world, rank)
+    try:
+        serve(world, args, key, guard)
+    except BaseException as exc:
+        traceback.print_exc()
+        print(f"worker: rank {world.Get_rank()} failed ({exc!r}); aborting the MPI job", file=sys.stderr, flush=True)
+        world.Abort(FAILED_EXIT)
+        return FAILED_EXIT
     return 0
+
+
+def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: RankGuard) -> None:
+    """Rank 0 links to the pool and coordinates; the others follow."""
+    import torch
+
+    from tapp_core.runtime.coordinator import coordinate, follow
+    from tapp_core.runtime.emulation import configure_threads, pin_rank
+    from tapp_core.runtime.jobs import RankInfo, RankSetup, Ready
+    from tapp_core.runtime.rank import Rank, warm_up
+
+    link: Link | None = None
+    setup: RankSetup | None = None
+    if world.Get_rank() == 0:
+        host, _, port = args.connect.rpartition(":")
+        link = connect_pool((host, int(port)), key, args.start_timeout)
+        received = link.recv()
+        if not isinstance(received, RankSetup):
+            raise TypeError(f"the pool sent a {type(received).__name__}, not a RankSetup")
+        setup = received
+    setup = world.bcast(setup, root=0)
+    guard.started()
+    assert setup is not None  # the broadcast's root holds it
+    if world.Get_size() != len(setup.devices):
+        raise RuntimeError(f"{world.Get_size()} ranks for the pool's {len(setup.devices)} devices")
+    devices = [setup.cluster.device(name) for name in setup.devices]
+    configure_threads(devices[world.Get_rank()])
+    pin_rank(devices, world.Get_rank())
+    warm_up()
+    rank = Rank(world, setup.cluster, setup.devices)
+    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv)), root=0)
+    if link is None:
+        follow(world, rank)
+        return
+    assert ranks is not None  # the gather's root holds every rank's
+    try:
+        link.send(Ready(tuple(ranks), torch.__version__))
+        coordinate(world, rank, link)
+    finally:
+        link.close()
 
 
 if __name__ == "__main__":

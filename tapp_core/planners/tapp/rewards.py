@@ -182,7 +182,7 @@ class MeasuredReward:
             self.measurer.measure,
             plans,
             options or self.final,
-            host_ranks=ranks_on_host(self.cluster),
+            host_ranks=ranks_on_host(self.cluster.devices),
             own_pids=own_processes(self.measurer),
         )
         for plan, measured in zip(result.plans, result.measurements, strict=True):

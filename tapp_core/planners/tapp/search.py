@@ -493,7 +493,7 @@ class TappSearch:
         return best.plan if best is not None else None
 
     def result(self) -> Plan:
-        """The best plan found, with the search's statistics in its notes."""
+        """The best plan found, named as TAPP's (``planner``), with the search's statistics in its notes."""
         plan = self.best_plan
         if plan is None:
             raise RuntimeError("the search has not found a plan that runs (every sample failed)")
@@ -509,7 +509,7 @@ class TappSearch:
             "polish_gain": self.polish_gain if self.polish_gain is not None else 0.0,
             "seed": self.config.seed,
         }
-        return dataclasses.replace(plan, notes=notes)
+        return dataclasses.replace(plan, planner="tapp", notes=notes)
 
     # --- checkpoints ----------------------------------------------------------------------------------------------
 

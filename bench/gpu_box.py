@@ -1,0 +1,331 @@
+"""Issue 12's main bar: every planner on a real CPU+GPU host, estimated against measured, and TAPP against the best.
+
+    source .device-kit/setup.sh && python3 bench/gpu_box.py        # on the GPU machine: detects its cluster
+    python3 bench/gpu_box.py --cluster gpubox.yaml --models alexnet   # a given cluster file, one model
+    .venv/bin/python bench/gpu_box.py --cpu-only                    # no GPU: this host's CPU ranks, tiny_cnn
+
+1. The cluster: ``--cluster`` (a name or a YAML file), else this host detected (``tapp_core.detect``: every GPU,
+   the cores split into CPU ranks, links by MPI ping-pong). It must hold a cuda device unless ``--cpu-only``.
+2. Per model: a layer library per device kind (cpu with its threads, cuda with its GPU model), profiled in this
+   process on this host at the batch size, in the project's profile cache (``--cache-dir``, else
+   ``$TAPP_CACHE_DIR`` or ``.tapp``, as ``tapp profile``).
+3. Plans: SingleGPU and SingleCPU (the whole model on the fastest device of that kind), then every planner
+   (bsp, even, pipetorch, pipedream, autoddl, tapp; ``--methods`` adds oracle). The same plan found by two
+   methods is measured once.
+4. Every distinct plan is measured on one ``WorkerPool`` of the cluster, ``--steps`` steps (the first
+   ``--warmup`` dropped) per turn, all plans in turn, ``--rounds`` times, each round in a rotated order; a plan's
+   measured step is the median of all its kept steps.
+5. Printed per model: estimated and measured step per method, the estimate's error; then the cost model's median
+   and worst |error| over the distinct plans of all models (bars: <= 15 %, <= 35 %), and per model whether
+   TAPP's measured step is <= 1.05 x the best measured of SingleGPU, SingleCPU, BSP and Pipe-Torch.
+
+Costing is today's: one layer library (the fastest kind's) and a scalar ``speed`` per device (its kind's whole
+step against the reference kind's). Per-kind libraries and the calibration from ``tapp calibrate`` replace
+both where marked ``PER-KIND``. ``--calibration FILE`` takes a calibration; the default is the ideal one (the
+committed calibration.json was fitted on the emulated 2-core cluster and does not describe a GPU host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tapp_core.cluster import Cluster, Device, load_cluster, parse_cluster  # noqa: E402
+from tapp_core.costmodel import estimate  # noqa: E402
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from tapp_core.errors import TappError  # noqa: E402
+from tapp_core.library import LayerLibrary  # noqa: E402
+from tapp_core.plan import Plan, PlanError, single_stage_plan, validate  # noqa: E402
+from tapp_core.planners import get_planner  # noqa: E402
+from tapp_core.profile_cache import DeviceKind, ProfileCache, ProfileKey  # noqa: E402
+from tapp_core.runtime import WorkerPool  # noqa: E402
+
+GPU_MODELS = ("alexnet", "vgg16", "inception_v3")
+CPU_ONLY_MODELS = ("tiny_cnn",)
+PLANNERS = ("bsp", "even", "pipetorch", "pipedream", "autoddl", "tapp")
+BASELINES = ("single-gpu", "single-cpu", "bsp", "pipetorch")
+"""TAPP's bar: its measured step against the best of these."""
+LABELS = {
+    "single-gpu": "SingleGPU",
+    "single-cpu": "SingleCPU",
+    "bsp": "BSP",
+    "even": "Even",
+    "pipetorch": "Pipe-Torch",
+    "pipedream": "PipeDream",
+    "autoddl": "AutoDDL",
+    "oracle": "Oracle",
+    "tapp": "TAPP",
+}
+BAR_MEDIAN, BAR_WORST, BAR_TAPP = 0.15, 0.35, 1.05
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster", help="a cluster name or YAML file (default: detect this host)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per CPU rank when detecting")
+    parser.add_argument("--cpu-only", action="store_true", help="no GPU needed: CPU ranks, a tiny model, few steps")
+    parser.add_argument("--models", nargs="+", default=None, help=f"default {' '.join(GPU_MODELS)}")
+    parser.add_argument("--methods", nargs="+", default=None, help="default: single-gpu single-cpu and every planner")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=None, help="steps per turn (default 10; 4 with --cpu-only)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None, help="turns per plan (default 3; 1 with --cpu-only)")
+    parser.add_argument("--tapp-budget", type=int, default=None, help="TAPP's evaluations (default 200; 30 cpu-only)")
+    parser.add_argument("--tapp-reward", choices=("simulated", "hybrid"), default="simulated")
+    parser.add_argument("--calibration", type=Path, default=None, help="a calibration file (default: ideal)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="profile cache (default: as tapp profile's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measured turn")
+    args = parser.parse_args(argv)
+    small = args.cpu_only
+    args.models = args.models or list(CPU_ONLY_MODELS if small else GPU_MODELS)
+    args.methods = args.methods or ["single-gpu", "single-cpu", *PLANNERS]
+    args.steps = args.steps or (4 if small else 10)
+    args.rounds = args.rounds or (1 if small else 3)
+    args.tapp_budget = args.tapp_budget or (30 if small else 200)
+    if args.steps <= args.warmup:
+        parser.error(f"--steps {args.steps} leaves nothing after --warmup {args.warmup}")
+    return args
+
+
+# --- the cluster and its kinds --------------------------------------------------------------------------------
+
+
+def the_cluster(args: argparse.Namespace) -> Cluster:
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        from tapp_core.detect import detect_cluster
+
+        cluster, text = detect_cluster(args.threads, name="detected")
+        print(text, flush=True)
+    gpus = [d for d in cluster.devices if d.kind == "cuda"]
+    if not gpus and not args.cpu_only:
+        raise TappError(f"cluster {cluster.name!r} has no cuda device; give one that has, or --cpu-only")
+    if gpus and args.cpu_only:
+        cluster = cpu_part(cluster)
+    if cluster.emulated:
+        print(f"note: cluster {cluster.name!r} is emulated; this bench is for real devices", flush=True)
+    return cluster
+
+
+def cpu_part(cluster: Cluster) -> Cluster:
+    """``cluster`` without its GPUs (and the link overrides that only they made)."""
+    data = cluster.model_dump()
+    cpus = {d["name"] for d in data["devices"] if d["kind"] == "cpu"}
+    data["devices"] = [d for d in data["devices"] if d["name"] in cpus]
+    overrides = [{**o, "between": [n for n in o["between"] if n in cpus]} for o in data["links"]["overrides"]]
+    data["links"]["overrides"] = [o for o in overrides if len(o["between"]) >= 2]
+    return parse_cluster(data, f"{cluster.name} (CPU devices)")
+
+
+def kind_of(device: Device) -> DeviceKind:
+    """The kind a device's layer library is profiled for: cpu with its thread count, cuda with its GPU model."""
+    return DeviceKind.of(f"cuda:{device.gpu_index or 0}" if device.kind == "cuda" else "cpu", device.threads)
+
+
+def profile_kinds(model: str, batch_size: int, cluster: Cluster, cache: Path | None) -> dict[DeviceKind, LayerLibrary]:
+    """A layer library per device kind of ``cluster``, profiled here (``ProfileCache`` under ``cache``).
+    PER-KIND: ``tapp profile --cluster`` makes these."""
+    libraries: dict[DeviceKind, LayerLibrary] = {}
+    for device in cluster.devices:
+        kind = kind_of(device)
+        if kind in libraries:
+            continue
+        started = time.perf_counter()
+        libraries[kind] = ProfileCache(cache).library(ProfileKey.of(model, batch_size, kind.device, kind.threads))
+        print(
+            f"{model} on {kind.label}: whole step {libraries[kind].whole_model_s * 1e3:.2f} ms "
+            f"(profiled or read in {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+    return libraries
+
+
+def costed(cluster: Cluster, libraries: dict[DeviceKind, LayerLibrary]) -> tuple[LayerLibrary, Cluster]:
+    """TODAY'S COSTING, PER-KIND replaces it: the fastest kind's library, and every device's ``speed`` that kind's
+    whole step over its own kind's (the runtime ignores ``speed`` on a real cluster; the cost model uses it)."""
+    step = {kind: library.whole_model_s for kind, library in libraries.items()}
+    reference = min(step, key=lambda kind: step[kind])
+    devices = tuple(d.model_copy(update={"speed": step[reference] / step[kind_of(d)]}) for d in cluster.devices)
+    return libraries[reference], cluster.model_copy(update={"devices": devices})
+
+
+# --- plans, estimates and measurements -------------------------------------------------------------------------
+
+
+@dataclass
+class Method:
+    name: str
+    plan: Plan | None = None
+    estimated_s: float = math.nan
+    error: str = ""
+
+
+@dataclass
+class Turns:
+    """One distinct plan's kept step times over all its turns, and the first failure if any."""
+
+    plan: Plan
+    steps: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def measured_s(self) -> float:
+        return statistics.median(self.steps) if self.steps and not self.error else math.nan
+
+
+def single_device_plan(library: LayerLibrary, cluster: Cluster, kind: str, batch_size: int) -> Plan:
+    """The whole model on the fastest device of ``kind`` that holds it (as the experiment flow's SingleCPU/GPU)."""
+    problems = []
+    for device in sorted((d for d in cluster.devices if d.kind == kind), key=lambda d: (-d.speed, -d.threads)):
+        plan = single_stage_plan(library, [device.name], batch_size=batch_size, planner=f"single-{kind}")
+        try:
+            validate(plan, library, cluster)
+            return plan
+        except PlanError as exc:
+            problems.append(str(exc))
+    raise TappError(f"no {kind} device can train the whole model: {'; '.join(problems) or 'the cluster has none'}")
+
+
+def plan_methods(
+    args: argparse.Namespace, library: LayerLibrary, cluster: Cluster, calibration: Calibration, pool: WorkerPool
+) -> list[Method]:
+    methods = []
+    for name in args.methods:
+        method = Method(name)
+        started = time.perf_counter()
+        try:
+            if name in ("single-gpu", "single-cpu"):
+                if not any(d.kind == name.removeprefix("single-") for d in cluster.devices):
+                    continue
+                method.plan = single_device_plan(library, cluster, name.removeprefix("single-"), args.batch_size)
+            else:
+                options: dict[str, object] = {"batch_size": args.batch_size, "seed": args.seed}
+                if name == "tapp":
+                    options.update(reward=args.tapp_reward, pool=pool if args.tapp_reward != "simulated" else None)
+                planner = get_planner(name, calibration=calibration, **options)
+                method.plan = planner.plan(library, cluster, args.tapp_budget if name == "tapp" else None)
+            method.estimated_s = estimate(method.plan, library, cluster, calibration).step_time
+        except TappError as exc:
+            method.error = f"planning failed: {exc}"
+        print(f"  planned {LABELS.get(name, name)} in {time.perf_counter() - started:.1f} s", flush=True)
+        methods.append(method)
+    return methods
+
+
+def measure_in_turns(pool: WorkerPool, plans: list[Plan], args: argparse.Namespace) -> dict[str, Turns]:
+    """Every plan ``args.steps`` steps per turn, all in turn, ``args.rounds`` rounds (rotated each round)."""
+    turns = {plan.id: Turns(plan) for plan in plans}
+    order = list(turns)
+    for round_index in range(args.rounds):
+        shift = round_index % max(len(order), 1)
+        for plan_id in order[shift:] + order[:shift]:
+            turn = turns[plan_id]
+            if turn.error:
+                continue
+            measured = pool.measure(
+                turn.plan, steps=args.steps, warmup=args.warmup, seed=args.seed, timeout_s=args.timeout
+            )
+            if measured.ok:
+                turn.steps += measured.step_times_s[args.warmup :]
+            else:
+                turn.error = measured.error or "failed"
+    return turns
+
+
+# --- report -----------------------------------------------------------------------------------------------------
+
+
+def relative_error(estimated_s: float, measured_s: float) -> float:
+    return (estimated_s - measured_s) / measured_s
+
+
+def describe(plan: Plan) -> str:
+    stages = " | ".join("+".join(devices) for devices in plan.stage_devices)
+    return f"{stages}, m={plan.micro_batches}, {plan.schedule}"
+
+
+def report_model(model: str, methods: list[Method], turns: dict[str, Turns]) -> bool | None:
+    """Print the model's table; returns whether TAPP met its bar (None: TAPP or every baseline unmeasured)."""
+    print(f"\n{model}: estimated and measured step time (s)")
+    print(f"{'method':11s} {'estimated':>10s} {'measured':>10s} {'error':>8s}  plan")
+    for method in methods:
+        label = LABELS.get(method.name, method.name)
+        if method.plan is None:
+            print(f"{label:11s} {'':>10s} {'':>10s} {'':>8s}  {method.error}")
+            continue
+        turn = turns[method.plan.id]
+        measured = turn.measured_s
+        shown = (
+            f"{'FAILED':>10s} {'':>8s}"
+            if math.isnan(measured)
+            else f"{measured:10.4f} {relative_error(method.estimated_s, measured):+8.1%}"
+        )
+        print(f"{label:11s} {method.estimated_s:10.4f} {shown}  {describe(method.plan)} {turn.error}")
+    measured_of = {m.name: turns[m.plan.id].measured_s for m in methods if m.plan is not None}
+    baselines = [measured_of[name] for name in BASELINES if not math.isnan(measured_of.get(name, math.nan))]
+    tapp = measured_of.get("tapp", math.nan)
+    if not baselines or math.isnan(tapp):
+        print(f"{model}: TAPP's bar cannot be judged (TAPP or every baseline was not measured)")
+        return None
+    best = min(baselines)
+    met = tapp <= BAR_TAPP * best
+    print(
+        f"{model}: TAPP {tapp:.4f} s vs best baseline {best:.4f} s: ratio {tapp / best:.3f} (bar <= {BAR_TAPP}) {'met' if met else 'NOT met'}"
+    )
+    return met
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        cluster = the_cluster(args)
+        calibration = Calibration.load(args.calibration) if args.calibration else DEFAULT_CALIBRATION
+    except TappError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"cluster {cluster.name}: " + ", ".join(f"{d.name} ({kind_of(d).label})" for d in cluster.devices), flush=True
+    )
+    errors: list[float] = []
+    bars: dict[str, bool | None] = {}
+    with WorkerPool(cluster) as pool:
+        for model in args.models:
+            libraries = profile_kinds(model, args.batch_size, cluster, args.cache_dir)
+            library, planned_on = costed(cluster, libraries)
+            pool.prepare(model)
+            methods = plan_methods(args, library, planned_on, calibration, pool)
+            distinct = list({m.plan.id: m.plan for m in methods if m.plan is not None}.values())
+            turns = measure_in_turns(pool, distinct, args)
+            bars[model] = report_model(model, methods, turns)
+            estimated = {m.plan.id: m.estimated_s for m in methods if m.plan is not None}
+            errors += [
+                abs(relative_error(estimated[i], t.measured_s))
+                for i, t in turns.items()
+                if not math.isnan(t.measured_s)
+            ]
+    print()
+    if errors:
+        median, worst = statistics.median(errors), max(errors)
+        print(
+            f"cost model |error| over {len(errors)} distinct measured plans: median {median:.1%} (bar <= "
+            f"{BAR_MEDIAN:.0%}), worst {worst:.1%} (bar <= {BAR_WORST:.0%})"
+        )
+    for model, met in bars.items():
+        verdict = "cannot be judged" if met is None else ("met" if met else "NOT met")
+        print(f"TAPP <= {BAR_TAPP} x best of SingleGPU/SingleCPU/BSP/Pipe-Torch, {model}: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

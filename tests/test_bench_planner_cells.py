@@ -1,0 +1,125 @@
+"""How issue 14's benchmark judges a cell: the time-boxed oracle, the gaps, the other planners' time limit."""
+
+import dataclasses
+import math
+import time
+
+from bench.planner_cells import (
+    RL_ALONE,
+    Cell,
+    Result,
+    TimeBoxedOracle,
+    run_with_time_limit,
+    single_device_results,
+    summary_figures,
+)
+from bench.random_clusters import random_clusters
+from tapp_core.cluster import Cluster, parse_cluster
+from tapp_core.planners import get_planner
+from tests.factories import chain_library
+
+
+def _cluster(speeds: list[float], memory: str = "1GiB") -> Cluster:
+    devices = [{"name": f"d{i}", "speed": s, "memory": memory} for i, s in enumerate(speeds)]
+    return parse_cluster({"name": "t", "devices": devices, "links": {"bandwidth": "1Gbit/s", "latency": "50us"}})
+
+
+def test_time_boxed_oracle_matches_the_oracle_where_it_finishes() -> None:
+    library = chain_library(6)
+    cluster = _cluster([1.0, 0.5, 0.25])
+    boxed = TimeBoxedOracle(time_limit_s=60).plan(library, cluster)
+    plain = get_planner("oracle").plan(library, cluster)
+    assert boxed.notes["proved_optimal"] is True
+    assert boxed.notes["estimated_step_time_s"] == plain.notes["estimated_step_time_s"]
+
+
+def test_time_boxed_oracle_stops_within_its_limit_and_says_it_proved_nothing() -> None:
+    library = chain_library(12)
+    cluster = _cluster([1.0, 0.9, 0.8, 0.7, 0.6, 0.5])  # 9,365 device groupings, far more estimates than 2 s allow
+    started = time.perf_counter()
+    plan = TimeBoxedOracle(time_limit_s=2).plan(library, cluster)
+    assert time.perf_counter() - started < 20
+    assert plan.notes["proved_optimal"] is False and plan.notes["incumbents_cut"] is True
+    single = get_planner("single").plan(library, cluster)
+    assert plan.notes["estimated_step_time_s"] <= single.notes["estimated_step_time_s"]
+
+
+def test_single_device_results_mark_devices_the_model_does_not_fit() -> None:
+    library = chain_library(4, param_bytes=[100 * 2**20] * 4)  # 1.2 GiB of training state
+    cluster = parse_cluster(
+        {
+            "name": "t",
+            "devices": [{"name": "big", "memory": "8GiB"}, {"name": "small", "speed": 4, "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
+        }
+    )
+    results = {r.planner: r for r in single_device_results(library, cluster)}
+    assert math.isfinite(results["single:big"].step_time_s) and results["single:big"].plan is not None
+    assert results["single:big"].plan.micro_batches == 1, "one device: extra micro-batches only add per-call costs"
+    assert results["single:small"].step_time_s == math.inf and results["single:small"].note.startswith("n/a")
+
+
+def test_a_single_device_may_fit_only_with_more_micro_batches_under_1f1b() -> None:
+    library = chain_library(4, activation_bytes=[40 * 2**20] * 4)  # 160 MiB a sample: 1.25 GiB for the batch of 8
+    cluster = parse_cluster(
+        {
+            "name": "t",
+            "devices": [{"name": "small", "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
+        }
+    )
+    (result,) = single_device_results(library, cluster, "1f1b")
+    assert result.plan is not None and result.plan.micro_batches == 2 and result.plan.schedule == "1f1b"
+    (gpipe,) = single_device_results(library, cluster, "gpipe")
+    assert gpipe.plan is None, "GPipe keeps every micro-batch's activations: the whole batch never fits"
+
+
+def _cell(times: dict[str, float], proved: bool = True) -> Cell:
+    cell = Cell("m", random_clusters(1, 1)[0])
+    for name, t in times.items():
+        result = Result(name, t, wall_s=1.0)
+        if name == "oracle":
+            library = chain_library(2)
+            plan = get_planner("single").plan(library, _cluster([1.0]))
+            result.plan = dataclasses.replace(plan, notes={"proved_optimal": proved})
+        cell.results.append(result)
+    return cell
+
+
+def test_gaps_are_to_the_right_references() -> None:
+    cell = _cell({"oracle": 1.0, "tapp": 1.1, RL_ALONE: 1.5, "autoddl": 1.2, "single": 1.3, "single:d0": 1.05})
+    assert math.isclose(cell.gap("tapp", "oracle"), 0.1)
+    assert math.isclose(cell.gap("tapp", "single"), 1.1 / 1.05 - 1)
+    assert math.isclose(cell.gap("tapp", "other"), 1.1 / 1.2 - 1)
+    assert math.isclose(cell.gap("tapp", "known"), 0.1)
+    unproved = _cell({"oracle": 1.0, "tapp": 1.1, "autoddl": 1.2}, proved=False)
+    assert unproved.gap("tapp", "oracle") is None
+    assert math.isclose(unproved.gap("tapp", "known"), 0.1), "an unproved oracle's plan is still a known plan"
+
+
+def test_summary_takes_the_oracle_gaps_only_where_it_proved() -> None:
+    cells = [
+        _cell({"oracle": 1.0, "tapp": 1.02, "autoddl": 1.0}),
+        _cell({"oracle": 1.0, "tapp": 1.5, "autoddl": 2.0}, proved=False),
+        _cell({"oracle": 1.0, "tapp": 1.04, "autoddl": 1.1}),
+    ]
+    figures = summary_figures(cells, "tapp")
+    assert figures["proved_cells"] == 2
+    assert math.isclose(figures["median_oracle"], 0.03)
+    assert math.isclose(figures["worst_known"][0], 0.5)
+    assert math.isclose(figures["worst_other"][0], 0.02)
+
+
+def _slow_plan() -> object:
+    time.sleep(30)
+    raise AssertionError("not reached")
+
+
+def test_run_with_time_limit_kills_a_planner_that_runs_too_long() -> None:
+    started = time.perf_counter()
+    outcome = run_with_time_limit(_slow_plan, 0.5)  # type: ignore[arg-type]
+    assert isinstance(outcome, str) and "timed out" in outcome
+    assert time.perf_counter() - started < 10
+    library, cluster = chain_library(4), _cluster([1.0, 0.5])
+    plan = run_with_time_limit(lambda: get_planner("pipetorch").plan(library, cluster), 60)
+    assert not isinstance(plan, str) and plan == get_planner("pipetorch").plan(library, cluster)
