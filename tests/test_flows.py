@@ -190,13 +190,18 @@ def test_the_parent_run_opens_on_the_result(measured: tuple[ExperimentResult, ob
     note = client.get_run(result.run_id).data.tags[NOTE_TAG]
     assert note == result.summary
     lines = note.splitlines()
-    assert lines[0].startswith("### tiny_cnn on local, batch 16") and lines[2].startswith("**Fastest: ")
+    assert lines[0].startswith("### tiny_cnn on local, batch 16")
+    assert lines[2].startswith(("**Fastest: ", "**Best group: ")) and "(raced)" in lines[2]
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and "---" not in line}
     assert set(rows) == {"method", *PAPER_METHODS}
     nested = children(client, result.run_id)
     for method in PAPER_METHODS:
         step_time = nested[method].data.metrics[runs.STEP_TIME]
-        assert rows[method].split("|")[2].strip() == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
+        cell = rows[method].split("|")[2].strip().strip("*")  # bold in the best group
+        median, half = cell.split(" ± ")  # raced: the median ± half its interval
+        assert median == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
+        low, high = (nested[method].data.metrics[m] for m in (runs.STEP_TIME_LOW, runs.STEP_TIME_HIGH))
+        assert half == f"{(high - low) / 2:.4g}"
     assert f"TAPP's plan `{result.evaluations['tapp'].plan.id}`" in note
     report_run = nested["report"].info.run_id
     assert f"/runs/{report_run}/artifacts/report/step_time.md?workflowType=machine_learning" in note
@@ -277,8 +282,9 @@ def test_prefect_shows_tapps_work(measured: tuple[ExperimentResult, object, Path
     assert result.summary in messages
 
     names = {t.name for t in tasks}
-    expected = {"profile", "sampling", "report", "measure-plans", *(f"search-round-{n}" for n in range(1, 5))}
-    expected |= {f"evaluate-{m}" for m in PAPER_METHODS} | {f"train-{m}" for m in PAPER_METHODS}
+    expected = {"profile", "sampling", "report", "race", *(f"search-round-{n}" for n in range(1, 5))}
+    expected |= {f"plan-{m}" for m in PAPER_METHODS} | {f"evaluate-{m}" for m in PAPER_METHODS}
+    expected |= {f"train-{m}" for m in PAPER_METHODS}
     assert names == expected
 
 

@@ -260,6 +260,7 @@ def test_a_measured_search_ends_in_a_race_won_by_fewest_devices_among_the_tied()
     race = search.final_race
     assert race is not None and 2 <= len(race.plans) <= FINAL_BY_ESTIMATE + FINAL_BY_MEASUREMENT
     assert str(chosen.notes["chosen_by"]).startswith(f"race of {len(race.plans)} candidates")
+    assert chosen.planner == "tapp"
     summary = chosen.notes["final_race"]
     assert isinstance(summary, dict) and summary["winner"] == chosen.id
     assert len(chosen.devices) == min(len(p.devices) for p in race.best_group())

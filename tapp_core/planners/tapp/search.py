@@ -442,7 +442,7 @@ class TappSearch:
         if len(race.best_group()) > 1:
             how += f"; {len(race.best_group())} tied within the noise, the one with fewest devices chosen"
         notes = {**chosen.notes, "chosen_by": how, "final_race": race.summary()}
-        return dataclasses.replace(winner, notes=notes)
+        return dataclasses.replace(winner, planner=chosen.planner, notes=notes)
 
     def _final_candidates(self) -> list[Plan]:
         """The best distinct plans by the cost model and by measurement, for the final race."""
