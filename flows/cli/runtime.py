@@ -116,12 +116,18 @@ def _run_race(
     choice: RaceChoice,
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
+    """Race ``plans`` on a pool of the devices they use, once every plan has passed the checks that need no rank
+    (a plan that cannot run is bad input: ``PlanError``, exit 2)."""
     from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.launch import check_before_launch
     from tapp_core.runtime.race import RaceOptions, RoundSteps, race
 
     options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
     steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
-    with WorkerPool(target) as pool:
+    for plan in plans:
+        check_before_launch(plan, target, model)
+    devices = sorted({d for plan in plans for d in plan.devices})
+    with WorkerPool(target, devices=devices) as pool:
         return race(pool, plans, model, options, steps, emulate=emulate, on_round=on_round)
 
 
