@@ -3,7 +3,8 @@ search wall time and reward evaluations, then the bars of the planners issue and
 
     .venv/bin/python bench/planners.py                      # alexnet, vgg16, inception_v3 on hetero4, hetero8
     .venv/bin/python bench/planners.py --models alexnet --clusters hetero4
-    .venv/bin/python bench/planners.py --measured           # + hybrid TAPP vs Pipe-Torch and BSP, measured locally
+    .venv/bin/python bench/planners.py --measured           # + hybrid TAPP vs Pipe-Torch and BSP, raced locally
+    .venv/bin/python bench/planners.py --measured-only      # only that: TAPP (hybrid) in the best group per model
     .venv/bin/python bench/planners.py --random 12 --seed 1 # issue 14: 12 random clusters, a table per cluster
     .venv/bin/python bench/planners.py --clusters out/random-s1-03.yaml --models vgg16   # re-run one such cell
     .venv/bin/python bench/planners.py --scale              # 16 and 32 devices: search time, gap to the others
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -192,19 +192,23 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 
 
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
-    """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: each final plan measured ``--repeats`` times
-    on the worker pool, in turns so that load drift touches all alike; medians side by side."""
+    """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: the three final plans raced (the flow's evaluation
+    race: interleaved rounds, medians with intervals); TAPP passes where it is in the best group."""
     from tapp_core.runtime.calibration import cluster_calibration
     from tapp_core.runtime.pool import WorkerPool
+    from tapp_core.runtime.race import race
+    from tasks.measure import RuntimeSettings
 
     cluster = load_cluster("local")
     calibration = cluster_calibration("local", cluster)  # `tapp calibrate --cluster local`, else ideal
+    settings = RuntimeSettings()
     table = Table(
-        title=f"Measured on the local cluster: median of {args.repeats} measurements per plan; "
-        f"estimates with the measured calibration ({calibration.note or 'ideal'})"
+        title="Measured on the local cluster: the plans raced in interleaved rounds (median over rounds, its "
+        f"interval); estimates with the measured calibration ({calibration.note or 'ideal'})"
     )
-    for column in ("model", "planner", "measured s", "estimated s", "search s", "plan"):
+    for column in ("model", "planner", "measured s", "interval s", "rounds", "best group", "estimated s", "search s"):
         table.add_column(column)
+    table.add_column("plan")
     bars = []
     with WorkerPool(cluster) as pool:
         for model in args.models:
@@ -227,25 +231,36 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                 "pipetorch": get_planner("pipetorch", calibration=calibration).plan(library, cluster),
                 "bsp": get_planner("bsp", calibration=calibration).plan(library, cluster),
             }
-            samples: dict[str, list[float]] = {name: [] for name in plans}
-            for _ in range(args.repeats):
-                for name, plan in plans.items():
-                    measurement = pool.measure(plan)
-                    samples[name].append(measurement.step_time_s if measurement.ok else math.inf)
+            result = race(pool, list(plans.values()), model, settings.race, settings.round_steps())
+            group = {p.id for p in result.best_group()}
             console.log(
-                f"{model}: measured {', '.join(f'{n} {statistics.median(v):.3f} s' for n, v in samples.items())}"
+                f"{model}: raced {result.rounds} rounds ({result.stop}), load {result.load_before:.2f} -> "
+                f"{result.load_after:.2f}, others took {result.other_cpu_share:.0%} of the CPU"
+                f"{' OVERLOADED' if result.overloaded else ''}; TAPP chosen by {tapp.notes.get('chosen_by', '?')}"
             )
-            medians = {name: statistics.median(values) for name, values in samples.items()}
             for name, plan in plans.items():
+                measured = result.measurement(plan.id)
                 predicted = estimate(plan, library, cluster, calibration).step_time
                 layout = Row(model, cluster.name, name, predicted, 0.0, 0, plan).layout
-                table.add_row(model, name, f"{medians[name]:.4f}", f"{predicted:.4f}", f"{searched[name]:.0f}", layout)
-            table.add_section()
-            for other in ("pipetorch", "bsp"):
-                ratio = medians["tapp (hybrid)"] / medians[other]
-                bars.append(
-                    (f"{model} local: measured TAPP (hybrid) no worse than {other}", ratio <= 1.0, f"ratio {ratio:.3f}")
+                shown = (
+                    (f"{measured.step_time_s:.4f}", f"[{measured.interval_low_s:.4f}, {measured.interval_high_s:.4f}]")
+                    if measured.ok
+                    else ("failed", escape(str(measured.error))[:60])
                 )
+                in_group = "yes" if plan.id in group else ""
+                table.add_row(
+                    model, name, *shown, str(measured.rounds), in_group, f"{predicted:.4f}", f"{searched[name]:.0f}",
+                    layout,
+                )  # fmt: skip
+            table.add_section()
+            medians = ", ".join(
+                f"{m.step_time_s:.4f} s"
+                for p, m in zip(result.plans, result.measurements, strict=True)
+                if p.id in group
+            )
+            bars.append(
+                (f"{model} local: measured TAPP (hybrid) in the best group", tapp.id in group, f"best group {medians}")
+            )
     console.print(table)
     return bars
 
@@ -280,7 +295,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measured", action="store_true", help="add the measured check on the local cluster")
     parser.add_argument("--measured-only", action="store_true", help="only the measured check")
     parser.add_argument("--measured-rounds", type=int, default=3, help="hybrid TAPP: final rounds that measure")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements of each final plan")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="judge N random clusters of family --seed")
     parser.add_argument("--write-clusters", type=Path, metavar="DIR", help="write the random and scale clusters here")
     parser.add_argument(

@@ -29,13 +29,14 @@ from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
 from tapp_core.errors import TappError
-from tapp_core.metrics import Measurement
+from tapp_core.library import LayerLibrary
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import cluster_calibration
 from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
+from tapp_core.runtime.race import RaceResult
 from tasks import prefect_ui, summary
-from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for
+from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
 from tasks.progress import StageProgress
@@ -59,7 +60,7 @@ DEFAULT_OUT = Path("out") / "report"
 DEFAULT_ROUNDS = SearchBudget.rounds + SearchBudget.measured_rounds
 """TAPP's search rounds in all, the measured ones included (as the TAPP planner counts them)."""
 DEFAULT_STEPS = RuntimeSettings.steps - RuntimeSettings.warmup
-"""Timed steps per measurement, after the warm-up (as ``tapp measure --steps`` counts them)."""
+"""Timed steps per plan and race round, after the warm-up (as ``tapp measure --steps`` counts them)."""
 DEFAULT_WARMUP = RuntimeSettings.warmup
 
 sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_CACHE)(sampling_stage)
@@ -191,7 +192,8 @@ def search_budget(
 
 
 def runtime_settings(measure: bool, steps: int, warmup: int, seed: int) -> RuntimeSettings:
-    """How the final evaluation measures: ``steps`` timed steps after ``warmup`` warm-up steps."""
+    """How the final evaluation measures: a race whose rounds run each plan for ``steps`` timed steps after
+    ``warmup`` warm-up steps."""
     if steps < 1 or warmup < 0:
         raise TappError(f"a measurement needs at least 1 timed step and no negative warm-up (got {steps}, {warmup})")
     return RuntimeSettings(enabled=measure, steps=warmup + steps, warmup=warmup, seed=seed)
@@ -235,8 +237,9 @@ def tapp_experiment(
     ``search_rounds`` counts TAPP's policy-gradient rounds in all; the last ``measured_rounds`` of them (default:
     3 when measuring, else 0) are rewarded by measurements on the workers. ``measure=False`` skips the runtime
     (step times from the cost model, tagged ``estimated``); ``steps`` timed steps after ``warmup`` warm-up steps
-    make each final measurement; ``train_epochs`` > 0 also trains each method's plan on ``dataset`` for the
-    accuracy table. ``resume_from`` (an earlier experiment run of the same settings) continues its search.
+    make each plan's round of the final evaluation's race; ``train_epochs`` > 0 also trains each method's plan on
+    ``dataset`` for the accuracy table. ``resume_from`` (an earlier experiment run of the same settings) continues
+    its search.
     """
     methods = tuple(methods)
     target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
@@ -324,11 +327,11 @@ def _run_stages(
         search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, workdir)
         tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
-    evaluations, failed = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
+    evaluations, failed, race = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
     if training is not None:
         failed += _train(parent, tags, target, evaluations, training)
     reported = report_experiment(parent.ref, tags, out, experiment)
-    text = _summarise(parent, tags, evaluations, reported, failed)
+    text = _summarise(parent, tags, evaluations, reported, failed, race)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
     return evaluations, reported, text
@@ -337,33 +340,41 @@ def _run_stages(
 def _evaluate(
     parent: TrackedRun,
     tags: ExperimentTags,
-    library: object,
+    library: LayerLibrary,
     cluster: Cluster,
     methods: tuple[str, ...],
     tapp_plan: Plan,
     runtime: RuntimeSettings,
     calibration: Calibration,
-) -> tuple[dict[str, Evaluation], list[str]]:
-    """Each method in turn (measurements must not share the cores); a failed one is noted and the rest go on."""
+) -> tuple[dict[str, Evaluation], list[str], RaceResult | None]:
+    """Plan every method, race all their plans together, then record each method; a failed one is noted and the
+    rest go on. Returns the evaluations, the failures, and the race (None when the runtime is off)."""
+    planned = [
+        plan_method(method, library, cluster, tags, tapp_plan if method == "tapp" else None, calibration)
+        for method in methods
+    ]
+    race = None
+    if runtime.enabled:
+        planned, race = race_methods(planned, cluster, tags.model, runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
-    measured: dict[str, tuple[str, Measurement]] = {}
+    first_with_plan: dict[str, str] = {}
     progress = StageProgress("evaluation", len(methods), "final evaluation")
-    for done, method in enumerate(methods, start=1):
-        plan = tapp_plan if method == "tapp" else None
-        state = evaluate_method(
-            method, library, cluster, parent.ref, tags, plan, runtime, calibration, measured, return_state=True
-        )
+    for done, method_plan in enumerate(planned, start=1):
+        method, plan = method_plan.method, method_plan.plan
+        shared = first_with_plan.setdefault(plan.id, method) if plan is not None and method_plan.ok else method
+        source = shared if shared != method else None
+        state = evaluate_method(method_plan, parent.ref, tags, race, source, return_state=True)
         if state.is_completed():
             result = evaluations[method] = state.result()
-            if result.ok_measurement is not None:
-                measured.setdefault(result.plan.id, (method, result.ok_measurement))
-            source = "measured" if result.measured else "estimated"
-            progress.update(done, f"{method} {summary.number(result.step_time_s)} s ({source})", summary.plan_line(result.plan))
+            how = "measured" if result.measured else "estimated"
+            progress.update(
+                done, f"{method} {summary.number(result.step_time_s)} s ({how})", summary.plan_line(result.plan)
+            )
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")
-    return evaluations, failed
+    return evaluations, failed, race
 
 
 def _reason(state: Any) -> str:
@@ -400,13 +411,12 @@ def _summarise(
     evaluations: dict[str, Evaluation],
     reported: ReportRun,
     failed: list[str],
+    race: RaceResult | None,
 ) -> str:
-    """What a person reads first: headline metrics, the evaluation table and the result text on the parent run,
+    """What a person reads first: headline metrics (the BSP/TAPP speedup with its interval, from the race's
+    per-round ratios, and the race's conditions), the evaluation table and the result text on the parent run,
     every chosen plan under ``plans/``, and the same result in Prefect (log lines, keyed artifacts)."""
-    headline = {f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()}
-    if "tapp" in evaluations and "bsp" in evaluations:
-        headline["speedup_bsp_over_tapp"] = evaluations["bsp"].step_time_s / evaluations["tapp"].step_time_s
-    parent.log_metrics(headline)
+    _headline(parent, evaluations, race)
     for method, evaluation in evaluations.items():
         parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
     frame = summary.result_frame(evaluations)
@@ -433,3 +443,32 @@ def _summarise(
         f"the experiment's parent run in the MLflow UI at {ui}",
     )
     return text
+
+
+def _headline(parent: TrackedRun, evaluations: dict[str, Evaluation], race: RaceResult | None) -> None:
+    """Each method's step time, the BSP/TAPP speedup (with its interval when both were raced), the race's
+    conditions and its summary (``race.json``)."""
+    headline: dict[str, float | None] = {
+        f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()
+    }
+    if "tapp" in evaluations and "bsp" in evaluations:
+        bsp, tapp = evaluations["bsp"], evaluations["tapp"]
+        ratio = race.ratio(bsp.plan.id, tapp.plan.id) if race is not None and bsp.measured and tapp.measured else None
+        if ratio is not None:
+            headline[runs.SPEEDUP] = ratio.median
+            headline[f"{runs.SPEEDUP}_low"], headline[f"{runs.SPEEDUP}_high"] = ratio.low, ratio.high
+        else:
+            headline[runs.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
+    if race is not None:
+        headline.update(
+            {
+                "race_rounds": race.rounds,
+                "race_plans": len(race.plans),
+                runs.LOAD_BEFORE: race.load_before,
+                runs.LOAD_AFTER: race.load_after,
+                runs.HOST_OTHER_CPU: race.other_cpu_share,
+            }
+        )
+        parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
+        parent.log_dict(race.summary(), "race.json")
+    parent.log_metrics(headline)

@@ -158,21 +158,36 @@ def reward_curve(history: pd.DataFrame, path: str | Path, title: str = "TAPP sea
 
 
 def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step time by method") -> Path:
-    """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order)."""
+    """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order).
+
+    With ``low_s`` and ``high_s`` columns, each bar that has them carries its confidence interval as an error bar
+    (asymmetric: the interval of a median need not be centred on it).
+    """
     groups = list(dict.fromkeys(frame["group"]))
     methods = list(dict.fromkeys(frame["method"]))
     width = 0.8 / max(len(methods), 1)
     figure = Figure(figsize=(max(6.0, 0.5 * len(groups) * len(methods) + 2.5), 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
+    intervals = "low_s" in frame and "high_s" in frame
     for i, method in enumerate(methods):
-        values = frame[frame["method"] == method].set_index("group")["step_time_s"]
-        heights = [float(values.get(g, float("nan"))) for g in groups]
+        rows = frame[frame["method"] == method].set_index("group")
+        heights = [float(rows["step_time_s"].get(g, float("nan"))) for g in groups]
         positions = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
-        bars = axes.bar(positions, heights, width=width, label=method)
-        axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
+        errors = None
+        if intervals:
+            low = [float(rows["low_s"].get(g, float("nan"))) for g in groups]
+            high = [float(rows["high_s"].get(g, float("nan"))) for g in groups]
+            below = [max(h - lo, 0.0) if lo == lo else 0.0 for h, lo in zip(heights, low, strict=True)]
+            above = [max(hi - h, 0.0) if hi == hi else 0.0 for h, hi in zip(heights, high, strict=True)]
+            errors = [below, above]
+        bars = axes.bar(positions, heights, width=width, label=method, yerr=errors, capsize=2, ecolor="#333333")
+        if errors is None:
+            axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
+        else:  # inside the bar, clear of its error bar
+            axes.bar_label(bars, fmt="%.3f", fontsize=7, label_type="center", rotation=90, color="white")
     axes.set_xticks(range(len(groups)), groups)
-    axes.set_ylabel("step time (s)")
+    axes.set_ylabel("step time (s)" + (", median and its confidence interval" if intervals else ""))
     axes.set_title(title)
     axes.margins(y=0.15)
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

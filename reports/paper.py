@@ -1,7 +1,7 @@
 """A report folder from MLflow alone: the paper's tables (Markdown, CSV, LaTeX) and figures (PNG).
 
 ``tapp report`` and the paper_table flow both call ``write_report``, so the same runs give the same files.
-Figures: step-time bars over all methods, and per (model, cluster, batch size) the search's reward curve and the
+Figures: step-time bars over all methods (with each measured median's confidence interval), and per (model, cluster, batch size) the search's reward curve and the
 Gantt chart of TAPP's chosen plan (redrawn from the estimate logged with its evaluation run).
 """
 
@@ -68,6 +68,8 @@ def step_time_figure(evaluations: pd.DataFrame, path: Path) -> Path:
             "group": [_group(str(r.model), str(r.cluster), r.batch_size) for r in evaluations.itertuples(index=False)],
             "method": [method_label(m) for m in evaluations[runs.METHOD]],
             "step_time_s": evaluations[runs.STEP_TIME],
+            "low_s": evaluations[runs.STEP_TIME_LOW],
+            "high_s": evaluations[runs.STEP_TIME_HIGH],
         }
     )
     order = {label: i for i, label in enumerate(method_label(m) for m in _method_order(evaluations[runs.METHOD]))}

@@ -31,7 +31,15 @@ EXPERIMENT_RUN = "experiment_run"
 """On every run of one tapp_experiment: the id of its parent run (so one experiment's runs are one filter)."""
 SWEEP_RUN = "sweep_run"
 STEP_TIME_SOURCE = "step_time_source"
-"""``measured`` (runtime, median over steps) or ``estimated`` (cost model): where ``step_time_s`` came from."""
+"""``measured`` (runtime, median over race rounds) or ``estimated`` (cost model): where ``step_time_s`` came from."""
+RACE_ID = "race_id"
+"""The race an evaluation's measurement came from: runs of one race pair round by round."""
+RACE_STOP = "race_stop"
+HOST_OVERLOADED = "host_overloaded"
+BEST_GROUP = "best_group"
+"""``true`` on an evaluation whose interval overlaps the fastest method's in its race (``tapp_core.stats``)."""
+MEASUREMENT_FROM = "measurement_from"
+"""Tag of an evaluation whose plan is an earlier method's: the method whose measurement it shares."""
 ERROR = "error"
 
 # Run kinds
@@ -49,6 +57,22 @@ ESTIMATED_STEP_TIME = "estimated_step_time_s"
 COMMUNICATION_SHARE = "communication_share"
 MEASURED_COMMUNICATION_SHARE = "measured_communication_share"
 ESTIMATED_COMMUNICATION_SHARE = "estimated_communication_share"
+STEP_TIME_LOW = "step_time_low_s"
+STEP_TIME_HIGH = "step_time_high_s"
+"""The confidence interval of the measured median (order statistics over the race's rounds)."""
+STEP_TIME_COVERAGE = "step_time_coverage"
+RACE_ROUNDS = "race_rounds"
+ROUND_STEP_TIME = "race_round_step_time_s"
+"""One value per race round (step = the round's number in its race)."""
+LOAD_BEFORE = "host_load_before"
+LOAD_AFTER = "host_load_after"
+HOST_CPUS = "host_cpus"
+HOST_RANKS = "host_ranks"
+HOST_OTHER_CPU = "host_other_cpu_share"
+"""The share of the host's CPU time other processes than the race's own took while it ran."""
+# Metrics of an experiment run
+SPEEDUP = "speedup_bsp_over_tapp"
+"""The median of BSP/TAPP per-round step-time ratios in the evaluation race (``_low``, ``_high``: its interval)."""
 # Metrics of a train run
 TEST_ACCURACY = "test_accuracy"
 # Metrics of the search stage, one value per round (step = round)
@@ -151,16 +175,30 @@ def evaluations(
     rows = latest_per_key(finished_runs(client, experiment, EVALUATION, within, tag), (*KEY_COLUMNS, METHOD))
     return frame(
         rows,
-        (*KEY_COLUMNS, METHOD, STEP_TIME_SOURCE, EXPERIMENT_RUN),
+        (*KEY_COLUMNS, METHOD, STEP_TIME_SOURCE, EXPERIMENT_RUN, RACE_ID, MEASUREMENT_FROM),
         (
             STEP_TIME,
             MEASURED_STEP_TIME,
             ESTIMATED_STEP_TIME,
+            STEP_TIME_LOW,
+            STEP_TIME_HIGH,
+            STEP_TIME_COVERAGE,
+            RACE_ROUNDS,
             COMMUNICATION_SHARE,
             MEASURED_COMMUNICATION_SHARE,
             ESTIMATED_COMMUNICATION_SHARE,
+            LOAD_BEFORE,
+            LOAD_AFTER,
+            HOST_CPUS,
+            HOST_RANKS,
+            HOST_OTHER_CPU,
         ),
     )
+
+
+def round_step_times(client: MlflowClient, run_id: str) -> dict[int, float]:
+    """An evaluation run's step time in each round of its race (round number -> seconds); empty when not raced."""
+    return {m.step: m.value for m in client.get_metric_history(run_id, ROUND_STEP_TIME)}
 
 
 def trainings(

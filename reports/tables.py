@@ -1,7 +1,11 @@
 """The paper's tables, built from MLflow runs alone, each written as Markdown, CSV and LaTeX.
 
 - ``step_time``: the TAPP paper's table. Rows: models (AlexNet, VGG-16, Inception-V3 first) on a cluster at a
-  batch size; columns: SingleCPU, Pipe-Torch, BSP, TAPP, speedup BSP/TAPP, then the other planners.
+  batch size; columns: SingleCPU, Pipe-Torch, BSP, TAPP, speedup BSP/TAPP, then the other planners. A measured
+  cell is the median over the evaluation race's rounds ± half its confidence interval; the best method and every
+  method whose interval overlaps it are bold (the best group: no winner is declared inside it). The speedup is
+  the median of BSP/TAPP per-round ratios, with its own interval. CSV holds each interval as ``<column> low`` and
+  ``<column> high`` and the best group as ``<column> best``.
 - ``communication_share``: the same rows and methods, the share of a step spent waiting on communication.
 - ``accuracy``: test accuracy after training each method's plan, per dataset.
 
@@ -12,7 +16,7 @@ byte-identical files, whoever writes them (``tapp report`` or the paper_table fl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import SupportsFloat
@@ -21,6 +25,8 @@ import pandas as pd
 from mlflow import MlflowClient
 
 from reports import runs
+from tapp_core.metrics import host_overloaded
+from tapp_core.stats import Interval, best_group, paired_ratio_interval
 
 PAPER_METHODS: tuple[str, ...] = ("single-cpu", "pipetorch", "bsp", "tapp")
 OTHER_METHODS: tuple[str, ...] = ("single-gpu", "even", "pipedream", "autoddl", "oracle")
@@ -41,6 +47,8 @@ SPEEDUP = "speedup BSP/TAPP"
 ROW_LABELS: dict[str, str] = {"model": "model", "cluster": "cluster", "batch_size": "batch", "dataset": "dataset"}
 MISSING = "–"
 FORMATS = ("md", "csv", "tex")
+LOW, HIGH, BEST = " low", " high", " best"
+"""Suffixes of a value column's companions in the frame (and the CSV): its interval and its best-group mark."""
 
 Formatter = Callable[[float], str]
 
@@ -57,9 +65,23 @@ def percent(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
+@dataclass(frozen=True)
+class Markup:
+    """How a text format shows an interval and a mark."""
+
+    plus_minus: str
+    bold: str
+    escape: Callable[[str], str]
+
+
 @dataclass
 class Table:
-    """One table: raw values in ``frame`` (label columns first), a formatter per value column, and notes."""
+    """One table: raw values in ``frame`` (label columns first), a formatter per value column, and notes.
+
+    A value column ``c`` may have companions in the frame: ``c low`` and ``c high`` (its interval, shown as
+    ``value ± half-width``) and ``c best`` (true: shown bold). Markdown and LaTeX show them in the cell; the CSV
+    keeps every column apart, unrounded.
+    """
 
     name: str
     title: str
@@ -68,24 +90,42 @@ class Table:
     formats: dict[str, Formatter]
     notes: list[str] = field(default_factory=list)
 
-    def cell(self, column: str, value: object) -> str:
-        if column in self.label_columns:
-            return str(value)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return MISSING
-        return self.formats[column](_number(value))
+    @property
+    def shown_columns(self) -> list[str]:
+        companions = {f"{c}{suffix}" for c in self.formats for suffix in (LOW, HIGH, BEST)}
+        return [str(c) for c in self.frame.columns if c not in companions]
 
-    def text_rows(self) -> list[list[str]]:
-        return [
-            [self.cell(c, v) for c, v in zip(self.frame.columns, row, strict=True)]
-            for row in self.frame.itertuples(index=False)
-        ]
+    def cell(
+        self, column: str, value: object, row: Mapping[str, object] | None = None, markup: Markup | None = None
+    ) -> str:
+        markup = markup or MARKDOWN
+        if column in self.label_columns:
+            return markup.escape(str(value))
+        if _missing(value):
+            return markup.escape(MISSING)
+        text = markup.escape(self.formats[column](_number(value)))
+        row = row or {}
+        low, high = row.get(f"{column}{LOW}"), row.get(f"{column}{HIGH}")
+        if not (_missing(low) or _missing(high)):
+            half = (_number(high) - _number(low)) / 2
+            text += markup.plus_minus + markup.escape(self.formats[column](half))
+        if row.get(f"{column}{BEST}") is True:
+            text = markup.bold.format(text)
+        return text
+
+    def text_rows(self, markup: Markup | None = None) -> list[list[str]]:
+        columns = self.shown_columns
+        rows = []
+        for record in self.frame.to_dict("records"):
+            named = {str(k): v for k, v in record.items()}
+            rows.append([self.cell(c, named[c], named, markup) for c in columns])
+        return rows
 
     def to_markdown(self) -> str:
-        header = [str(c) for c in self.frame.columns]
-        align = ["---" if c in self.label_columns else "---:" for c in self.frame.columns]
-        lines = [f"**{self.title}**", "", _md_row(header), _md_row(align)]
-        lines += [_md_row(row) for row in self.text_rows()]
+        columns = self.shown_columns
+        align = ["---" if c in self.label_columns else "---:" for c in columns]
+        lines = [f"**{self.title}**", "", _md_row(columns), _md_row(align)]
+        lines += [_md_row(row) for row in self.text_rows(MARKDOWN)]
         lines += ["", *(f"{note}  " for note in self.notes)] if self.notes else []
         return "\n".join(lines).rstrip() + "\n"
 
@@ -93,7 +133,8 @@ class Table:
         return self.frame.to_csv(index=False, float_format=_shortest, lineterminator="\n")
 
     def to_latex(self) -> str:
-        spec = "".join("l" if c in self.label_columns else "r" for c in self.frame.columns)
+        columns = self.shown_columns
+        spec = "".join("l" if c in self.label_columns else "r" for c in columns)
         lines = [
             "\\begin{table}[t]",
             "\\centering",
@@ -101,10 +142,10 @@ class Table:
             f"\\label{{tab:{self.name.replace('_', '-')}}}",
             f"\\begin{{tabular}}{{{spec}}}",
             "\\toprule",
-            " & ".join(_tex(str(c)) for c in self.frame.columns) + " \\\\",
+            " & ".join(_tex(c) for c in columns) + " \\\\",
             "\\midrule",
         ]
-        lines += [" & ".join(_tex(cell) for cell in row) + " \\\\" for row in self.text_rows()]
+        lines += [" & ".join(row) + " \\\\" for row in self.text_rows(LATEX)]
         lines += ["\\bottomrule", "\\end{tabular}"]
         lines += [f"\\par\\smallskip\\footnotesize {_tex(note)}" for note in self.notes]
         lines += ["\\end{table}"]
@@ -119,6 +160,10 @@ class Table:
             path.write_text(text)
             written.append(path)
         return written
+
+
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _number(value: object) -> float:
@@ -136,11 +181,25 @@ def _md_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-_TEX_ESCAPES = {"&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_", "{": "\\{", "}": "\\}", "–": "--"}
+_TEX_ESCAPES = {
+    "&": "\\&",
+    "%": "\\%",
+    "$": "\\$",
+    "#": "\\#",
+    "_": "\\_",
+    "{": "\\{",
+    "}": "\\}",
+    "–": "--",
+    "±": "$\\pm$",
+}
 
 
 def _tex(text: str) -> str:
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in text)
+
+
+MARKDOWN = Markup(plus_minus=" ± ", bold="**{}**", escape=str)
+LATEX = Markup(plus_minus=" $\\pm$ ", bold="\\textbf{{{}}}", escape=_tex)
 
 
 def model_label(model: str) -> str:
@@ -164,27 +223,88 @@ def _method_columns(present: Sequence[str]) -> list[str]:
     return known + sorted(m for m in set(present) if m not in known)
 
 
-def _pivot(frame: pd.DataFrame, keys: Sequence[str], value: str) -> tuple[pd.DataFrame, list[str]]:
+def _pivot(
+    frame: pd.DataFrame, keys: Sequence[str], value: str, companions: Mapping[str, str] | None = None
+) -> tuple[pd.DataFrame, list[str]]:
+    """One row per ``keys``, one column per method holding ``value``; each of ``companions`` (suffix -> metric) adds
+    a ``<method><suffix>`` column right after its method's."""
     methods = _method_columns(list(frame["method"].unique()))
+    extra = dict(companions or {})
+    columns = [f"{m}{suffix}" if suffix else m for m in methods for suffix in ("", *extra)]
     if frame.empty:
-        wide = pd.DataFrame(columns=[*keys, *methods])
+        wide = pd.DataFrame(columns=[*keys, *columns])
     else:
-        wide = frame.pivot_table(index=list(keys), columns="method", values=value, aggfunc="first", dropna=False)
-        wide = wide.reindex(columns=methods).reset_index()
-        wide.columns.name = None
+        metrics = [value, *extra.values()]
+        table = frame.pivot_table(index=list(keys), columns="method", values=metrics, aggfunc="first", dropna=False)
+        wide = pd.DataFrame(index=table.index)
+        for method in methods:
+            for suffix, metric in (("", value), *extra.items()):
+                present = (metric, method) in table.columns
+                wide[f"{method}{suffix}"] = table[(metric, method)] if present else float("nan")
+        wide = wide.reset_index()
     wide = _row_order(wide)
     wide["model"] = wide["model"].map(model_label)
     return wide, methods
 
 
 def _labelled(wide: pd.DataFrame, keys: Sequence[str], methods: Sequence[str]) -> pd.DataFrame:
-    return wide.rename(columns={**{k: ROW_LABELS[k] for k in keys}, **{m: method_label(m) for m in methods}})
+    names = {k: ROW_LABELS[k] for k in keys}
+    for method in methods:
+        for suffix in ("", LOW, HIGH, BEST):
+            names[f"{method}{suffix}"] = f"{method_label(method)}{suffix}"
+    return wide.rename(columns=names)
+
+
+def _raced(evaluations: pd.DataFrame) -> bool:
+    """Whether any evaluation has a race's interval."""
+    return runs.STEP_TIME_LOW in evaluations and bool(evaluations[runs.STEP_TIME_LOW].notna().any())
+
+
+def _mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
+    """Add ``<method> best`` columns: true for the methods of the row's best group (``tapp_core.stats.best_group``)."""
+    marks = {m: [False] * len(wide) for m in methods}
+    for row in range(len(wide)):
+        intervals: list[Interval | None] = []
+        for method in methods:
+            median, low, high = (_number(wide.at[row, f"{method}{s}"]) for s in ("", LOW, HIGH))
+            known = not any(math.isnan(v) for v in (median, low, high))
+            intervals.append(Interval(median, low, high, 0, math.nan) if known else None)
+        for index in best_group(intervals):
+            marks[methods[index]][row] = True
+    for method in methods:
+        wide.insert(list(wide.columns).index(f"{method}{HIGH}") + 1, f"{method}{BEST}", marks[method])
+
+
+def _insert_speedup(wide: pd.DataFrame, speedups: pd.DataFrame | None) -> None:
+    """The BSP/TAPP column after TAPP's: the paired per-round ratio where the race gave one, else the ratio of the
+    step times."""
+    value = wide["bsp"] / wide["tapp"]
+    low = pd.Series(float("nan"), index=wide.index)
+    high = low.copy()
+    if speedups is not None and not speedups.empty:
+        labelled = speedups.assign(model=speedups["model"].map(model_label))
+        merged = wide[list(runs.KEY_COLUMNS)].merge(labelled, on=list(runs.KEY_COLUMNS), how="left")
+        paired = merged["median"].notna()
+        value = value.where(~paired, merged["median"])
+        low, high = merged["low"], merged["high"]
+    after = max(i for i, c in enumerate(wide.columns) if str(c).startswith("tapp")) + 1
+    for offset, (name, series) in enumerate(((SPEEDUP, value), (SPEEDUP + LOW, low), (SPEEDUP + HIGH, high))):
+        wide.insert(after + offset, name, series.to_numpy())
 
 
 def _source_notes(evaluations: pd.DataFrame) -> list[str]:
     sources = sorted(set(evaluations[runs.STEP_TIME_SOURCE]) - {""}) if not evaluations.empty else []
     if sources == ["measured"]:
-        return ["Step times measured on the MPI runtime: median of the steps after warm-up, in seconds."]
+        if not _raced(evaluations):
+            return ["Step times measured on the MPI runtime: median of the steps after warm-up, in seconds."]
+        rounds = evaluations[runs.RACE_ROUNDS].dropna()
+        span = f"{int(rounds.min())}" if rounds.min() == rounds.max() else f"{int(rounds.min())}–{int(rounds.max())}"
+        return [
+            "Step times measured on the MPI runtime, in seconds: every method's plan raced in one race of interleaved"
+            f" rounds ({span} rounds per plan), each cell the median over its rounds ± half its confidence interval"
+            " (order statistics over the rounds, at least 90 % coverage). Bold: the fastest method and every method"
+            " whose interval overlaps it; no winner is declared among them."
+        ]
     estimated = evaluations[evaluations[runs.STEP_TIME_SOURCE] == "estimated"]
     if not estimated.empty:
         which = ", ".join(
@@ -199,12 +319,46 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
     return ["Step times in seconds."]
 
 
-def step_time_table(evaluations: pd.DataFrame) -> Table:
+def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> list[str]:
+    """Which methods shared a plan (one measurement, one figure), the speedup's interval, and overloaded hosts."""
+    notes = []
+    shared = evaluations[evaluations[runs.MEASUREMENT_FROM].fillna("") != ""]
+    for r in shared.itertuples(index=False):
+        source = str(getattr(r, runs.MEASUREMENT_FROM))
+        notes.append(
+            f"{model_label(str(r.model))}: {method_label(str(r.method))} chose the same plan as "
+            f"{method_label(source)}; it was raced once and both show its figure."
+        )
+    if speedups is not None and not speedups.empty:
+        notes.append(f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, ± half its interval.")
+    for key, group in evaluations.groupby(list(runs.KEY_COLUMNS), sort=False):
+        columns = [runs.HOST_OTHER_CPU, runs.LOAD_BEFORE, runs.LOAD_AFTER, runs.HOST_CPUS, runs.HOST_RANKS]
+        loads = group[columns].dropna(subset=[runs.LOAD_BEFORE, runs.HOST_CPUS])
+        if loads.empty:
+            continue
+        others, before, after, cpus, ranks = (float(v) for v in loads.max())
+        if host_overloaded(others, before, after, int(cpus), int(ranks)):
+            model, cluster, batch = key
+            took = f"other processes took {others:.0%} of its CPU time; " if math.isfinite(others) else ""
+            notes.append(
+                f"WARNING: the race for {model_label(str(model))} on {cluster}, batch {batch}, ran on an overloaded "
+                f"host ({took}1-minute load average {before:.1f} before, {after:.1f} after; {int(cpus)} cores, "
+                f"{int(ranks)} ranks of its own): its intervals are wider and its medians higher than on a quiet host."
+            )
+    return notes
+
+
+def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = None) -> Table:
+    """The paper's table; ``speedups`` (keys, median, low, high) holds the paired BSP/TAPP ratios of the races."""
     keys = list(runs.KEY_COLUMNS)
-    wide, methods = _pivot(evaluations, keys, runs.STEP_TIME)
-    speedup = wide["bsp"] / wide["tapp"]
-    position = list(wide.columns).index("tapp") + 1
-    wide.insert(position, SPEEDUP, speedup)
+    raced = _raced(evaluations)
+    companions = {LOW: runs.STEP_TIME_LOW, HIGH: runs.STEP_TIME_HIGH} if raced else {}
+    wide, methods = _pivot(evaluations, keys, runs.STEP_TIME, companions)
+    if raced:
+        _mark_best(wide, methods)
+    _insert_speedup(wide, speedups if raced else None)
+    if not raced:
+        wide = wide.drop(columns=[SPEEDUP + LOW, SPEEDUP + HIGH])
     formats: dict[str, Formatter] = {method_label(m): seconds for m in methods}
     formats[SPEEDUP] = ratio
     return Table(
@@ -213,8 +367,30 @@ def step_time_table(evaluations: pd.DataFrame) -> Table:
         frame=_labelled(wide, keys, methods),
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats=formats,
-        notes=_source_notes(evaluations),
+        notes=_source_notes(evaluations) + (_race_notes(evaluations, speedups) if not evaluations.empty else []),
     )
+
+
+def paired_speedups(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, cluster, batch size) whose BSP and TAPP evaluations came from one race: the median and interval
+    of their per-round step-time ratios (``tapp_core.stats.paired_ratio_interval``)."""
+    rows = []
+    measured = evaluations[evaluations[runs.RACE_ID].fillna("") != ""]
+    for key, group in measured.groupby(list(runs.KEY_COLUMNS), sort=False):
+        by_method = {str(r.method): r for r in group.itertuples(index=False)}
+        bsp, tapp = by_method.get("bsp"), by_method.get("tapp")
+        if bsp is None or tapp is None or getattr(bsp, runs.RACE_ID) != getattr(tapp, runs.RACE_ID):
+            continue
+        ratio = paired_ratio_interval(
+            runs.round_step_times(client, str(bsp.run_id)), runs.round_step_times(client, str(tapp.run_id))
+        )
+        if ratio is not None:
+            rows.append({**dict(zip(runs.KEY_COLUMNS, key, strict=True)), **_interval_columns(ratio)})
+    return pd.DataFrame(rows, columns=[*runs.KEY_COLUMNS, "median", "low", "high"])
+
+
+def _interval_columns(interval: Interval) -> dict[str, float]:
+    return {"median": interval.median, "low": interval.low, "high": interval.high}
 
 
 def communication_share_table(evaluations: pd.DataFrame) -> Table:
@@ -274,7 +450,7 @@ def build_tables(
         raise runs.ReportError(f"MLflow experiment {experiment!r} has no finished evaluation runs{scope}")
     trainings = runs.trainings(client, experiment, within, tag)
     return Tables(
-        step_time=step_time_table(evaluations),
+        step_time=step_time_table(evaluations, paired_speedups(client, evaluations)),
         communication_share=communication_share_table(evaluations),
         accuracy=accuracy_table(trainings),
         evaluations=evaluations,

@@ -6,15 +6,22 @@ after the warm-up (at least ``MIN_STEPS`` of them after ``DEFAULT_WARMUP``).
 
 Communication share: for each device, the time it waited on sends/receives that did not overlap its compute,
 divided by the step time; then averaged over devices.
+
+Plans that are compared are *raced* (``tapp_core.runtime.race``): measured in interleaved rounds, each plan's
+step time the median over its rounds with a confidence interval (``tapp_core.stats``). Such a Measurement holds
+the rounds, the interval and the host's load average before and after the race.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from tapp_core.stats import Interval
 
 DEFAULT_WARMUP = 2
 MIN_STEPS = 5
@@ -35,6 +42,26 @@ def step_time_spread(step_times_s: Sequence[float], warmup: int = DEFAULT_WARMUP
         return 0.0
     q = statistics.quantiles(kept, n=4, method="inclusive")
     return q[2] - q[0]
+
+
+OTHER_CPU_LIMIT = 0.25
+"""A race is on an overloaded host when other processes took more than this share of the host's CPU time."""
+
+
+def host_overloaded(other_cpu_share: float, load_before: float, load_after: float, cpus: int, ranks: int) -> bool:
+    """Whether a race ran on a host busy with other work.
+
+    Where the race counted CPU time (Linux), the measure is what other processes than its own (its ranks and the
+    process that ran it) took of the host's CPU time while it ran: more than ``OTHER_CPU_LIMIT``. Elsewhere the
+    1-minute load average stands in: above the host's cores before the race (its ranks idle), or above the cores
+    plus the race's own ranks after it. (The load average alone is a poor measure of others' work: it also holds
+    the ranks' own work of the last minute, so back-to-back races would look overloaded.)
+    """
+    if math.isfinite(other_cpu_share):
+        return other_cpu_share > OTHER_CPU_LIMIT
+    if cpus <= 0 or not (math.isfinite(load_before) and math.isfinite(load_after)):
+        return False
+    return load_before > cpus or load_after > cpus + ranks
 
 
 def communication_share(wait_s: Mapping[str, float], step_time_s: float) -> float:
@@ -61,10 +88,39 @@ class Measurement:
     emulated: bool = False
     error: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    rounds: int = 0
+    """Rounds of the race this measurement comes from (0: one run, not raced)."""
+    round_step_times_s: dict[int, float] = field(default_factory=dict)
+    """Race round number -> that round's step time (median of its steps); ``step_time_s`` is their median."""
+    interval_low_s: float = float("nan")
+    interval_high_s: float = float("nan")
+    """The confidence interval of the median over rounds (order statistics, ``tapp_core.stats``)."""
+    coverage: float = float("nan")
+    """The interval's probability of holding the true median."""
+    load_before: float = float("nan")
+    load_after: float = float("nan")
+    """The host's 1-minute load average before and after the race."""
+    host_cpus: int = 0
+    host_ranks: int = 0
+    """The cores this process may use, and the race's ranks on this host (for ``overloaded``)."""
+    other_cpu_share: float = float("nan")
+    """The share of the host's CPU time that other processes than the race's own took while it ran (NaN: not
+    counted)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def interval(self) -> Interval | None:
+        """The raced median and its interval; None for a failed or unraced measurement."""
+        if not self.ok or self.rounds < 1 or math.isnan(self.interval_low_s):
+            return None
+        return Interval(self.step_time_s, self.interval_low_s, self.interval_high_s, self.rounds, self.coverage)
+
+    @property
+    def overloaded(self) -> bool:
+        return host_overloaded(self.other_cpu_share, self.load_before, self.load_after, self.host_cpus, self.host_ranks)
 
     @classmethod
     def failed(cls, plan_id: str, error: str, emulated: bool = False) -> Measurement:
@@ -80,4 +136,7 @@ class Measurement:
     def from_dict(cls, data: Mapping[str, object]) -> Measurement:
         known = set(cls.__dataclass_fields__)
         values: dict[str, Any] = {k: v for k, v in data.items() if k in known}  # as stored by to_dict
+        rounds = values.get("round_step_times_s")
+        if isinstance(rounds, Mapping):  # JSON keys are strings
+            values["round_step_times_s"] = {int(r): float(t) for r, t in rounds.items()}
         return cls(**values)

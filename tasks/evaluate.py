@@ -1,18 +1,27 @@
-"""Final evaluation of one method: its plan, the cost model's estimate and the runtime's measurement, in one run.
+"""Final evaluation: every method's plan and estimate, one race of all their plans, then one MLflow run per method.
 
 A method is TAPP (its plan comes from the search), SingleCPU / SingleGPU (the whole model on the fastest device
-of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, autoddl, oracle). Each method gets
-its own nested MLflow run; anything that goes wrong in it (the planner raises, the plan does not fit, the
-measurement fails) ends that run FAILED and fails the task, and the flow goes on with the other methods.
+of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, autoddl, oracle). Three steps:
+
+1. ``plan_method``: plan, check and estimate each method (what goes wrong is kept, not raised);
+2. ``race_methods``: race every distinct plan together (``tasks.measure.race_plans``): the same conditions for
+   every method, each a median over rounds with its interval. Two methods with the same plan (SingleCPU and the
+   oracle, often) share one measurement;
+3. ``evaluate_method``: each method's nested MLflow run with its plan, estimate and measurement. Anything that
+   went wrong for the method (the planner raised, the plan does not fit, it failed in the race) ends that run
+   FAILED and fails the task, and the flow goes on with the other methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mlflow.entities import Metric
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from reports import runs
 from tapp_core.cluster import Cluster
@@ -22,15 +31,15 @@ from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner
-from tasks.measure import RuntimeSettings, measure_plans
+from tapp_core.runtime.race import RaceResult
+from tasks.measure import RuntimeSettings, race_plans
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 PAPER_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch")
 OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle")
 SINGLE_DEVICE = {"single-cpu": "cpu", "single-gpu": "cuda"}
 KNOWN_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu", *OTHER_METHODS)
-MEASUREMENT_FROM = "measurement_from"
-"""Tag of an evaluation whose plan is another method's: the method whose measurement it shares."""
+MEASUREMENT_FROM = runs.MEASUREMENT_FROM
 
 
 class EvaluationFailed(RuntimeError):
@@ -85,6 +94,21 @@ def baseline_plan(
 
 
 @dataclass(frozen=True)
+class PlannedMethod:
+    """One method's plan and estimate, or why it has none (``failure``, raised again in its evaluation run)."""
+
+    method: str
+    plan: Plan | None
+    estimate: Estimate | None
+    planning_wall_s: float
+    failure: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.plan is not None and self.estimate is not None
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """One method's outcome; ``step_time_s`` is the measured median when measured, else the estimate."""
 
@@ -134,12 +158,22 @@ def estimate_metrics(predicted: Estimate) -> dict[str, float]:
 
 
 def measurement_metrics(measured: Measurement) -> dict[str, float]:
+    """The measurement's numbers, the race's interval and rounds, and the host's load around the race."""
     return {
         runs.MEASURED_STEP_TIME: measured.step_time_s,
+        runs.STEP_TIME_LOW: measured.interval_low_s,
+        runs.STEP_TIME_HIGH: measured.interval_high_s,
+        runs.STEP_TIME_COVERAGE: measured.coverage,
+        runs.RACE_ROUNDS: measured.rounds,
         "measured_step_time_spread_s": measured.step_time_spread_s,
         runs.MEASURED_COMMUNICATION_SHARE: measured.communication_share,
         "measured_peak_memory_mib": max(measured.peak_memory_bytes.values(), default=0) / 2**20,
         "loss": measured.loss,
+        runs.LOAD_BEFORE: measured.load_before,
+        runs.LOAD_AFTER: measured.load_after,
+        runs.HOST_CPUS: measured.host_cpus,
+        runs.HOST_RANKS: measured.host_ranks,
+        runs.HOST_OTHER_CPU: measured.other_cpu_share,
     }
 
 
@@ -151,47 +185,103 @@ def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str,
     run.set_tags({runs.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
 
 
-@task(name="evaluate", task_run_name="evaluate-{method}")
-def evaluate_method(
+@task(name="plan", task_run_name="plan-{method}", cache_policy=NO_CACHE)
+def plan_method(
     method: str,
     library: LayerLibrary,
     cluster: Cluster,
-    parent: RunRef,
     tags: ExperimentTags,
     plan: Plan | None = None,
-    runtime: RuntimeSettings | None = None,
     calibration: Calibration = DEFAULT_CALIBRATION,
-    measured_plans: Mapping[str, tuple[str, Measurement]] | None = None,
-) -> Evaluation:
-    """Plan (unless ``plan`` is given), estimate and measure ``method``; one nested MLflow run holds it all.
-
-    ``measured_plans`` (plan id -> (method, measurement)) are measurements this experiment already took.
-    """
-    with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
-        started = time.perf_counter()
+) -> PlannedMethod:
+    """Plan (unless ``plan`` is given), check and estimate ``method``; a failure is kept for its evaluation run."""
+    started = time.perf_counter()
+    chosen: Plan | None = plan
+    try:
         chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed, calibration)
-        run.log_params(plan_params(chosen))
-        search_wall_s = chosen.notes.get("search_wall_s")
-        planning_wall_s = search_wall_s if isinstance(search_wall_s, int | float) else time.perf_counter() - started
-        details = {"planning_wall_s": float(planning_wall_s)}  # logged after the step time, or when it fails
-        run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
+        wall = time.perf_counter() - started
         validate(chosen, library, cluster)
         predicted = estimate(chosen, library, cluster, calibration)
-        run.log_dict(predicted.to_dict(), runs.ESTIMATE_ARTIFACT)
-        details.update(estimate_metrics(predicted))
+    except Exception as exc:
+        return PlannedMethod(method, chosen, None, time.perf_counter() - started, exc)
+    search_wall_s = chosen.notes.get("search_wall_s")
+    planning_wall_s = search_wall_s if isinstance(search_wall_s, int | float) else wall
+    return PlannedMethod(method, chosen, predicted, float(planning_wall_s))
+
+
+def race_methods(
+    planned: Sequence[PlannedMethod], cluster: Cluster, model: str, runtime: RuntimeSettings
+) -> tuple[list[PlannedMethod], RaceResult | None]:
+    """One race of every distinct plan the methods chose (``race_plans``; a method without a plan is left out).
+    When the race itself fails (the pool would not start), every method that was to be raced carries that failure."""
+    plans = [p.plan for p in planned if p.ok and p.plan is not None]
+    if not plans:
+        return list(planned), None
+    state = race_plans(plans, cluster, model, runtime, return_state=True)
+    if state.is_completed():
+        return list(planned), state.result()
+    try:
+        state.result()
+        failure: Exception = EvaluationFailed("the evaluation race did not finish")
+    except Exception as exc:
+        failure = EvaluationFailed(f"the evaluation race failed: {type(exc).__name__}: {exc}")
+    return [dataclasses.replace(p, failure=failure) if p.ok else p for p in planned], None
+
+
+@task(name="evaluate", task_run_name="evaluate-{planned.method}", cache_policy=NO_CACHE)
+def evaluate_method(
+    planned: PlannedMethod,
+    parent: RunRef,
+    tags: ExperimentTags,
+    race: RaceResult | None = None,
+    measurement_from: str | None = None,
+) -> Evaluation:
+    """One nested MLflow run for a planned method: its plan, estimate and (when ``race`` ran it) measurement.
+
+    ``measurement_from`` names an earlier method with the same plan, whose measurement this one shares.
+    """
+    method = planned.method
+    with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
+        chosen = planned.plan
+        if chosen is not None:
+            run.log_params(plan_params(chosen))
+            run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
+        details = {"planning_wall_s": planned.planning_wall_s}  # logged after the step time, or when it fails
+        if planned.failure is not None:
+            run.log_metrics(details)
+            raise planned.failure
+        assert chosen is not None and planned.estimate is not None
+        run.log_dict(planned.estimate.to_dict(), runs.ESTIMATE_ARTIFACT)
+        details.update(estimate_metrics(planned.estimate))
         measured = None
-        if runtime is not None and runtime.enabled:
-            if measured_plans is not None and chosen.id in measured_plans:
-                # The same plan as an earlier method (planners often agree): one measurement serves both.
-                source, measured = measured_plans[chosen.id]
-                run.set_tags({MEASUREMENT_FROM: source})
-            else:
-                (measured,) = measure_plans([chosen], cluster, tags.model, runtime)
+        if race is not None:
+            measured = race.measurement(chosen.id)
+            if measurement_from is not None:
+                run.set_tags({MEASUREMENT_FROM: measurement_from})
             run.log_text(measured.to_json(), "measurement.json")
             if not measured.ok:
                 run.log_metrics(details)
                 raise EvaluationFailed(f"{method}: plan {chosen.id} failed on the runtime: {measured.error}")
             details.update(measurement_metrics(measured))
-        result = Evaluation(method, run.run_id, chosen, predicted, measured)
+        result = Evaluation(method, run.run_id, chosen, planned.estimate, measured)
         record_evaluation(run, result, details)
+        if race is not None and measured is not None:
+            record_race(run, race, measured)
     return result
+
+
+def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> None:
+    """Each round's step time (step = the race's round number, so two methods' runs pair round by round), the race
+    the measurement came from and whether the method is in the race's best group."""
+    now = int(time.time() * 1000)
+    rounds = [Metric(runs.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
+    run.client.log_batch(run.run_id, metrics=rounds, synchronous=True)
+    best = any(p.id == measured.plan_id for p in race.best_group())
+    run.set_tags(
+        {
+            runs.RACE_ID: race.id,
+            runs.RACE_STOP: race.stop,
+            runs.HOST_OVERLOADED: str(race.overloaded).lower(),
+            runs.BEST_GROUP: str(best).lower(),
+        }
+    )

@@ -1,15 +1,17 @@
-"""Runtime sampling: plans measured on the cluster's MPI workers, one worker pool kept up per cluster.
+"""Measuring on the cluster's MPI workers: plans raced in interleaved rounds, one worker pool kept up per cluster.
 
 Starting mpiexec and importing torch on every rank costs seconds, so a flow keeps one ``WorkerPool`` per
 cluster for all its measurements (sampling, then the final evaluation) and closes it at the end
-(``close_pools``). A plan that fails on the workers comes back as a failed Measurement and is not retried; a
-pool that cannot start raises ``PoolError``, which is worth a retry.
+(``close_pools``). Plans that are compared are raced (``tapp_core.runtime.race``): a plan that fails on the
+workers comes back as a failed Measurement and the race goes on; a pool that cannot start raises ``PoolError``,
+which is worth a retry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import task
@@ -18,26 +20,39 @@ from prefect.client.schemas.objects import State
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
-from tapp_core.metrics import DEFAULT_WARMUP, Measurement
 from tapp_core.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
+from tapp_core.runtime.race import RaceOptions, RaceResult, RoundSteps, race
+from tasks.progress import StageProgress
+
+EVALUATION_RACE = RaceOptions(min_rounds=5, max_rounds=15, budget_s=240.0)
+"""The final evaluation's race: at least 5 rounds (a 94 % interval), at most 15, no new round after 4 minutes."""
 
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """How plans are measured: ``steps`` training steps, the first ``warmup`` of them not counted."""
+    """How plans are measured: raced (``race``) in rounds of ``steps`` training steps per plan, the first ``warmup``
+    of them not counted."""
 
     enabled: bool = True
-    steps: int = DEFAULT_WARMUP + 30
-    """Medians over 30 timed steps: with 5, the same plan measured twice on this 2-core host differed by 10-20%."""
-    warmup: int = DEFAULT_WARMUP
+    steps: int = 4
+    """Per plan and round, warm-up included. A round's value is the median of its timed steps; the interval comes
+    from the rounds, which the interleaving makes comparable across plans (30 steps in a row were not)."""
+    warmup: int = 1
     timeout_s: float = 600.0
-    """Per plan: a guard against hangs, not a speed limit; a plan past it comes back as a failed Measurement."""
+    """Per plan and round: a guard against hangs, not a speed limit; a plan past it is failed."""
     seed: int = 0
+    race: RaceOptions = field(default_factory=lambda: EVALUATION_RACE)
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.steps <= self.warmup:
             raise TappError(f"measuring needs more steps ({self.steps}) than warm-up steps ({self.warmup})")
+
+    def round_steps(self) -> RoundSteps:
+        return RoundSteps(self.steps - self.warmup, self.warmup, self.timeout_s, self.seed)
+
+    def with_race(self, **options: Any) -> RuntimeSettings:
+        return dataclasses.replace(self, race=dataclasses.replace(self.race, **options))
 
 
 _pools: dict[str, WorkerPool] = {}
@@ -74,18 +89,24 @@ def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     return False
 
 
-@task(name="measure-plans", task_run_name="measure-plans", retries=2, retry_delay_seconds=5, retry_condition_fn=_pool_failed, cache_policy=NO_CACHE)
-def measure_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> list[Measurement]:
-    """Measure each plan on the workers, in order; failed plans come back with ``error`` set."""
-    pool = pool_for(cluster)
-    return [
-        pool.measure(
-            plan,
-            model,
-            steps=settings.steps,
-            warmup=settings.warmup,
-            seed=settings.seed,
-            timeout_s=settings.timeout_s,
-        )
-        for plan in plans
-    ]
+@task(
+    name="race",
+    task_run_name="race",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_pool_failed,
+    cache_policy=NO_CACHE,
+)
+def race_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> RaceResult:
+    """Race ``plans`` on the cluster's workers (identical plans once); failed plans come back with ``error`` set."""
+    options = settings.race
+    progress = StageProgress("race", options.max_rounds, f"race of {len(plans)} plans: rounds")
+
+    def report(number: int, so_far: RaceResult) -> None:
+        best = so_far.best()
+        status = f"best {best.id} {so_far.measurement(best.id).step_time_s:.4f} s" if best is not None else ""
+        progress.update(number, status)
+
+    result = race(pool_for(cluster), plans, model, options, settings.round_steps(), on_round=report)
+    progress.update(options.max_rounds, f"{result.rounds} rounds, {result.stop}")
+    return result

@@ -4,8 +4,9 @@ Two stages share one search (and one checkpoint file):
 
 - ``search_stage``: the rounds rewarded by the cost model (TAPP's pre-training);
 - ``sampling_stage``: the last rounds of the hybrid reward, where each round's best samples (by the cost model)
-  are measured on the cluster's MPI workers and the policy learns from the measurements. A round whose worker
-  pool fails is retried from the checkpoint of the round before.
+  are measured on the cluster's MPI workers (raced: a sample near the best measured so far runs more rounds
+  against it) and the policy learns from the measurements; then the final choice, a race among the best
+  candidates. A round whose worker pool fails is retried from the checkpoint of the round before.
 
 Each stage has its own nested MLflow run: per-round metrics (mean reward, best step time, entropy), the policy
 checkpoint (``policy/search.pt``, logged after every round), and every sampled plan with its estimate and, if
@@ -75,8 +76,8 @@ class SearchBudget:
     measured_per_round: int = SearchOptions.measured_per_round
     """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
     measured_steps: int = 4
-    """Training steps per sampled measurement, the first a warm-up. A reward needs fewer than a reported number:
-    the chosen plan is measured again, with the full steps, in the final evaluation."""
+    """Training steps per race round of a sampled plan, the first a warm-up (a sample runs one round, a near-best
+    one more: ``MeasuredReward``). The chosen plan is raced again against every method in the final evaluation."""
     measured_timeout_s: float = 120.0
     """A sampled plan slower than this is failed and penalised: the search learns it is bad without waiting."""
 
@@ -145,12 +146,18 @@ class RecordingReward:
 
 
 class PoolMeasurer:
-    """The workers, as the search's measured reward source sees them: ``measure(plan) -> Measurement``."""
+    """The workers, as the search's measured reward source sees them: ``measure(plan) -> Measurement``, one race
+    round of the plan (``settings.steps`` steps, ``settings.warmup`` of them not counted)."""
 
     def __init__(self, cluster: Cluster, model: str, settings: RuntimeSettings) -> None:
         self.cluster = cluster
         self.model = model
         self.settings = settings
+
+    @property
+    def rank_pids(self) -> list[int]:
+        """The pool's ranks, whose CPU time a race does not count as other work."""
+        return list(pool_for(self.cluster).rank_pids)
 
     def measure(self, plan: Plan) -> Measurement:
         s = self.settings
@@ -330,9 +337,9 @@ def sampling_stage(
 ) -> Plan:
     """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
 
-    The chosen plan is the search's (``TappSearch.finish``, as the TAPP planner's): the best measured one when
-    anything was measured, else the best by the cost model after the polish (a local search from the population's
-    best plans).
+    The chosen plan is the search's (``TappSearch.finish``, as the TAPP planner's): when anything was measured, the
+    winner of a race among the best candidates by estimate and by measurement (``search/final_race.json``), else the
+    best by the cost model after the polish (a local search from the population's best plans).
     Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
     """
     config = state.config
@@ -354,6 +361,11 @@ def sampling_stage(
         run.log_table(table, "search/sampled_plans.csv")
         table_artifact(SAMPLED_PLANS_KEY, table, "every plan the search sampled: estimate, and measurement if taken")
         run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
+        final = opened.search.final_race
+        if final is not None:
+            run.log_dict(final.summary(), "search/final_race.json")
+            run.log_metrics({"final_race_rounds": final.rounds, "final_race_candidates": len(final.plans)})
+        run.set_tags({"chosen_by": str(chosen.notes.get("chosen_by", ""))})
         measured_ok = table["measured_step_time_s"].notna()
         run.log_metrics(
             {
@@ -399,6 +411,9 @@ def sampled_plans(
                 "estimated_communication_share": share,
                 "measured": result is not None,
                 "measured_step_time_s": result.step_time_s if result is not None and result.ok else math.nan,
+                "measured_step_time_low_s": result.interval_low_s if result is not None else math.nan,
+                "measured_step_time_high_s": result.interval_high_s if result is not None else math.nan,
+                "measured_rounds": result.rounds if result is not None else 0,
                 "measured_step_time_spread_s": result.step_time_spread_s if result is not None else math.nan,
                 "measured_communication_share": result.communication_share if result is not None else math.nan,
                 "error": estimate_error or ((result.error or "") if result is not None else ""),

@@ -10,16 +10,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
 from tapp_core.plan import Plan
+from tapp_core.stats import best_group
 from tasks.evaluate import Evaluation
 from tasks.prefect_ui import SIGNIFICANT_DIGITS, shown
 
 COLUMNS = (
     "method",
     "step_time_s",
+    "step_time_low_s",
+    "step_time_high_s",
+    "best_group",
     "step_time_spread_s",
     "step_time_source",
     "relative_to_tapp",
@@ -47,16 +52,22 @@ class Links:
 
 
 def result_frame(evaluations: Mapping[str, Evaluation]) -> pd.DataFrame:
-    """One row per evaluated method, fastest first (TAPP first among equals): step time (measured median, else the estimate), its spread and
-    source, its ratio to TAPP's, communication share, and the plan's shape. Values unrounded."""
+    """One row per evaluated method, fastest first (TAPP first among equals): step time (measured median, else the
+    estimate), its interval when raced and whether it is in the best group (``tapp_core.stats.best_group``), its
+    spread and source, its ratio to TAPP's, communication share, and the plan's shape. Values unrounded."""
     tapp = evaluations.get("tapp")
+    intervals = [e.ok_measurement.interval if e.ok_measurement is not None else None for e in evaluations.values()]
+    group = {list(evaluations)[i] for i in best_group(intervals)}
     rows = []
-    for method, evaluation in evaluations.items():
+    for (method, evaluation), interval in zip(evaluations.items(), intervals, strict=True):
         plan, measured = evaluation.plan, evaluation.ok_measurement
         rows.append(
             {
                 "method": method,
                 "step_time_s": evaluation.step_time_s,
+                "step_time_low_s": interval.low if interval is not None else math.nan,
+                "step_time_high_s": interval.high if interval is not None else math.nan,
+                "best_group": method in group,
                 "step_time_spread_s": measured.step_time_spread_s if measured is not None else math.nan,
                 "step_time_source": "measured" if measured is not None else "estimated",
                 "relative_to_tapp": evaluation.step_time_s / tapp.step_time_s if tapp is not None else math.nan,
@@ -99,11 +110,22 @@ def shown_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict(frame: pd.DataFrame, failed: Sequence[str] = ()) -> str:
-    """One line: the method(s) with the shortest step time (methods whose times are equal share a place), where
-    TAPP stands, BSP/TAPP; then what failed. By median; no significance is claimed."""
+    """One line: when the methods were raced, the best group (every method whose interval overlaps the fastest's:
+    no winner is declared among them) and whether TAPP is in it; else the method(s) with the shortest step time
+    (methods whose times are equal share a place) and where TAPP stands. Then BSP/TAPP and what failed."""
     if frame.empty:
         return "No method finished." + (f" Failed: {', '.join(failed)}." if failed else "")
     times = dict(zip(frame["method"], frame["step_time_s"].astype(float), strict=True))
+    text = _raced_verdict(frame, times) if frame["best_group"].any() else _fastest_verdict(frame, times)
+    if "tapp" in times and "bsp" in times:
+        text += f"; BSP/TAPP {ratio(times['bsp'] / times['tapp'])}"
+    text += "."
+    if failed:
+        text += f" Failed: {', '.join(failed)} (see their runs)."
+    return text
+
+
+def _fastest_verdict(frame: pd.DataFrame, times: dict[str, float]) -> str:
     best = min(times.values())
     fastest = [method for method, time in times.items() if time == best]
     source = frame.loc[frame["method"] == fastest[0], "step_time_source"].iloc[0]
@@ -113,11 +135,20 @@ def verdict(frame: pd.DataFrame, failed: Sequence[str] = ()) -> str:
     if "tapp" in times and "tapp" not in fastest:
         rank = 1 + sum(time < times["tapp"] for time in times.values())
         text += f"; TAPP {number(times['tapp'])} s, place {rank} of {len(times)}"
-    if "tapp" in times and "bsp" in times:
-        text += f"; BSP/TAPP {ratio(times['bsp'] / times['tapp'])}"
-    text += "."
-    if failed:
-        text += f" Failed: {', '.join(failed)} (see their runs)."
+    return text
+
+
+def _raced_verdict(frame: pd.DataFrame, times: dict[str, float]) -> str:
+    group = [str(m) for m in frame.loc[frame["best_group"], "method"]]
+    span = [times[m] for m in group]
+    medians = number(span[0]) if len(group) == 1 else f"{number(min(span))}–{number(max(span))}"
+    if len(group) == 1:
+        text = f"**Fastest: {group[0]}**, {medians} s per step, its interval clear of every other's (raced)"
+    else:
+        text = f"**Best group: {', '.join(group)}**, medians {medians} s per step, within the noise of each other (raced)"
+    if "tapp" in times:
+        where = "in the best group" if "tapp" in group else "not in the best group"
+        text += f"; TAPP {number(times['tapp'])} s, {where}"
     return text
 
 
@@ -140,7 +171,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
         share = float(row["communication_share"])
         cells = [
             str(row["method"]),
-            number(float(row["step_time_s"])),
+            _time_cell(row),
             number(float(row["step_time_spread_s"])),
             str(row["step_time_source"]),
             ratio(float(row["relative_to_tapp"])),
@@ -152,6 +183,15 @@ def markdown_table(frame: pd.DataFrame) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _time_cell(row: Mapping[Any, object]) -> str:
+    """The step time, ``± half its interval`` when raced, bold in the best group."""
+    text = number(float(str(row["step_time_s"])))
+    low, high = float(str(row["step_time_low_s"])), float(str(row["step_time_high_s"]))
+    if math.isfinite(low) and math.isfinite(high):
+        text += f" ± {number((high - low) / 2)}"
+    return f"**{text}**" if row["best_group"] is True else text
 
 
 def plan_line(plan: Plan, estimated_step_time_s: float | None = None) -> str:
@@ -175,8 +215,9 @@ def result_markdown(
     if tapp is not None:
         parts += [f"TAPP's {plan_line(tapp.plan, tapp.estimate.step_time)}.", ""]
     parts.append(
-        "Step time: one training step of the whole mini-batch (median over the timed steps when measured); "
-        "vs TAPP: step time / TAPP's."
+        "Step time: one training step of the whole mini-batch; when measured, the median over the rounds of one race"
+        " of every method's plan ± half its confidence interval, bold for the best group (intervals overlapping the"
+        " fastest's); vs TAPP: step time / TAPP's."
     )
     report = f"[tables and figures]({links.report_run})" if links.report_run else "tables and figures"
     parts += ["", f"Report: {report}, also written to `{links.report_folder}`."]

@@ -88,6 +88,28 @@ def test_measure_prints_the_measurement(work_dir: Path) -> None:
     output = tapp("measure", "--model", "tiny_cnn", "--plan", "plan.json", "--steps", "2", "--warmup", "1")
     measured = json.loads(output[output.index("{") :])
     assert measured["error"] is None and measured["step_time_s"] > 0
+    assert measured["rounds"] == 5 and measured["interval_low_s"] <= measured["step_time_s"]  # a race of one plan
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_measure_races_several_plans(work_dir: Path) -> None:
+    one_stage = Plan.from_dict(_tiny_plan())
+    two_stages = Plan.from_dict(
+        {**_tiny_plan(), "stage_of_layer": [0, 0, 0, 1, 1, 1, 1], "stage_devices": [["cpu0"], ["cpu1"]]}
+    )
+    for name, plan in (("a.json", one_stage), ("b.json", two_stages), ("same_as_a.json", one_stage)):
+        plan.save(work_dir / name)
+    args = ["--min-rounds", "2", "--max-rounds", "2", "--steps", "1", "--json", "race.json"]
+    output = tapp("measure", "--model", "tiny_cnn", "-p", "a.json", "-p", "b.json", "-p", "same_as_a.json", *args)
+    assert "| plan | devices | median s | ± | interval s | rounds | |" in output
+    assert "| a.json = same_as_a.json | cpu0 |" in output and "| b.json | cpu0 \\| cpu1 |" in output
+    race = json.loads((work_dir / "race.json").read_text())
+    assert race["rounds"] == 2 and [p["plan_id"] for p in race["plans"]] == [one_stage.id, two_stages.id]
+    assert all(m["rounds"] == 2 and m["interval_low_s"] <= m["step_time_s"] for m in race["measurements"])
+    assert race["winner"] in (one_stage.id, two_stages.id)
+    tapp("measure", "--model", "tiny_cnn", "-p", "a.json", "-p", "b.json", "--min-rounds", "3", "--max-rounds", "2",
+         exit_code=2)  # fmt: skip
 
 
 def test_every_option_of_every_command_has_help() -> None:

@@ -31,6 +31,7 @@ from tapp_core.cluster import ClusterError
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.models import ModelError
+from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE
 from tasks.profile import profile_layers
 from tasks.tracking import NOTE_TAG, RUNS_VIEW, TrackingError
 
@@ -88,9 +89,13 @@ def test_experiment_records_every_stage_and_method(measured: tuple[ExperimentRes
         assert run.data.metrics[runs.STEP_TIME] == result.evaluations[method].step_time_s
         assert run.data.metrics[runs.STEP_TIME] == run.data.metrics[runs.MEASURED_STEP_TIME]
         assert runs.ESTIMATED_STEP_TIME in run.data.metrics
-    assert parent.data.metrics["speedup_bsp_over_tapp"] == pytest.approx(
-        result.evaluations["bsp"].step_time_s / result.evaluations["tapp"].step_time_s
-    )
+        assert run.data.metrics[runs.STEP_TIME_LOW] <= run.data.metrics[runs.STEP_TIME]
+        assert run.data.metrics[runs.STEP_TIME] <= run.data.metrics[runs.STEP_TIME_HIGH]
+        assert run.data.metrics[runs.RACE_ROUNDS] >= 5
+        assert run.data.tags[runs.RACE_ID] == nested["tapp"].data.tags[runs.RACE_ID]  # one race for every method
+    speedup = parent.data.metrics[runs.SPEEDUP]  # the median of per-round BSP/TAPP ratios, with its interval
+    assert parent.data.metrics[f"{runs.SPEEDUP}_low"] <= speedup <= parent.data.metrics[f"{runs.SPEEDUP}_high"]
+    assert runs.LOAD_BEFORE in parent.data.metrics and runs.HOST_OVERLOADED in parent.data.tags
 
 
 def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
@@ -107,7 +112,11 @@ def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
     table = pd.read_csv(client.download_artifacts(sampling, "search/sampled_plans.csv", str(tmp_path)))
     assert len(table) == table["plan_id"].nunique() == nested["sampling"].data.metrics["sampled_plans"] > 2
     population = int(nested["search"].data.params["search_population"])  # one measured best sample per policy
-    assert 1 <= table["measured"].sum() <= population
+    assert 1 <= table["measured"].sum() <= population + FINAL_BY_ESTIMATE  # + the final race's unmeasured ones
+    assert (table.loc[table["measured"], "measured_rounds"] >= 1).all()
+    assert nested["sampling"].data.tags["chosen_by"].startswith("race of")
+    final = json.loads(Path(client.download_artifacts(sampling, "search/final_race.json", str(tmp_path))).read_text())
+    assert final["winner"] == result.evaluations["tapp"].plan.id
     assert table.loc[table["measured"], "measured_step_time_s"].notna().all()
     assert table["estimated_step_time_s"].notna().all()
     assert table["chosen"].sum() == 1
@@ -181,13 +190,18 @@ def test_the_parent_run_opens_on_the_result(measured: tuple[ExperimentResult, ob
     note = client.get_run(result.run_id).data.tags[NOTE_TAG]
     assert note == result.summary
     lines = note.splitlines()
-    assert lines[0].startswith("### tiny_cnn on local, batch 16") and lines[2].startswith("**Fastest: ")
+    assert lines[0].startswith("### tiny_cnn on local, batch 16")
+    assert lines[2].startswith(("**Fastest: ", "**Best group: ")) and "(raced)" in lines[2]
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and "---" not in line}
     assert set(rows) == {"method", *PAPER_METHODS}
     nested = children(client, result.run_id)
     for method in PAPER_METHODS:
         step_time = nested[method].data.metrics[runs.STEP_TIME]
-        assert rows[method].split("|")[2].strip() == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
+        cell = rows[method].split("|")[2].strip().strip("*")  # bold in the best group
+        median, half = cell.split(" ± ")  # raced: the median ± half its interval
+        assert median == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
+        low, high = (nested[method].data.metrics[m] for m in (runs.STEP_TIME_LOW, runs.STEP_TIME_HIGH))
+        assert half == f"{(high - low) / 2:.4g}"
     assert f"TAPP's plan `{result.evaluations['tapp'].plan.id}`" in note
     report_run = nested["report"].info.run_id
     assert f"/runs/{report_run}/artifacts/report/step_time.md?workflowType=machine_learning" in note
@@ -268,8 +282,9 @@ def test_prefect_shows_tapps_work(measured: tuple[ExperimentResult, object, Path
     assert result.summary in messages
 
     names = {t.name for t in tasks}
-    expected = {"profile", "sampling", "report", "measure-plans", *(f"search-round-{n}" for n in range(1, 5))}
-    expected |= {f"evaluate-{m}" for m in PAPER_METHODS} | {f"train-{m}" for m in PAPER_METHODS}
+    expected = {"profile", "sampling", "report", "race", *(f"search-round-{n}" for n in range(1, 5))}
+    expected |= {f"plan-{m}" for m in PAPER_METHODS} | {f"evaluate-{m}" for m in PAPER_METHODS}
+    expected |= {f"train-{m}" for m in PAPER_METHODS}
     assert names == expected
 
 

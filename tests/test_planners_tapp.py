@@ -195,7 +195,7 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     ).search(library, cluster, measurer=pool)
     phases = [r.phase for r in search.rounds()]
     assert phases == ["simulated"] * 4 + ["measured"] * 2
-    assert 1 <= len(pool.measured) <= 2 * 2 * 1
+    assert 1 <= len(set(pool.measured)) <= 2 * 2 * 1  # distinct plans; a near-best one runs more rounds
     assert search.best_plan is not None and math.isfinite(search.best_time("measured"))
     search.finish()
     assert search.polish_gain is None  # a measured best is not polished on the cost model

@@ -122,3 +122,84 @@ def test_unknown_experiment_or_no_evaluations_is_a_clear_error(tracking_uri: str
     MlflowClient().create_experiment(experiment_name)
     with pytest.raises(runs.ReportError, match="has no finished evaluation runs"):
         build_tables(experiment_name)
+
+
+RACE = {  # method: per-round step times of one race (rounds 1-5); the oracle shares SingleCPU's plan
+    "single-cpu": [0.34, 0.35, 0.36, 0.33, 0.35],
+    "tapp": [0.36, 0.37, 0.34, 0.38, 0.36],
+    "bsp": [1.40, 1.45, 1.50, 1.42, 1.46],
+    "pipetorch": [0.45, 0.46, 0.47, 0.48, 0.46],
+    "oracle": [0.34, 0.35, 0.36, 0.33, 0.35],
+}
+
+
+def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1)) -> RunRef:
+    """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load."""
+    tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
+    with tracked_run("alexnet", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+        for method, rounds in RACE.items():
+            extra = {runs.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
+            child_tags = tags.as_tags(
+                **{
+                    runs.KIND: runs.EVALUATION,
+                    runs.METHOD: method,
+                    runs.EXPERIMENT_RUN: parent.run_id,
+                    runs.STEP_TIME_SOURCE: "measured",
+                    runs.RACE_ID: "race-1",
+                    **extra,
+                }
+            )
+            with tracked_run(method, child_tags, parent=parent.ref) as child:
+                ordered = sorted(rounds)
+                child.log_metrics(
+                    {
+                        runs.STEP_TIME: ordered[2],
+                        runs.STEP_TIME_LOW: ordered[0],
+                        runs.STEP_TIME_HIGH: ordered[-1],
+                        runs.RACE_ROUNDS: len(rounds),
+                        runs.HOST_OTHER_CPU: loads[0],
+                        runs.LOAD_BEFORE: loads[1],
+                        runs.LOAD_AFTER: loads[2],
+                        runs.HOST_CPUS: 2,
+                        runs.HOST_RANKS: 3,
+                    }
+                )
+                for number, seconds in enumerate(rounds, start=1):
+                    child.log_metrics({runs.ROUND_STEP_TIME: seconds}, step=number)
+    return parent.ref
+
+
+def test_raced_cells_show_the_interval_and_mark_the_best_group(tracking_uri: str, experiment_name: str) -> None:
+    log_race(experiment_name)
+
+    table = build_tables(experiment_name).step_time
+    markdown, latex = table.to_markdown(), table.to_latex()
+
+    # SingleCPU 0.35 [0.33, 0.36], TAPP 0.36 [0.34, 0.38]: they overlap, so both are the best group; the oracle ran
+    # SingleCPU's plan and shows the same figure; Pipe-Torch [0.45, 0.48] and BSP are out.
+    row = "| AlexNet | local | 64 | **0.350 ± 0.015** | 0.460 ± 0.015 | 1.450 ± 0.050 | **0.360 ± 0.020** |"
+    assert row in markdown
+    assert markdown.count("**0.350 ± 0.015**") == 2  # SingleCPU and the oracle: one plan, one figure
+    assert "Oracle chose the same plan as SingleCPU; it was raced once" in markdown
+    assert "\\textbf{0.350 $\\pm$ 0.015}" in latex and "0.460 $\\pm$ 0.015 &" in latex
+    # BSP/TAPP from the rounds paired: 1.40/0.36, 1.45/0.37, 1.50/0.34, 1.42/0.38, 1.46/0.36; median 4.06.
+    ratios = sorted(b / t for b, t in zip(RACE["bsp"], RACE["tapp"], strict=True))
+    assert table.frame.loc[0, "speedup BSP/TAPP"] == pytest.approx(ratios[2])
+    assert table.frame.loc[0, "speedup BSP/TAPP low"] == pytest.approx(ratios[0])
+    assert f"{ratios[2]:.2f}x ± {(ratios[-1] - ratios[0]) / 2:.2f}x" in markdown
+    assert "WARNING" not in markdown
+
+    csv = pd.read_csv(io.StringIO(table.to_csv()))
+    assert list(csv.columns[3:11]) == [
+        "SingleCPU", "SingleCPU low", "SingleCPU high", "SingleCPU best",
+        "Pipe-Torch", "Pipe-Torch low", "Pipe-Torch high", "Pipe-Torch best",
+    ]  # fmt: skip
+    assert (csv.loc[0, "TAPP"], csv.loc[0, "TAPP low"], csv.loc[0, "TAPP high"]) == (0.36, 0.34, 0.38)
+    assert csv.loc[0, "TAPP best"] and not csv.loc[0, "BSP best"]
+
+
+def test_a_race_on_an_overloaded_host_is_a_warning_in_the_table(tracking_uri: str, experiment_name: str) -> None:
+    log_race(experiment_name, loads=(0.4, 3.5, 6.0))  # other processes took 40 % of the CPU time
+    markdown = build_tables(experiment_name).step_time.to_markdown()
+    assert "WARNING: the race for AlexNet on local, batch 64, ran on an overloaded host" in markdown
+    assert "(other processes took 40% of its CPU time; 1-minute load average 3.5 before, 6.0 after;" in markdown

@@ -15,12 +15,12 @@ from tapp_core.cluster import load_cluster, parse_cluster
 from tapp_core.costs import DEFAULT_CALIBRATION
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
-from tapp_core.plan import PlanError, single_stage_plan
+from tapp_core.plan import Plan, PlanError, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
-from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, single_device_plan
-from tasks.measure import RuntimeSettings
+from tapp_core.runtime.race import run_race
+from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, plan_method, single_device_plan
 from tasks.profile import record_library
 from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
@@ -94,8 +94,9 @@ def test_layer_library_is_logged_and_reads_back(
 def test_evaluation_logs_plan_and_estimate(tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary) -> None:
     cluster = load_cluster("local")
     tags = experiment_tags()
+    planned = plan_method.fn("pipetorch", tiny_library, cluster, tags)
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
-        result = evaluate_method.fn("pipetorch", tiny_library, cluster, parent.ref, tags)
+        result = evaluate_method.fn(planned, parent.ref, tags)
 
     stored = MlflowClient().get_run(result.run_id)
     assert stored.info.status == "FINISHED"
@@ -113,8 +114,10 @@ def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
     cluster = load_cluster("local")
     tags = experiment_tags()
     bad = single_stage_plan(tiny_library, ["nowhere"], batch_size=16)  # a device the cluster does not have
+    planned = plan_method.fn("tapp", tiny_library, cluster, tags, plan=bad)
+    assert not planned.ok and isinstance(planned.failure, PlanError)
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent, pytest.raises(PlanError):
-        evaluate_method.fn("tapp", tiny_library, cluster, parent.ref, tags, plan=bad)
+        evaluate_method.fn(planned, parent.ref, tags)
 
     client = MlflowClient()
     (child,) = client.search_runs([parent.ref.experiment_id], f"tags.{runs.METHOD} = 'tapp'")
@@ -144,26 +147,40 @@ def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None
     )  # fmt: skip
 
 
-def test_a_plan_already_measured_for_another_method_is_not_measured_again(
+def test_two_methods_with_one_plan_are_raced_once_and_share_its_figure(
     tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
 ) -> None:
     cluster = load_cluster("local")
     tags = experiment_tags()
-    plan = single_device_plan(tiny_library, cluster, "cpu", 16)
-    earlier = Measurement(plan_id=plan.id, step_time_s=0.25, communication_share=0.0, emulated=True)
+    single = plan_method.fn("single-cpu", tiny_library, cluster, tags)
+    oracle = dataclasses.replace(single, method="oracle", plan=dataclasses.replace(single.plan, planner="oracle"))
+    bsp = plan_method.fn("bsp", tiny_library, cluster, tags)
+    race = run_race(FixedRounds({single.plan.id: 0.25, bsp.plan.id: 0.5}), [single.plan, oracle.plan, bsp.plan])
+    assert len(race.plans) == 2  # the oracle's plan is SingleCPU's: raced once
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
-        result = evaluate_method.fn(
-            "single-cpu",
-            tiny_library,
-            cluster,
-            parent.ref,
-            tags,
-            runtime=RuntimeSettings(),  # measuring is on, but the plan's measurement is already known
-            measured_plans={plan.id: ("pipetorch", earlier)},
-        )
-    stored = MlflowClient().get_run(result.run_id).data
-    assert stored.tags[MEASUREMENT_FROM] == "pipetorch"
-    assert stored.metrics[runs.STEP_TIME] == stored.metrics[runs.MEASURED_STEP_TIME] == 0.25
+        results = [
+            evaluate_method.fn(single, parent.ref, tags, race),
+            evaluate_method.fn(oracle, parent.ref, tags, race, measurement_from="single-cpu"),
+        ]
+    stored = [MlflowClient().get_run(r.run_id).data for r in results]
+    assert MEASUREMENT_FROM not in stored[0].tags and stored[1].tags[MEASUREMENT_FROM] == "single-cpu"
+    for data in stored:
+        assert data.metrics[runs.STEP_TIME] == data.metrics[runs.MEASURED_STEP_TIME] == 0.25
+        assert (data.metrics[runs.STEP_TIME_LOW], data.metrics[runs.STEP_TIME_HIGH]) == (0.25, 0.25)
+        assert data.metrics[runs.RACE_ROUNDS] == race.rounds and data.tags[runs.RACE_ID] == race.id
+        assert data.tags[runs.BEST_GROUP] == "true"  # 0.25 s against BSP's 0.5 s
+    rounds = MlflowClient().get_metric_history(results[1].run_id, runs.ROUND_STEP_TIME)
+    assert [m.step for m in rounds] == list(range(1, race.rounds + 1))
+
+
+class FixedRounds:
+    """Each plan's every round measures its given seconds."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    def __call__(self, plan: Plan) -> Measurement:
+        return Measurement(plan_id=plan.id, step_time_s=self.seconds[plan.id], emulated=True)
 
 
 def test_the_flow_s_search_budget_is_the_planner_s_options_with_named_ones_overridden() -> None:

@@ -32,9 +32,10 @@ DEFAULT_CLUSTER = "local"
 DEFAULT_BATCH = 64
 DEFAULT_PLAN = Path("plan.json")
 DEFAULT_REPORT = Path("out/report")
-DEFAULT_STEPS = 30
-"""Timed steps per measurement, after the warm-up (``tapp measure``, ``tapp run``)."""
-DEFAULT_WARMUP = 2
+DEFAULT_STEPS = 3
+"""Timed steps per plan and race round, after the warm-up (``tapp measure``, ``tapp run``): plans are measured in
+races of interleaved rounds (``tapp_core.runtime.race``), the flow's ``RuntimeSettings``."""
+DEFAULT_WARMUP = 1
 
 ModelOpt = Annotated[
     str,
@@ -63,8 +64,8 @@ TrackingUriOpt = Annotated[
     str | None, typer.Option(help="MLflow store or server (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
 ]
 ReportOutOpt = Annotated[Path, typer.Option("--out", "-o", help="folder for the report's tables and figures")]
-StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per measurement, after the warm-up")]
-WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps before the timed ones, not counted")]
+StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per plan and race round, after the warm-up")]
+WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps per plan and race round, not counted")]
 DataDirOpt = Annotated[
     Path | None,
     typer.Option(

@@ -1,15 +1,18 @@
-"""Commands that run a plan on MPI workers: ``measure`` and ``train``.
+"""Commands that run plans on MPI workers: ``measure`` (a race of one plan or several) and ``train``.
 
-Everything that can be checked is checked before any MPI process starts: the options, the plan's structure and
+Everything that can be checked is checked before any MPI process starts: the options, each plan's structure and
 schedule against the traced model, its memory against the layer library (given, cached or profiled now), and for
 ``train`` every file of the data. A bad one is one line and exit 2; only then does the pool start, with one rank
-per device of the plan.
+per device of the plans.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -37,12 +40,14 @@ from flows.cli.common import (
     error_console,
     fail,
     load_plan,
+    print_markdown,
 )
 from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
     from tapp_core.cluster import Cluster
     from tapp_core.plan import Plan
+    from tapp_core.runtime.race import RaceResult
 
 
 AllowOversubscribeOpt = Annotated[
@@ -81,32 +86,148 @@ def _ranks(chosen: Plan) -> str:
     return f"{count} MPI rank{'s' if count != 1 else ''}"
 
 
+PlanFilesOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--plan", "-p", help="plan JSON (tapp plan --out); give --plan several times to race the plans"),
+]
+
+
 def measure(
     model: ModelOpt = DEFAULT_MODEL,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
-    plan_file: PlanFileOpt = DEFAULT_PLAN,
+    plan_files: PlanFilesOpt = None,
     steps: StepsOpt = DEFAULT_STEPS,
     warmup: WarmupOpt = DEFAULT_WARMUP,
+    min_rounds: Annotated[int, typer.Option(min=1, help="rounds before any verdict (5: a 90 % interval)")] = 5,
+    max_rounds: Annotated[int, typer.Option(min=1, help="most rounds")] = 15,
+    budget: Annotated[float, typer.Option(min=1.0, help="seconds after which no new round starts")] = 600.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="several plans: also write the race as JSON here")
+    ] = None,
     library: LibraryOpt = None,
     seed: SeedOpt = 0,
     emulate: EmulateOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds before the plan is abandoned")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="seconds before a plan's round is abandoned")] = 600.0,
     allow_oversubscribe: AllowOversubscribeOpt = False,
 ) -> None:
-    """Run a plan on MPI workers (one rank per device of the plan, launched with mpiexec) and print its
-    Measurement as JSON."""
-    from tapp_core.runtime import measure as run_measure
-
+    """Measure plans on MPI workers (one rank per device of the plans, launched with mpiexec) in a race of
+    interleaved rounds: one plan prints its Measurement as JSON (the median over its rounds, with its interval);
+    several print each one's median and interval, the best group and the winner."""
     if not (math.isfinite(timeout) and timeout > 0):
         raise TappError(f"--timeout must be a positive number of seconds, got {timeout}")
-    chosen, target = _plan_to_run(model, plan_file, cluster, library, allow_oversubscribe)
+    choice = RaceChoice(steps, warmup, min_rounds, max_rounds, budget, timeout)
+    files = plan_files or [DEFAULT_PLAN]
+    if len(files) > 1:
+        _race(model, cluster, files, library, seed, emulate, choice, json_out, allow_oversubscribe)
+        return
+    chosen, target = _plan_to_run(model, files[0], cluster, library, allow_oversubscribe)
     with error_console.status(f"measuring plan {chosen.id} on {target.name} ({_ranks(chosen)})"):
-        result = run_measure(
-            chosen, target, model, steps=warmup + steps, warmup=warmup, seed=seed, emulate=emulate, timeout_s=timeout
+        result = _run_race(target, [chosen], model, seed, emulate, choice)
+    measured = result.measurements[0]
+    typer.echo(measured.to_json())
+    if not measured.ok:
+        raise fail(f"plan {chosen.id} failed: {measured.error}")
+
+
+@dataclass(frozen=True)
+class RaceChoice:
+    """The race the command line asked for."""
+
+    steps: int
+    warmup: int
+    min_rounds: int
+    max_rounds: int
+    budget_s: float
+    timeout_s: float
+
+
+def _run_race(
+    target: Cluster,
+    plans: list[Plan],
+    model: str,
+    seed: int,
+    emulate: bool | None,
+    choice: RaceChoice,
+    on_round: Callable[[int, RaceResult], None] | None = None,
+) -> RaceResult:
+    """Race ``plans`` (each checked by ``_plan_to_run``) on a pool of the devices they use."""
+    from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+
+    options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
+    steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
+    devices = sorted({d for plan in plans for d in plan.devices})
+    with WorkerPool(target, devices=devices) as pool:
+        return race(pool, plans, model, options, steps, emulate=emulate, on_round=on_round)
+
+
+def _race(
+    model: str,
+    cluster: str,
+    files: list[Path],
+    library: Path | None,
+    seed: int,
+    emulate: bool | None,
+    choice: RaceChoice,
+    json_out: Path | None,
+    allow_oversubscribe: bool,
+) -> None:
+    """Race the plans of ``files`` on one pool and print the verdict as a Markdown table."""
+    from tapp_core.paths import check_output_file
+
+    if json_out is not None:
+        check_output_file(json_out, "--json")
+    loaded = [_plan_to_run(model, f, cluster, library, allow_oversubscribe) for f in files]
+    target = loaded[0][1]
+    plans = [plan for plan, _ in loaded]
+    names: dict[str, list[str]] = {}
+    for path, plan in zip(files, plans, strict=True):
+        names.setdefault(plan.id, []).append(path.name)
+    racing = f"racing {len(names)} plans on {target.name}"
+    with error_console.status(racing) as status:
+        result = _run_race(
+            target, plans, model, seed, emulate, choice, lambda number, _: status.update(f"{racing}: round {number}")
         )
-    typer.echo(result.to_json())
-    if not result.ok:
-        raise fail(f"plan {chosen.id} failed: {result.error}")
+    print_markdown(race_table(result, {key: " = ".join(v) for key, v in names.items()}))
+    if json_out is not None:
+        summary = {**result.summary(), "measurements": [m.to_dict() for m in result.measurements]}
+        json_out.write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    failed = [m for m in result.measurements if not m.ok]
+    if failed:
+        raise fail("; ".join(f"plan {m.plan_id} {m.error}" for m in failed))
+
+
+def race_table(result: RaceResult, names: dict[str, str]) -> str:
+    """The race as Markdown: one row per plan, fastest first, the best group marked, then how the race went."""
+    group = {p.id for p in result.best_group()}
+    winner = result.winner()
+    rows = [
+        "| plan | devices | median s | ± | interval s | rounds | |",
+        "| --- | --- | ---: | ---: | --- | ---: | --- |",
+    ]
+    order = sorted(
+        zip(result.plans, result.measurements, strict=True), key=lambda pm: (not pm[1].ok, pm[1].step_time_s)
+    )
+    for plan, measured in order:
+        devices = " \\| ".join("+".join(d) for d in plan.stage_devices)
+        interval = measured.interval
+        if interval is None:
+            rows.append(f"| {names[plan.id]} | {devices} | – | – | failed: {measured.error} | {measured.rounds} | |")
+            continue
+        mark = "winner" if winner is not None and plan.id == winner.id else ("best group" if plan.id in group else "")
+        rows.append(
+            f"| {names[plan.id]} | {devices} | {interval.median:.4f} | {interval.half_width:.4f} | "
+            f"[{interval.low:.4f}, {interval.high:.4f}] | {measured.rounds} | {mark} |"
+        )
+    notes = [
+        f"{result.rounds} rounds ({result.stop}), {result.elapsed_s:.0f} s; intervals: order statistics over the rounds, "
+        f"at least {result.options.confidence:.0%} where there are enough rounds. Best group: every plan whose "
+        "interval overlaps the fastest's; the winner is its plan with fewest devices.",
+        f"host load average {result.load_before:.2f} before, {result.load_after:.2f} after, on {result.host_cpus} cores",
+    ]
+    if result.overloaded:
+        notes.append("WARNING: the host was overloaded during the race; its intervals are wider than on a quiet host")
+    return "\n".join([*rows, "", *notes]) + "\n"
 
 
 def train(

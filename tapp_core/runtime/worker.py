@@ -61,7 +61,7 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     import torch
 
     from tapp_core.runtime.coordinator import coordinate, follow
-    from tapp_core.runtime.emulation import configure_threads
+    from tapp_core.runtime.emulation import configure_threads, pin_rank
     from tapp_core.runtime.jobs import RankInfo, RankSetup, Ready
     from tapp_core.runtime.rank import Rank, warm_up
 
@@ -79,7 +79,9 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     assert setup is not None  # the broadcast's root holds it
     if world.Get_size() != len(setup.devices):
         raise RuntimeError(f"{world.Get_size()} ranks for the pool's {len(setup.devices)} devices")
-    configure_threads(setup.cluster.device(setup.devices[world.Get_rank()]))
+    devices = [setup.cluster.device(name) for name in setup.devices]
+    configure_threads(devices[world.Get_rank()])
+    pin_rank(devices, world.Get_rank())
     warm_up()
     rank = Rank(world, setup.cluster, setup.devices)
     ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv)), root=0)

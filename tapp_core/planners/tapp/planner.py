@@ -1,6 +1,7 @@
 """TAPP as a planner: build the search from the options, run its rounds, finish it (``TappSearch.finish``: when
 nothing was measured, the polish of ``polish``, a local search over stage boundaries, micro-batch counts, device
-moves and relay stages, from the best simulated plans), return the best with the search's statistics."""
+moves and relay stages, from the best simulated plans; when plans were measured, a race among the best candidates
+by estimate and by measurement), return the chosen plan with the search's statistics and how it was chosen."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class TappPlanner(PlannerBase, SearchOptions):
     groups: int | None = None
     """Most pipeline stages; None: one per device."""
     pool: Measurer | None = None
-    """measured / hybrid: what measures plans (a started ``WorkerPool``); None: start one on the cluster."""
+    """measured / hybrid: what measures plans (a started ``WorkerPool``, raced in rounds of a warm-up step and a few
+    timed ones, ``race.RoundSteps``; or any ``Measurer``, one call a round); None: start a pool on the cluster."""
     checkpoint: str | os.PathLike[str] | None = None
     """Save the search here after every round."""
     resume: bool = False
@@ -103,10 +105,14 @@ class TappPlanner(PlannerBase, SearchOptions):
     def _measurer(self, cluster: Cluster) -> Iterator[Measurer | None]:
         if self.reward == "simulated":
             yield None
-        elif self.pool is not None:
-            yield self.pool
         else:
             from tapp_core.runtime.pool import WorkerPool  # only measured searches need MPI
+            from tapp_core.runtime.race import PoolRounds
 
-            with WorkerPool(cluster) as pool:
-                yield pool
+            if isinstance(self.pool, WorkerPool):
+                yield PoolRounds(self.pool)  # one race round of a plan: a warm-up step and a few timed ones
+            elif self.pool is not None:
+                yield self.pool
+            else:
+                with WorkerPool(cluster) as pool:
+                    yield PoolRounds(pool)

@@ -4,6 +4,11 @@ A reward source turns plans into step times in seconds, ``inf`` for a plan that 
 memory, the runtime raised, timed out or lost a rank): the search turns that into a penalty, never a crash.
 Both sources remember what they have seen, so a plan sampled again costs nothing and a resumed search sees
 the same values.
+
+The measured source races (``tapp_core.runtime.race``): the new plans of a call run one interleaved round; a plan
+whose step time is near the best measured so far (or better) is raced against that best for more rounds before
+the policy learns from it, so that one lucky run does not make a plan the search's best. The final choice of a
+search (``TappSearch.finish``) is a race too (``MeasuredReward.race``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,17 @@ from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, PlanError, validate
 from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.runtime.race import RaceOptions, RaceResult, own_processes, pooled_rounds, ranks_on_host, run_race
+
+SCREEN = RaceOptions(min_rounds=1, max_rounds=1)
+"""A new plan's first measurement: one round, interleaved with the call's other new plans."""
+NEAR_BEST = 0.10
+"""A new plan measured within this fraction of the best measured step time (or faster) is confirmed."""
+CONFIRM = RaceOptions(min_rounds=3, max_rounds=3)
+"""The confirmation: more rounds raced against the best measured plan; both plans' rounds are pooled."""
+FINAL = RaceOptions(min_rounds=5, max_rounds=12, budget_s=150.0)
+"""The final choice's race among the search's top candidates (no new round after 150 s: the chosen plan is raced
+again against every method in an experiment's evaluation)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +81,18 @@ class SimulatedState(TypedDict):
     best_plan: dict[str, object] | None
 
 
-class MeasuredState(TypedDict):
+class MeasuredState(TypedDict, total=False):
     measurements: dict[str, dict[str, object]]
+    plans: dict[str, dict[str, object]]
+
+
+@runtime_checkable
+class Racing(Protocol):
+    """A reward source that can race plans against each other (the measured one)."""
+
+    def race(self, plans: Sequence[Plan], options: RaceOptions | None = None) -> RaceResult:
+        """Race ``plans`` in interleaved rounds (``options``: the source's final-choice race by default)."""
+        ...
 
 
 class SimulatedReward:
@@ -102,39 +128,98 @@ class SimulatedReward:
 
 
 class MeasuredReward:
-    """Measures plans on a ``Measurer``; a plan that cannot fit (``validate``) is failed without running it."""
+    """Measures plans on a ``Measurer`` in races; a plan that cannot fit (``validate``) is failed without running
+    it. Each ``measure`` call of the measurer is one round of one plan."""
 
     kind = "measured"
 
-    def __init__(self, measurer: Measurer, library: LayerLibrary, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        measurer: Measurer,
+        library: LayerLibrary,
+        cluster: Cluster,
+        *,
+        near_best: float = NEAR_BEST,
+        confirm: RaceOptions = CONFIRM,
+        final: RaceOptions = FINAL,
+    ) -> None:
         self.measurer = measurer
         self.library = library
         self.cluster = cluster
+        self.near_best = near_best
+        self.confirm = confirm
+        self.final = final
         self.measurements: dict[str, Measurement] = {}
+        """Plan id -> its measurement, every round it ran in pooled (``pooled_rounds``)."""
+        self.plans: dict[str, Plan] = {}
+        self.confirmed: set[str] = set()
+        """Plans that were raced against the best for more rounds."""
 
     @property
     def evaluations(self) -> int:
         return len(self.measurements)
 
     def step_times(self, plans: Sequence[Plan]) -> list[float]:
-        return [self._step_time(plan) for plan in plans]
-
-    def _step_time(self, plan: Plan) -> float:
-        known = self.measurements.get(plan.id)
-        if known is None:
+        new: dict[str, Plan] = {}
+        for plan in plans:
+            if plan.id in self.measurements or plan.id in new:
+                continue
             try:
                 validate(plan, self.library, self.cluster)
             except PlanError as exc:
-                known = Measurement.failed(plan.id, str(exc), self.cluster.emulated)
-            else:
-                known = self.measurer.measure(plan)
-            self.measurements[plan.id] = known
-        if not known.ok or not math.isfinite(known.step_time_s):
+                self.measurements[plan.id] = Measurement.failed(plan.id, str(exc), self.cluster.emulated)
+                continue
+            new[plan.id] = plan
+        if new:
+            self.race(list(new.values()), SCREEN)
+            for plan in sorted(new.values(), key=self._step_time):
+                self._confirm(plan)
+        return [self._step_time(plan) for plan in plans]
+
+    def race(self, plans: Sequence[Plan], options: RaceOptions | None = None) -> RaceResult:
+        """Race ``plans`` (``options``: the final choice's by default); their rounds join what was measured before."""
+        result = run_race(
+            self.measurer.measure,
+            plans,
+            options or self.final,
+            host_ranks=ranks_on_host(self.cluster.devices),
+            own_pids=own_processes(self.measurer),
+        )
+        for plan, measured in zip(result.plans, result.measurements, strict=True):
+            self.plans.setdefault(plan.id, plan)
+            known = self.measurements.get(plan.id)
+            self.measurements[plan.id] = pooled_rounds(known, measured) if known is not None else measured
+        return result
+
+    def _confirm(self, plan: Plan) -> None:
+        """Race ``plan`` against the best other measured plan when it is near that best (or better), or when nothing
+        else has been measured yet; one lucky round must not become the policy's best."""
+        measured = self.measurements[plan.id]
+        if not measured.ok:
+            return
+        rival = self._best(excluding=plan.id)
+        if rival is not None and measured.step_time_s > (1 + self.near_best) * self._step_time(rival):
+            return
+        self.confirmed.add(plan.id)
+        self.race([plan] if rival is None else [plan, rival], self.confirm)
+
+    def _best(self, excluding: str) -> Plan | None:
+        times = {key: self._step_time(p) for key, p in self.plans.items() if key != excluding}
+        finite = [key for key, t in times.items() if math.isfinite(t)]
+        return self.plans[min(finite, key=times.__getitem__)] if finite else None
+
+    def _step_time(self, plan: Plan) -> float:
+        known = self.measurements.get(plan.id)
+        if known is None or not known.ok or not math.isfinite(known.step_time_s):
             return math.inf
         return known.step_time_s
 
     def state(self) -> MeasuredState:
-        return {"measurements": {key: m.to_dict() for key, m in self.measurements.items()}}
+        return {
+            "measurements": {key: m.to_dict() for key, m in self.measurements.items()},
+            "plans": {key: p.to_dict() for key, p in self.plans.items()},
+        }
 
     def load_state(self, state: MeasuredState) -> None:
-        self.measurements = {key: Measurement.from_dict(m) for key, m in state["measurements"].items()}
+        self.measurements = {key: Measurement.from_dict(m) for key, m in state.get("measurements", {}).items()}
+        self.plans = {key: Plan.from_dict(p) for key, p in state.get("plans", {}).items()}

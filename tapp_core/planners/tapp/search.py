@@ -53,9 +53,24 @@ from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.tapp.options import SearchOptions
 from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolicy, repaired_stages
 from tapp_core.planners.tapp.polish import SPAN, STARTS, TRIES, Polish, polish_starts
-from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
+from tapp_core.planners.tapp.rewards import Racing, RewardSource, TimedPlan
+from tapp_core.runtime.race import RaceResult
 
 PHASES = ("simulated", "measured")
+FINAL_BY_ESTIMATE = 2
+"""The final race's candidates by the cost model: the best distinct simulated plans."""
+FINAL_BY_MEASUREMENT = 3
+"""The final race's candidates by measurement: the best distinct measured plans."""
+
+
+def _distinct(timed: Sequence[TimedPlan], count: int | None = None) -> list[Plan]:
+    """The first ``count`` (default: all) distinct plans of ``timed``, in its order."""
+    plans: dict[str, Plan] = {}
+    for entry in timed:
+        if count is not None and len(plans) >= count:
+            break
+        plans.setdefault(entry.plan.id, entry.plan)
+    return list(plans.values())
 
 
 @dataclass
@@ -224,6 +239,8 @@ class TappSearch:
         self.history: list[RoundReport] = []
         self.polish_gain: float | None = None
         """Relative gain of the polish over the best simulated plan before it; None: not polished."""
+        self.final_race: RaceResult | None = None
+        """The race that made the final choice (``finish``), when plans were measured."""
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -402,12 +419,43 @@ class TappSearch:
     # --- the end: polish and choice -------------------------------------------------------------------------------
 
     def finish(self) -> Plan:
-        """End the search: its chosen plan (``result``), polished first when the options ask for it and nothing
-        was measured (a measured best is the runtime's verdict, which a local search on the cost model cannot
-        improve). The TAPP planner and the flow's sampling stage both end a search here."""
+        """End the search: its chosen plan, with how it was chosen in its notes (``chosen_by``).
+
+        When nothing was measured: the best plan by the cost model, polished first when the options ask for it.
+        When plans were measured: a race (``MeasuredReward.race``) among the ``FINAL_BY_ESTIMATE`` best plans by
+        the cost model and the ``FINAL_BY_MEASUREMENT`` best by measurement; the winner is the plan with fewest
+        devices among those whose interval overlaps the fastest's (the same speed, fewer resources), and the race's
+        summary is in the notes as ``final_race``. A measured best is never polished on the cost model. The TAPP
+        planner and the flow's sampling stage both end a search here.
+        """
         if self.config.polish and self.best["measured"] is None:
             self.polish()
-        return self.result()
+        chosen = self.result()
+        measured = self.measured
+        if self.best["measured"] is None or not isinstance(measured, Racing):
+            how = "cost model" if self.best["measured"] is None else "best measurement"
+            return dataclasses.replace(chosen, notes={**chosen.notes, "chosen_by": how})
+        candidates = self._final_candidates()
+        race = measured.race(candidates)
+        self.final_race = race
+        winner = race.winner()
+        if winner is None:
+            notes = {**chosen.notes, "chosen_by": "best measurement (every plan failed the final race)"}
+            return dataclasses.replace(chosen, notes=notes)
+        how = f"race of {len(race.plans)} candidates ({race.rounds} rounds, stopped: {race.stop})"
+        if len(race.best_group()) > 1:
+            how += f"; {len(race.best_group())} tied within the noise, the one with fewest devices chosen"
+        notes = {**chosen.notes, "chosen_by": how, "final_race": race.summary()}
+        return dataclasses.replace(winner, planner=chosen.planner, notes=notes)
+
+    def _final_candidates(self) -> list[Plan]:
+        """The best distinct plans by the cost model and by measurement, for the final race."""
+        by_estimate = _distinct(sorted(self.remembered("simulated"), key=lambda t: t.step_time_s), FINAL_BY_ESTIMATE)
+        assert self.measured is not None
+        measured = _distinct(self.remembered("measured"))
+        now = self.measured.step_times(measured)  # what every measured plan's rounds say now, all pooled
+        fastest = sorted((t, i) for i, t in enumerate(now) if math.isfinite(t))[:FINAL_BY_MEASUREMENT]
+        return _distinct([TimedPlan(t, measured[i]) for t, i in fastest] + [TimedPlan(0.0, p) for p in by_estimate])
 
     def polish(self, span: int = SPAN, tries: int = TRIES, starts: int = STARTS) -> float:
         """The local search of ``polish.Polish`` from the ``starts`` fastest distinct simulated plans this search
