@@ -3,7 +3,8 @@
 
 A cell holds one ``Result`` per contender:
 
-- ``oracle``: the exhaustive oracle, time-boxed (``TimeBoxedOracle``); its note says whether it proved optimality;
+- ``oracle``: the exhaustive oracle, time-boxed (its ``time_limit_s`` covers its whole search); its note says whether it
+  proved optimality;
 - ``tapp``: the full planner; ``tapp-rl``: the RL alone (``RL_ALONE_OPTIONS``: no polish, and no warm start once
   TAPP has one), a run of its own with the same seed, rounds and time limit;
 - every other planner (``OTHER_PLANNERS``), each optionally in a child process killed at a time limit;
@@ -36,8 +37,6 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan, PlanError, validate
 from tapp_core.planners import DEFAULT_MICRO_BATCHES, get_planner, planner_options
-from tapp_core.planners.base import ProgressCallback
-from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.oracle import OraclePlanner
 from tapp_core.planners.space import contiguous_plan
 
@@ -131,48 +130,6 @@ class Settings:
     log: Callable[[str], None] = print
 
 
-@dataclass
-class TimeBoxedOracle(OraclePlanner):
-    """The oracle with its time limit covering its starting incumbents too.
-
-    ``OraclePlanner`` estimates one balanced plan per device grouping and micro-batch count before its branch and
-    bound, and its ``time_limit_s`` covers only the branch and bound: 8 unlike devices have about a million
-    groupings (hours of estimates). Here the incumbents are estimated fewest stages and fewest devices first
-    (every single-device plan among the first), at least one chunk of them and then until half the time left,
-    leaving the rest to the branch and bound over those found; a search whose incumbents were cut is not a proof,
-    and its notes say ``proved_optimal: False, incumbents_cut: True``."""
-
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        self._ends = time.perf_counter() + (self.time_limit_s or math.inf)
-        self._cut = False
-        plan = super()._plan(library, cluster, budget, progress)
-        if self._cut:
-            plan = dataclasses.replace(plan, notes={**plan.notes, "proved_optimal": False, "incumbents_cut": True})
-        return plan
-
-    def _incumbents(
-        self,
-        library: LayerLibrary,
-        groupings: Sequence[tuple[tuple[str, ...], ...]],
-        positions: list[int],
-        choices: Sequence[int],
-        evaluator: PlanEvaluator,
-        batch: int,
-    ) -> list[tuple[float, tuple[tuple[str, ...], ...], int]]:
-        now = time.perf_counter()
-        deadline = now + (self._ends - now) / 2
-        ordered = sorted(groupings, key=lambda g: (len(g), sum(map(len, g))))
-        found: list[tuple[float, tuple[tuple[str, ...], ...], int]] = []
-        for start in range(0, len(ordered), 64):
-            if start and time.perf_counter() > deadline:
-                self._cut = True
-                break
-            found += super()._incumbents(library, ordered[start : start + 64], positions, choices, evaluator, batch)
-        return found
-
-
 def run_cell(library: LayerLibrary, cluster: Cluster, settings: Settings) -> Cell:
     cell = Cell(library.model, cluster)
     for name in settings.planners:
@@ -230,7 +187,7 @@ def _finished(name: str, plan: Plan, wall: float, library: LayerLibrary, cluster
 
 
 def _run_oracle(library: LayerLibrary, cluster: Cluster, settings: Settings) -> Result:
-    oracle = TimeBoxedOracle(schedule=settings.schedule, seed=settings.seed, time_limit_s=settings.oracle_time_limit_s)
+    oracle = OraclePlanner(schedule=settings.schedule, seed=settings.seed, time_limit_s=settings.oracle_time_limit_s)
     started = time.perf_counter()
     try:
         plan = oracle.plan(library, cluster)
@@ -239,8 +196,9 @@ def _run_oracle(library: LayerLibrary, cluster: Cluster, settings: Settings) -> 
     wall = time.perf_counter() - started
     proved = bool(plan.notes.get("proved_optimal"))
     note = "proved optimal" if proved else "NOT proved (time limit)"
-    if plan.notes.get("incumbents_cut"):
-        note += ", incumbents cut"
+    cut = [part for part in ("groupings", "incumbents") if plan.notes.get(f"{part}_cut")]
+    if cut:
+        note += f", {' and '.join(cut)} cut"
     return _finished("oracle", plan, wall, library, cluster, note)
 
 

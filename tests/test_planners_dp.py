@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -171,6 +172,33 @@ def test_a_coarsened_oracle_says_so_and_cuts_only_where_allowed() -> None:
     allowed = set(coarse_cut_positions(LayerCosts.from_library(library), 4))
     assert plan.notes["coarsened"] is True and plan.notes["cut_positions"] == len(allowed) == 3
     assert {plan.stage_of_layer.index(s) for s in range(1, plan.n_stages)} <= allowed
+
+
+def test_groupings_come_fewest_stages_first() -> None:
+    stages = [len(g) for g in device_groupings(small_cluster((1.0, 0.5, 0.25, 0.125)), 4)]
+    assert stages == sorted(stages) and stages[0] == 1 and max(stages) == 4
+
+
+def test_a_time_limited_oracle_that_finishes_says_it_proved_the_optimum() -> None:
+    library, cluster = chain_library(), small_cluster()
+    boxed = get_planner("oracle", time_limit_s=60, micro_batches=(1, 4)).plan(library, cluster)
+    plain = get_planner("oracle", micro_batches=(1, 4)).plan(library, cluster)
+    assert boxed.notes["proved_optimal"] is True
+    assert boxed.notes["groupings_cut"] is False and boxed.notes["incumbents_cut"] is False
+    assert boxed.notes["estimated_step_time_s"] == plain.notes["estimated_step_time_s"]
+
+
+def test_the_oracle_s_time_limit_covers_its_groupings_and_incumbents() -> None:
+    library = chain_library([1.0] * 12)
+    # 9 unlike devices: about 7.9 million device groupings, hours of incumbent estimates without the limit.
+    cluster = small_cluster(tuple(1.0 - 0.08 * i for i in range(9)), slow_pair=False)
+    started = time.perf_counter()
+    plan = get_planner("oracle", time_limit_s=2).plan(library, cluster)
+    assert time.perf_counter() - started < 15
+    assert plan.notes["proved_optimal"] is False
+    assert plan.notes["groupings_cut"] or plan.notes["incumbents_cut"]
+    single = get_planner("single").plan(library, cluster)
+    assert plan.notes["estimated_step_time_s"] <= single.notes["estimated_step_time_s"]
 
 
 def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:

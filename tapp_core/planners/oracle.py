@@ -13,6 +13,11 @@ only grows) and abandoned once it reaches the incumbent, and a plan is only esti
 below the incumbent. Every plan of the space is therefore either estimated or proved no better
 (``proved_optimal`` in the notes; False only when a budget or time limit cut the search short). The incumbent
 starts from a balanced cut of every device grouping, which only speeds the proof up.
+
+``time_limit_s`` covers the whole search: the enumeration of device groupings (fewest stages first, for at most a
+quarter of the limit), their starting incumbents (estimated until half the time left, so that the branch and bound
+keeps the other half) and the branch and bound. Where any of the three was cut short the result is the best plan found, ``proved_optimal`` is False and
+the notes say which part was cut (``groupings_cut``, ``incumbents_cut``).
 """
 
 from __future__ import annotations
@@ -38,13 +43,15 @@ from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contig
 
 def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tuple[str, ...], ...]]:
     """Every ordered sequence of disjoint non-empty device groups (groups of at most ``max_replicas``), once per
-    arrangement up to swapping interchangeable devices."""
+    arrangement up to swapping interchangeable devices; fewest stages first (so a caller that stops early has
+    every plan shape with few stages)."""
     classes = device_classes(cluster)
     class_of = {name: i for i, group in enumerate(classes) for name in group}
     names = cluster.device_names
-    seen: set[tuple[tuple[int, ...], ...]] = set()
 
-    def extend(prefix: tuple[tuple[str, ...], ...], used: frozenset[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    def extend(
+        prefix: tuple[tuple[str, ...], ...], used: frozenset[str], stages: int, seen: set[tuple[tuple[int, ...], ...]]
+    ) -> Iterator[tuple[tuple[str, ...], ...]]:
         free = [d for d in names if d not in used]
         for size in range(1, min(max_replicas, len(free)) + 1):
             for group in itertools.combinations(free, size):
@@ -53,10 +60,13 @@ def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tupl
                 if signature in seen:
                     continue
                 seen.add(signature)
-                yield grouping
-                yield from extend(grouping, used | set(group))
+                if len(grouping) == stages:
+                    yield grouping
+                else:
+                    yield from extend(grouping, used | set(group), stages, seen)
 
-    yield from extend((), frozenset())
+    for stages in range(1, len(names) + 1):
+        yield from extend((), frozenset(), stages, set())
 
 
 @dataclass
@@ -70,6 +80,9 @@ class _Search:
     budget: int | None
     pruned: int = 0
     complete: bool = True
+    """No part of the space was left unexplored (so far)."""
+    stopped: bool = False
+    """The deadline or the budget stopped the branch and bound."""
 
     def run(self, grouping: tuple[tuple[str, ...], ...], micro_batches: int, bound: StepTimeBound) -> None:
         samples = self.batch // micro_batches
@@ -86,8 +99,8 @@ class _Search:
         if time.perf_counter() > self.deadline or (
             self.budget is not None and self.evaluator.evaluations >= self.budget
         ):
-            self.complete = False
-        return not self.complete
+            self.stopped, self.complete = True, False
+        return self.stopped
 
     def _descend(self, s: int, start: int, cuts: list[int], partial: float, chain: Chain) -> None:
         bound, groups = self._bound, self._groups
@@ -153,13 +166,13 @@ class OraclePlanner(PlannerBase):
         bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
-        groupings = [
-            g
-            for g in device_groupings(cluster, self.max_replicas or len(cluster.devices))
-            if len(g) <= len(positions) + 1
-        ]
-        incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch)
+        quarter = started + (deadline - started) / 4
+        groupings, groupings_cut = self._groupings(cluster, len(positions) + 1, quarter)
+        incumbents_ends = time.perf_counter() + (deadline - time.perf_counter()) / 2
+        incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch, incumbents_ends)
+        incumbents_cut = len(incumbents) < len(groupings) * len(choices)
         search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
+        search.complete = not (groupings_cut or incumbents_cut)
         for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):
             search.run(grouping, m, bound_of[m])
             if progress and (done % 50 == 0 or done == len(incumbents)):
@@ -173,7 +186,7 @@ class OraclePlanner(PlannerBase):
                         time.perf_counter() - started,
                     )
                 )
-            if not search.complete:
+            if search.stopped:
                 break
         if evaluator.best_plan is None:
             raise PlannerError(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
@@ -184,9 +197,25 @@ class OraclePlanner(PlannerBase):
             "all_positions": len(library.layers) - 1,
             "coarsened": len(positions) < len(library.layers) - 1,
             "groupings": len(groupings),
+            "groupings_cut": groupings_cut,
+            "incumbents_cut": incumbents_cut,
             "pruned": search.pruned,
         }
         return dataclasses.replace(evaluator.best_plan, notes=notes)
+
+    def _groupings(
+        self, cluster: Cluster, most_stages: int, deadline: float
+    ) -> tuple[list[tuple[tuple[str, ...], ...]], bool]:
+        """The device groupings of at most ``most_stages`` stages, fewest stages first, and whether the deadline
+        cut their enumeration short."""
+        out: list[tuple[tuple[str, ...], ...]] = []
+        for grouping in device_groupings(cluster, self.max_replicas or len(cluster.devices)):
+            if len(grouping) > most_stages:
+                break
+            out.append(grouping)
+            if len(out) % 1024 == 0 and time.perf_counter() > deadline:
+                return out, True
+        return out, False
 
     def _incumbents(
         self,
@@ -196,13 +225,17 @@ class OraclePlanner(PlannerBase):
         choices: Sequence[int],
         evaluator: PlanEvaluator,
         batch: int,
+        deadline: float = math.inf,
     ) -> list[tuple[float, tuple[tuple[str, ...], ...], int]]:
-        """A balanced cut of every grouping and micro-batch count, estimated: the starting incumbent, and the order
-        in which the branch and bound visits groupings (most promising first)."""
+        """A balanced cut of every grouping and micro-batch count, estimated in the groupings' order until
+        ``deadline`` (at least the first grouping): the starting incumbent, and the order in which the branch and
+        bound visits groupings (most promising first)."""
         cluster = evaluator.cluster
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
-        out = []
+        out: list[tuple[float, tuple[tuple[str, ...], ...], int]] = []
         for grouping in groupings:
+            if out and time.perf_counter() > deadline:
+                break
             shares = [len(g) * min(cluster.device(d).speed for d in g) for g in grouping]
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
