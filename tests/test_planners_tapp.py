@@ -201,14 +201,22 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     assert search.polish_gain is None  # a measured best is not polished on the cost model
 
 
-def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements() -> None:
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start: bool) -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FakePool(PlanEvaluator(library, cluster))
     search = TappPlanner(
-        reward="hybrid", rounds=50, measured_rounds=2, population=1, samples_per_round=4, time_limit_s=1e-9
+        reward="hybrid",
+        rounds=50,
+        measured_rounds=2,
+        population=1,
+        samples_per_round=4,
+        time_limit_s=1e-9,
+        warm_start=warm_start,
     ).search(library, cluster, measurer=pool)
     phases = [r.phase for r in search.rounds()]
-    assert phases == ["simulated", "measured", "measured"]
+    # The warm start spends the time limit before the first round: no simulated round is left then.
+    assert phases == ["simulated"] * (not warm_start) + ["measured", "measured"]
     assert pool.measured
 
 
@@ -262,7 +270,9 @@ def _relay_case() -> TappSearch:
             "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
         }
     )
-    config = SearchConfig(rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3))
+    config = SearchConfig(
+        rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3), warm_start=False
+    )
     return TappSearch(library, cluster, config, SimulatedReward(PlanEvaluator(library, cluster)))
 
 
@@ -298,7 +308,7 @@ def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot(monkeypatch: p
     assert search.best_time("simulated") == pytest.approx(optimum)
 
 
-def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
+def test_polish_starts_from_every_policy_s_best_distinct_plans_and_the_warm_start() -> None:
     search = _search(rounds=6)
     list(search.rounds())
     starts = polish_starts(search.remembered("simulated"), 100)
@@ -308,7 +318,8 @@ def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
     best = search.best["simulated"]
     assert best is not None
     remembered = {e.plan.id for m in search.members for e in m.elite["simulated"]}
-    assert {start.plan.id for start in starts} == remembered | {best.plan.id}
+    warm = {c.timed.plan.id for c in search.warm}
+    assert warm and {start.plan.id for start in starts} == remembered | warm | {best.plan.id}
     search.polish()
     assert search.best_time("simulated") <= min(times)
 

@@ -18,6 +18,9 @@ starts from a balanced cut of every device grouping, which only speeds the proof
 quarter of the limit), their starting incumbents (estimated until half the time left, so that the branch and bound
 keeps the other half) and the branch and bound. Where any of the three was cut short the result is the best plan found, ``proved_optimal`` is False and
 the notes say which part was cut (``groupings_cut``, ``incumbents_cut``).
+
+``best_cuts`` is the branch and bound on one device grouping alone (TAPP's polish uses it on the best groupings it
+found).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
@@ -242,3 +246,35 @@ class OraclePlanner(PlannerBase):
                 plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)
                 out.append((evaluator.step_time(plan), grouping, m))
         return out
+
+
+def best_cuts(
+    library: LayerLibrary,
+    cluster: Cluster,
+    grouping: Sequence[Sequence[str]],
+    micro_batches: int,
+    schedule: str,
+    batch_size: int,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    incumbent: Plan | None = None,
+    deadline: float = math.inf,
+    budget: int | None = None,
+) -> tuple[Plan | None, int]:
+    """The oracle's branch and bound on one sequence of device groups and one micro-batch count: the fastest
+    contiguous plan on them (every cut position), if it is faster than ``incumbent`` (None otherwise); and how many
+    plans it estimated. Stops at ``deadline`` (``time.perf_counter()``) or after ``budget`` estimates with the best
+    found so far. For a local
+    search that has found a good grouping and wants its best cuts."""
+    groups = tuple(tuple(group) for group in grouping)
+    evaluator = PlanEvaluator(library, cluster, calibration, lazy_validation=True)
+    if incumbent is not None:
+        evaluator.step_time(incumbent)
+    before = evaluator.best_plan
+    bound = StepTimeBound(library, cluster, calibration, schedule, micro_batches, batch_size)
+    positions = coarse_cut_positions(bound.costs, None)
+    if len(groups) > len(positions) + 1:
+        return None, evaluator.evaluations
+    search = _Search(library, positions, evaluator, schedule, batch_size, deadline, budget)
+    search.run(groups, micro_batches, bound)
+    found = evaluator.best_plan
+    return (found if found is not None and found is not before else None), evaluator.evaluations

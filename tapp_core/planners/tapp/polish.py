@@ -1,17 +1,22 @@
-"""TAPP's polish: a local search over the cost model from the best plans the policy-gradient rounds found.
+"""TAPP's polish: a local search over the cost model from the best plans the search knows.
 
 The policies learn where the good plans are; a few exact steps around the best of them find what sampling is
-unlikely to hit (a boundary one layer over, a relay stage). The polish starts from the ``starts`` fastest
-distinct plans the search remembers (its best plan and every policy's elite: different policies hold different
-basins, and the best plan's basin is not always the one whose neighbourhood holds the best plan), and continues
-while it improves and the budget lasts.
+unlikely to hit (a boundary one layer over, a relay stage, a replica too many). The polish starts from the
+``starts`` fastest distinct plans the search remembers (its best plan, every policy's elite and the warm start's
+candidates: different policies hold different basins, and the best plan's basin is not always the one whose
+neighbourhood holds the best plan), fastest first, and continues while it improves and ``exhausted()`` (the
+search's budget and deadline) allows: stopping early keeps the best found so far.
 
 A *descent* keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved by
-1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan and from the ``tries`` most
-promising moves: device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused
-device; each also with its stages re-balanced to the new speeds), because a device move pays off only once the
-boundaries follow it; and relay insertions (``relay_moves``). The moves that AutoDDL's coordinate descent makes
-too come from ``tapp_core.planners.moves``.
+1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan, from the ``tries`` most promising
+device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused device) and relay
+insertions (``relay_moves``), and from the ``SHRINK_TRIES`` most promising shrinking moves (a replica dropped, two
+neighbouring stages merged, the whole model on one of the plan's devices); device and shrinking moves come also
+with their stages re-balanced to the new speeds, because a device move pays off only once the boundaries follow
+it. Last, the device groups of the best plans found get their best cuts by the oracle's branch and bound
+(``exact``): a descent moves one boundary at a time, the branch and bound all of them. Devices of one class (interchangeable,
+``planners.costs.device_classes``) are tried once per move, so a large cluster of few kinds costs few moves. The
+moves that AutoDDL's coordinate descent makes too come from ``tapp_core.planners.moves``.
 """
 
 from __future__ import annotations
@@ -23,17 +28,23 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.moves import (
     boundary_positions,
+    collapsed,
     cuts_of,
+    dropped_replicas,
+    merged_neighbours,
     moved_cut,
+    one_per_class,
     swapped_groups,
     unused_devices,
     with_group,
 )
+from tapp_core.planners.oracle import best_cuts
 from tapp_core.planners.space import balanced_cuts, stages_from_cuts
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
 
@@ -43,6 +54,12 @@ TRIES = 4
 """Device and relay moves a pass descends from, the most promising first."""
 STARTS = 8
 """Distinct remembered plans the polish starts from, the fastest first."""
+EXACT_GROUPINGS = 3
+"""Distinct device groupings (with their micro-batch counts) whose best cuts the polish searches exhaustively."""
+SHRINK_TRIES = 2
+"""Shrinking moves a pass descends from, the most promising first."""
+RELAY_CLASSES = 4
+"""Relay stages run on the unused devices of one speed, of at most this many speeds (the fastest)."""
 
 
 def polish_starts(remembered: Iterable[TimedPlan], count: int = STARTS) -> list[TimedPlan]:
@@ -64,37 +81,102 @@ class Polish:
         reward: RewardSource,
         micro_batch_choices: Sequence[int],
         exhausted: Callable[[], bool],
+        calibration: Calibration = DEFAULT_CALIBRATION,
+        deadline: float = math.inf,
+        estimates_left: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.library = library
         self.cluster = cluster
         self.reward = reward
         self.micro_batch_choices = tuple(micro_batch_choices)
         self.exhausted = exhausted
+        self.calibration = calibration
+        """The cost model's calibration (that of ``reward``), for the exact cuts' own estimates."""
+        self.deadline = deadline
+        """``time.perf_counter()`` at which the exact cuts stop (``exhausted`` says it too)."""
+        self.estimates_left = estimates_left
+        """How many more estimates the exact cuts may make (None: no limit)."""
+        self.evaluations = 0
+        """Estimates the exact cuts made on their own (beyond those of ``reward``)."""
+        self.class_of = {d: i for i, group in enumerate(device_classes(cluster)) for d in group}
+        """Device -> its class of interchangeable devices."""
         self._work_by_samples: dict[int, np.ndarray] = {}
 
     def run(self, best: TimedPlan, starts: Sequence[TimedPlan], span: int = SPAN, tries: int = TRIES) -> TimedPlan:
-        """The fastest of ``best`` and the plans found from each of ``starts`` in turn, while the budget lasts."""
+        """The fastest of ``best`` and the plans found from each of ``starts`` in turn, then the best cuts of the
+        best groupings found (``exact``) and a last pass from there, while the budget lasts."""
+        found = [best]
         for start in starts:
             if self.exhausted():
                 break
-            found = self.improve(start, span, tries)
-            if found.step_time_s < best.step_time_s:
-                best = found
+            found.append(self.improve(start, span, tries))
+        best = min(found, key=lambda t: t.step_time_s)
+        exact = self.exact(found)
+        if exact.step_time_s < best.step_time_s:
+            best = min(best, self.improve(exact, span, tries), key=lambda t: t.step_time_s)
+        return best
+
+    def exact(self, found: Sequence[TimedPlan]) -> TimedPlan:
+        """The oracle's branch and bound over every cut position (``oracle.best_cuts``) on the device groups of the
+        ``EXACT_GROUPINGS`` best distinct plans of ``found`` at their micro-batch counts, then on the best one's at
+        the other counts (the nearest first), each from the best plan so far, while the budget lasts."""
+        ranked = sorted(found, key=lambda t: t.step_time_s)
+        best = ranked[0]
+        tried: list[tuple[tuple[tuple[str, ...], ...], int]] = []
+        for timed in ranked:
+            key = (timed.plan.stage_devices, timed.plan.micro_batches)
+            if key not in tried and len(tried) < EXACT_GROUPINGS:
+                tried.append(key)
+        top = best.plan.micro_batches
+        others = sorted((m for m in self.micro_batch_choices if m != top), key=lambda m: abs(math.log2(m / top)))
+        tried += [(best.plan.stage_devices, m) for m in others]
+        for grouping, micro_batches in tried:
+            if self.exhausted():
+                break
+            plan, estimates = best_cuts(
+                self.library,
+                self.cluster,
+                grouping,
+                micro_batches,
+                best.plan.schedule,
+                best.plan.batch_size,
+                self.calibration,
+                best.plan,
+                self.deadline,
+                self.estimates_left(),
+            )
+            self.evaluations += estimates
+            if plan is not None:
+                step = self.reward.step_times([plan])[0]
+                if step < best.step_time_s:
+                    best = TimedPlan(step, plan)
         return best
 
     def improve(self, start: TimedPlan, span: int = SPAN, tries: int = TRIES) -> TimedPlan:
-        """Passes from ``start`` while one improves: a descent from the plan and from its ``tries`` best moves."""
+        """Passes from ``start`` while one improves: a descent from the plan, from its ``tries`` best device and
+        relay moves and from its ``SHRINK_TRIES`` best shrinking moves (fastest first, so a deadline keeps the
+        most promising)."""
         best = start
         while not self.exhausted():
-            moves = self.device_moves(best.plan) + self.relay_moves(best.plan, span)
-            times = self.reward.step_times(moves)
-            order = np.argsort(times)[:tries]
-            candidates = [best] + [TimedPlan(float(times[i]), moves[i]) for i in order if math.isfinite(times[i])]
-            found = min((self.descend(candidate, span) for candidate in candidates), key=lambda t: t.step_time_s)
+            candidates = self._best_of(self.device_moves(best.plan) + self.relay_moves(best.plan, span), tries)
+            candidates += self._best_of(self.shrink_moves(best.plan), SHRINK_TRIES)
+            candidates.sort(key=lambda t: t.step_time_s)
+            found = best
+            for candidate in [best, *candidates]:
+                if self.exhausted():
+                    break
+                descended = self.descend(candidate, span)
+                if descended.step_time_s < found.step_time_s:
+                    found = descended
             if found.step_time_s >= best.step_time_s:
                 break
             best = found
         return best
+
+    def _best_of(self, moves: list[Plan], count: int) -> list[TimedPlan]:
+        times = self.reward.step_times(moves)
+        order = np.argsort(times)[:count]
+        return [TimedPlan(float(times[i]), moves[i]) for i in order if math.isfinite(times[i])]
 
     def descend(self, start: TimedPlan, span: int = SPAN) -> TimedPlan:
         """Steepest descent over ``shifts`` until no neighbour is faster."""
@@ -125,17 +207,28 @@ class Polish:
         return neighbours
 
     def device_moves(self, plan: Plan) -> list[Plan]:
-        """Two stages' devices swapped; a stage moved to, or replicated onto, an unused device; each of these also
-        with its stages re-balanced to the new speeds (``rebalanced``)."""
+        """Two stages' devices swapped; a stage moved to, or replicated onto, an unused device (one per class of
+        interchangeable devices); each of these also with its stages re-balanced to the new speeds
+        (``rebalanced``)."""
         groups = plan.stage_devices
-        moves = [dataclasses.replace(plan, stage_devices=swapped) for swapped in swapped_groups(groups)]
-        unused = unused_devices(groups, self.cluster.device_names)
+        moves = [dataclasses.replace(plan, stage_devices=swapped) for swapped in swapped_groups(groups, self.class_of)]
+        unused = one_per_class(unused_devices(groups, self.cluster.device_names), self.class_of)
         for stage in range(len(groups)):
             for device in unused:
                 moves.append(dataclasses.replace(plan, stage_devices=with_group(groups, stage, (device,))))
                 replicated = with_group(groups, stage, (*groups[stage], device))
                 moves.append(dataclasses.replace(plan, stage_devices=replicated))
         return moves + [self.rebalanced(move) for move in moves]
+
+    def shrink_moves(self, plan: Plan) -> list[Plan]:
+        """Moves to fewer devices or stages: a replica dropped (one per class) or two neighbouring stages merged,
+        each also re-balanced; the whole model on one of the plan's devices (one per class)."""
+        groups = plan.stage_devices
+        moves = [dataclasses.replace(plan, stage_devices=fewer) for fewer in dropped_replicas(groups, self.class_of)]
+        moves += list(merged_neighbours(plan))
+        moves += [self.rebalanced(move) for move in moves if move.n_stages > 1]
+        used = [d for group in groups for d in group]
+        return moves + list(collapsed(plan, one_per_class(used, self.class_of) if len(used) > 1 else []))
 
     def relay_moves(self, plan: Plan, span: int) -> list[Plan]:
         """A one-layer stage on unused devices inserted beside a stage boundary, the boundary first moved by 0, 1,
@@ -166,12 +259,13 @@ class Polish:
 
     def _relay_groups(self, unused: Sequence[str]) -> list[tuple[str, ...]]:
         """The device groups a relay stage may run on, sorted: every unused device, or 1, 2, 4, ... or all of the
-        unused devices of one speed."""
+        unused devices of one speed (of the ``RELAY_CLASSES`` fastest speeds)."""
         by_speed: dict[float, list[str]] = {}
         for device in unused:
             by_speed.setdefault(self.cluster.device(device).speed, []).append(device)
         relays = {tuple(unused)}
-        for same in by_speed.values():
+        for speed in sorted(by_speed, reverse=True)[:RELAY_CLASSES]:
+            same = by_speed[speed]
             relays |= {tuple(same[:k]) for k in (*(2**i for i in range(len(same).bit_length())), len(same))}
         return sorted(relays)
 
