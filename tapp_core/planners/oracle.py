@@ -256,25 +256,23 @@ def best_cuts(
     schedule: str,
     batch_size: int,
     calibration: Calibration = DEFAULT_CALIBRATION,
-    incumbent: Plan | None = None,
+    below_s: float = math.inf,
     deadline: float = math.inf,
     budget: int | None = None,
+    max_blocks: int | None = None,
 ) -> tuple[Plan | None, int]:
     """The oracle's branch and bound on one sequence of device groups and one micro-batch count: the fastest
-    contiguous plan on them (every cut position), if it is faster than ``incumbent`` (None otherwise); and how many
-    plans it estimated. Stops at ``deadline`` (``time.perf_counter()``) or after ``budget`` estimates with the best
-    found so far. For a local
+    contiguous plan on them faster than ``below_s`` (None if there is none), and how many plans it estimated.
+    ``max_blocks`` coarsens the cut positions as the oracle's option does (None: every position). Stops at
+    ``deadline`` (``time.perf_counter()``) or after ``budget`` estimates with the best found so far. For a local
     search that has found a good grouping and wants its best cuts."""
     groups = tuple(tuple(group) for group in grouping)
     evaluator = PlanEvaluator(library, cluster, calibration, lazy_validation=True)
-    if incumbent is not None:
-        evaluator.step_time(incumbent)
-    before = evaluator.best_plan
+    evaluator.best_time = below_s
     bound = StepTimeBound(library, cluster, calibration, schedule, micro_batches, batch_size)
-    positions = coarse_cut_positions(bound.costs, None)
+    positions = coarse_cut_positions(bound.costs, max_blocks)
     if len(groups) > len(positions) + 1:
-        return None, evaluator.evaluations
+        return None, 0
     search = _Search(library, positions, evaluator, schedule, batch_size, deadline, budget)
     search.run(groups, micro_batches, bound)
-    found = evaluator.best_plan
-    return (found if found is not None and found is not before else None), evaluator.evaluations
+    return evaluator.best_plan, evaluator.evaluations

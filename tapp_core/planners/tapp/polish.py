@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.moves import (
+    Groups,
     boundary_positions,
     collapsed,
     cuts_of,
@@ -56,6 +58,15 @@ STARTS = 8
 """Distinct remembered plans the polish starts from, the fastest first."""
 EXACT_GROUPINGS = 3
 """Distinct device groupings (with their micro-batch counts) whose best cuts the polish searches exhaustively."""
+SCREEN_MOVES = 12
+"""Moves from the best plan whose groupings the exact cuts screen."""
+SCREEN_BLOCKS = 32
+SCREEN_SLACK = 1.05
+"""The screen looks for plans within this factor of the best, on a graph of at most ``SCREEN_BLOCKS`` blocks."""
+EXACT_BLOCKS: tuple[int | None, ...] = (64, 128)
+"""The exact cuts' levels after the screen, coarse to fine: at most this many blocks (cut positions + 1; None:
+every position). A descent (boundaries moved by up to ``SPAN`` layers) follows each, so the finest level need not
+be every position, which can take minutes on a large graph."""
 SHRINK_TRIES = 2
 """Shrinking moves a pass descends from, the most promising first."""
 RELAY_CLASSES = 4
@@ -111,46 +122,71 @@ class Polish:
                 break
             found.append(self.improve(start, span, tries))
         best = min(found, key=lambda t: t.step_time_s)
-        exact = self.exact(found)
+        exact = self.exact(found, span)
         if exact.step_time_s < best.step_time_s:
             best = min(best, self.improve(exact, span, tries), key=lambda t: t.step_time_s)
         return best
 
-    def exact(self, found: Sequence[TimedPlan]) -> TimedPlan:
-        """The oracle's branch and bound over every cut position (``oracle.best_cuts``) on the device groups of the
-        ``EXACT_GROUPINGS`` best distinct plans of ``found`` at their micro-batch counts, then on the best one's at
-        the other counts (the nearest first), each from the best plan so far, while the budget lasts."""
-        ranked = sorted(found, key=lambda t: t.step_time_s)
-        best = ranked[0]
-        tried: list[tuple[tuple[tuple[str, ...], ...], int]] = []
-        for timed in ranked:
-            key = (timed.plan.stage_devices, timed.plan.micro_batches)
-            if key not in tried and len(tried) < EXACT_GROUPINGS:
-                tried.append(key)
-        top = best.plan.micro_batches
-        others = sorted((m for m in self.micro_batch_choices if m != top), key=lambda m: abs(math.log2(m / top)))
-        tried += [(best.plan.stage_devices, m) for m in others]
-        for grouping, micro_batches in tried:
-            if self.exhausted():
-                break
-            plan, estimates = best_cuts(
-                self.library,
-                self.cluster,
-                grouping,
-                micro_batches,
-                best.plan.schedule,
-                best.plan.batch_size,
-                self.calibration,
-                best.plan,
-                self.deadline,
-                self.estimates_left(),
-            )
-            self.evaluations += estimates
-            if plan is not None:
-                step = self.reward.step_times([plan])[0]
-                if step < best.step_time_s:
-                    best = TimedPlan(step, plan)
+    def exact(self, found: Sequence[TimedPlan], span: int = SPAN) -> TimedPlan:
+        """The best cuts of promising device groupings by the oracle's branch and bound (``oracle.best_cuts``).
+
+        The candidates are the groupings (with micro-batch counts) of ``found``, of the ``SCREEN_MOVES`` best
+        moves from the best plan and of the best plan at the other micro-batch counts. Each is *screened* on a
+        coarse graph (``SCREEN_BLOCKS``) for plans within ``SCREEN_SLACK`` of the best; the ``EXACT_GROUPINGS`` best
+        screened are refined on finer graphs (``EXACT_BLOCKS``, each followed by a descent) for plans faster than the
+        best, each with half the time left (the last all of it), while the budget lasts."""
+        best = min(found, key=lambda t: t.step_time_s)
+        moves = [*self.device_moves(best.plan), *self.relay_moves(best.plan, span), *self.shrink_moves(best.plan)]
+        times = self.reward.step_times(moves)
+        ranked = [moves[i] for i in np.argsort(times)[:SCREEN_MOVES] if math.isfinite(times[i])]
+        others = [dataclasses.replace(best.plan, micro_batches=m) for m in self.micro_batch_choices]
+        candidates = list(dict.fromkeys(_grouping(plan) for plan in [*(t.plan for t in found), *ranked, *others]))
+        screened: list[tuple[float, tuple[Groups, int]]] = []
+        for k, candidate in enumerate(candidates):
+            now = time.perf_counter()
+            share = (self.deadline - now) / max(2, 2 * (len(candidates) - k))
+            plan = self._cut(best.plan, candidate, best.step_time_s * SCREEN_SLACK, now + share, SCREEN_BLOCKS)
+            if plan is None:
+                continue
+            screened.append((plan.step_time_s, candidate))
+            best = min(best, plan, key=lambda t: t.step_time_s)
+        refined = [candidate for _, candidate in sorted(screened)[:EXACT_GROUPINGS]]
+        for k, candidate in enumerate(refined):
+            now = time.perf_counter()
+            deadline = self.deadline if k == len(refined) - 1 else now + (self.deadline - now) / 2
+            for blocks in EXACT_BLOCKS:
+                plan = self._cut(best.plan, candidate, best.step_time_s, deadline, blocks)
+                if plan is not None:
+                    best = min(best, self.descend(plan, span), key=lambda t: t.step_time_s)
+                if blocks is None or blocks >= len(self.library.layers) or time.perf_counter() >= deadline:
+                    break
         return best
+
+    def _cut(
+        self, template: Plan, grouping: tuple[Groups, int], below_s: float, deadline: float, blocks: int | None
+    ) -> TimedPlan | None:
+        """``oracle.best_cuts`` on a grouping and micro-batch count (with ``template``'s schedule and batch size),
+        costed by the reward source; None when it finds nothing faster than ``below_s`` or the budget is spent."""
+        if self.exhausted():
+            return None
+        plan, estimates = best_cuts(
+            self.library,
+            self.cluster,
+            grouping[0],
+            grouping[1],
+            template.schedule,
+            template.batch_size,
+            self.calibration,
+            below_s,
+            min(deadline, self.deadline),
+            self.estimates_left(),
+            blocks,
+        )
+        self.evaluations += estimates
+        if plan is None:
+            return None
+        step = self.reward.step_times([plan])[0]
+        return TimedPlan(step, plan) if step < below_s else None
 
     def improve(self, start: TimedPlan, span: int = SPAN, tries: int = TRIES) -> TimedPlan:
         """Passes from ``start`` while one improves: a descent from the plan, from its ``tries`` best device and
@@ -191,7 +227,9 @@ class Polish:
         return best
 
     def shifts(self, plan: Plan, span: int) -> list[Plan]:
-        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``."""
+        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``, and
+        every two neighbouring boundaries moved together (a stage shifted whole: a small stage between two large
+        ones moves only so)."""
         neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.micro_batch_choices]
         cuts = cuts_of(plan)
         if cuts is None:
@@ -204,6 +242,13 @@ class Polish:
                 if cut + shift in allowed:
                     stages = stages_from_cuts(n, moved_cut(cuts, j, cut + shift))
                     neighbours.append(dataclasses.replace(plan, stage_of_layer=stages))
+        for j in range(len(cuts) - 1):
+            low = cuts[j - 1] if j > 0 else 0
+            high = cuts[j + 2] if j + 2 < len(cuts) else n
+            for shift in (sign * size for size in sizes for sign in (-1, 1)):
+                if low < cuts[j] + shift and cuts[j + 1] + shift < high:
+                    moved = (*cuts[:j], cuts[j] + shift, cuts[j + 1] + shift, *cuts[j + 2 :])
+                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages_from_cuts(n, moved)))
         return neighbours
 
     def device_moves(self, plan: Plan) -> list[Plan]:
@@ -282,3 +327,7 @@ class Polish:
         if samples not in self._work_by_samples:
             self._work_by_samples[samples] = np.diff(LayerCosts.from_library(self.library, samples).work_prefix)
         return self._work_by_samples[samples]
+
+
+def _grouping(plan: Plan) -> tuple[Groups, int]:
+    return plan.stage_devices, plan.micro_batches
