@@ -56,17 +56,11 @@ TRIES = 4
 """Device and relay moves a pass descends from, the most promising first."""
 STARTS = 8
 """Distinct remembered plans the polish starts from, the fastest first."""
-EXACT_GROUPINGS = 3
-"""Distinct device groupings (with their micro-batch counts) whose best cuts the polish searches exhaustively."""
-SCREEN_MOVES = 12
-"""Moves from the best plan whose groupings the exact cuts screen."""
-SCREEN_BLOCKS = 32
-SCREEN_SLACK = 1.05
-"""The screen looks for plans within this factor of the best, on a graph of at most ``SCREEN_BLOCKS`` blocks."""
-EXACT_BLOCKS: tuple[int | None, ...] = (64, 128)
-"""The exact cuts' levels after the screen, coarse to fine: at most this many blocks (cut positions + 1; None:
-every position). A descent (boundaries moved by up to ``SPAN`` layers) follows each, so the finest level need not
-be every position, which can take minutes on a large graph."""
+EXACT_MOVES = 12
+"""Moves from the best plan whose groupings get exact cuts."""
+EXACT_BLOCKS = 256
+"""The exact cuts' graph: at most this many blocks (cut positions + 1); a descent (boundaries moved by up to
+``SPAN`` layers) follows, so it need not be every position, which can take minutes on a large graph."""
 SHRINK_TRIES = 2
 """Shrinking moves a pass descends from, the most promising first."""
 RELAY_CLASSES = 4
@@ -128,38 +122,28 @@ class Polish:
         return best
 
     def exact(self, found: Sequence[TimedPlan], span: int = SPAN) -> TimedPlan:
-        """The best cuts of promising device groupings by the oracle's branch and bound (``oracle.best_cuts``).
+        """Faster cuts for promising device groupings by the oracle's branch and bound (``oracle.best_cuts``, on a
+        graph of at most ``EXACT_BLOCKS`` blocks), each followed by a descent.
 
-        The candidates are the groupings (with micro-batch counts) of ``found``, of the ``SCREEN_MOVES`` best
-        moves from the best plan and of the best plan at the other micro-batch counts. Each is *screened* on a
-        coarse graph (``SCREEN_BLOCKS``) for plans within ``SCREEN_SLACK`` of the best; the ``EXACT_GROUPINGS`` best
-        screened are refined on finer graphs (``EXACT_BLOCKS``, each followed by a descent) for plans faster than the
-        best, each with half the time left (the last all of it), while the budget lasts."""
-        best = min(found, key=lambda t: t.step_time_s)
+        The candidates, in turn: the groupings (with micro-batch counts) of ``found``, fastest first; the best
+        plan's at the other micro-batch counts (the nearest first); those of the ``EXACT_MOVES`` best moves from
+        the best plan. Each looks only for plans faster than the best so far (the tighter that bound, the quicker
+        the search) and gets half of its share of the time left, while the budget lasts."""
+        ranked = sorted(found, key=lambda t: t.step_time_s)
+        best = ranked[0]
+        top = best.plan.micro_batches
+        counts = sorted((m for m in self.micro_batch_choices if m != top), key=lambda m: abs(math.log2(m / top)))
         moves = [*self.device_moves(best.plan), *self.relay_moves(best.plan, span), *self.shrink_moves(best.plan)]
         times = self.reward.step_times(moves)
-        ranked = [moves[i] for i in np.argsort(times)[:SCREEN_MOVES] if math.isfinite(times[i])]
-        others = [dataclasses.replace(best.plan, micro_batches=m) for m in self.micro_batch_choices]
-        candidates = list(dict.fromkeys(_grouping(plan) for plan in [*(t.plan for t in found), *ranked, *others]))
-        screened: list[tuple[float, tuple[Groups, int]]] = []
+        promising = [moves[i] for i in np.argsort(times)[:EXACT_MOVES] if math.isfinite(times[i])]
+        plans = [*(t.plan for t in ranked), *(dataclasses.replace(best.plan, micro_batches=m) for m in counts)]
+        candidates = list(dict.fromkeys(_grouping(plan) for plan in [*plans, *promising]))
         for k, candidate in enumerate(candidates):
             now = time.perf_counter()
-            share = (self.deadline - now) / max(2, 2 * (len(candidates) - k))
-            plan = self._cut(best.plan, candidate, best.step_time_s * SCREEN_SLACK, now + share, SCREEN_BLOCKS)
-            if plan is None:
-                continue
-            screened.append((plan.step_time_s, candidate))
-            best = min(best, plan, key=lambda t: t.step_time_s)
-        refined = [candidate for _, candidate in sorted(screened)[:EXACT_GROUPINGS]]
-        for k, candidate in enumerate(refined):
-            now = time.perf_counter()
-            deadline = self.deadline if k == len(refined) - 1 else now + (self.deadline - now) / 2
-            for blocks in EXACT_BLOCKS:
-                plan = self._cut(best.plan, candidate, best.step_time_s, deadline, blocks)
-                if plan is not None:
-                    best = min(best, self.descend(plan, span), key=lambda t: t.step_time_s)
-                if blocks is None or blocks >= len(self.library.layers) or time.perf_counter() >= deadline:
-                    break
+            share = (self.deadline - now) / max(1, 2 * (len(candidates) - k - 1))
+            plan = self._cut(best.plan, candidate, best.step_time_s, now + share, EXACT_BLOCKS)
+            if plan is not None:
+                best = min(best, self.descend(plan, span), key=lambda t: t.step_time_s)
         return best
 
     def _cut(
