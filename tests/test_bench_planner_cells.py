@@ -8,6 +8,9 @@ from bench.planner_cells import (
     RL_ALONE,
     Cell,
     Result,
+    Settings,
+    rl_alone_options,
+    run_cell,
     run_with_time_limit,
     single_device_results,
     summary_figures,
@@ -102,3 +105,17 @@ def test_run_with_time_limit_kills_a_planner_that_runs_too_long() -> None:
     library, cluster = chain_library(4), _cluster([1.0, 0.5])
     plan = run_with_time_limit(lambda: get_planner("pipetorch").plan(library, cluster), 60)
     assert not isinstance(plan, str) and plan == get_planner("pipetorch").plan(library, cluster)
+
+
+def test_the_rl_alone_row_switches_off_the_warm_start_and_the_polish() -> None:
+    assert rl_alone_options() == {"polish": False, "warm_start": False}
+    library, cluster = chain_library(6), _cluster([1.0, 0.5, 0.25])
+    settings = Settings(tapp_rounds=2, tapp_time_limit_s=30, planners=("tapp", RL_ALONE), single_devices=False)
+    cell = run_cell(library, cluster, settings)
+    full, alone = cell.get("tapp"), cell.get(RL_ALONE)
+    assert full is not None and alone is not None and full.plan is not None and alone.plan is not None
+    assert alone.plan.notes["warm_start"] == {} and alone.plan.notes["polish_gain"] == 0.0
+    assert alone.note.startswith("RL alone: polish=False, warm_start=False")
+    winner = full.plan.notes["warm_start_winner"]
+    assert isinstance(winner, str) and f": {winner} " in full.note and "rounds in" in full.note
+    assert full.step_time_s <= alone.step_time_s

@@ -21,7 +21,18 @@ from tapp_core.planners.bounds import StepTimeBound, device_group
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
-from tapp_core.planners.moves import boundary_positions, cuts_of, moved_cut, swapped_groups, unused_devices, with_group
+from tapp_core.planners.moves import (
+    boundary_positions,
+    collapsed,
+    cuts_of,
+    dropped_replicas,
+    merged_neighbours,
+    moved_cut,
+    one_per_class,
+    swapped_groups,
+    unused_devices,
+    with_group,
+)
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
 from tapp_core.schedules import SCHEDULES
@@ -269,3 +280,37 @@ def test_the_shared_moves_keep_every_stage_and_device_once() -> None:
     plan = contiguous_plan(library, (3, 7), groups, 2, "1f1b", 64)
     assert cuts_of(plan) == [3, 7]
     assert cuts_of(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:]))) is None
+
+
+def test_shrinking_moves_give_valid_plans_with_fewer_devices_or_stages() -> None:
+    library, cluster = chain_library(), small_cluster((1.0, 1.0, 0.5, 0.25), slow_pair=False)
+    groups = (("d0", "d1"), ("d2",), ("d3",))
+    plan = contiguous_plan(library, (4, 8), groups, 2, "1f1b", 64)
+    class_of = {"d0": 0, "d1": 0, "d2": 1, "d3": 2}
+    dropped = list(dropped_replicas(groups, class_of))
+    assert dropped == [(("d0",), ("d2",), ("d3",))], "one replica per class: d0 and d1 are interchangeable"
+    assert len(list(dropped_replicas(groups))) == 2
+    merged = list(merged_neighbours(plan))
+    assert len(merged) == 3 + 2, "d0+d1+d2 would be 3 replicas, which do not divide the micro-batch of 32"
+    for move in merged:
+        validate(move, library, cluster)
+        assert move.n_stages == 2 and len(move.devices) <= len(plan.devices)
+    assert merged[0].stage_devices == (("d0", "d1"), ("d3",)) and cuts_of(merged[0]) == [8]
+    assert merged[1].stage_devices == (("d2",), ("d3",)) and merged[4].stage_devices == (("d0", "d1"), ("d2", "d3"))
+    assert [
+        p.stage_devices for p in merged_neighbours(dataclasses.replace(plan, stage_devices=(("d0",), ("d1",), ("d2",))))
+    ][2] == (("d0", "d1"), ("d2",))
+    single = list(collapsed(plan, ["d0", "d2"]))
+    assert [p.stage_devices for p in single] == [(("d0",),), (("d2",),)]
+    for move in single:
+        validate(move, library, cluster)
+        assert move.n_stages == 1 and move.micro_batches == plan.micro_batches
+    assert list(merged_neighbours(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:])))) == []
+
+
+def test_moves_skip_swaps_of_interchangeable_groups_and_keep_one_device_per_class() -> None:
+    groups = (("a",), ("b",), ("c",))
+    class_of = {"a": 0, "b": 0, "c": 1, "d": 1}
+    assert list(swapped_groups(groups, class_of)) == [(("c",), ("b",), ("a",)), (("a",), ("c",), ("b",))]
+    assert one_per_class(["a", "c", "b", "d"], class_of) == ["a", "c"]
+    assert one_per_class(["a", "b"], None) == ["a", "b"]

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from tapp_core.plan import Plan
+from tapp_core.plan import Plan, replicas_divide
 from tapp_core.planners.space import stages_from_cuts
 
 Groups = tuple[tuple[str, ...], ...]
@@ -95,7 +95,7 @@ def dropped_replicas(groups: Groups, class_of: Mapping[str, int] | None = None) 
 
 def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     """A contiguous plan with two neighbouring stages made one, on the first's devices, the second's, or both
-    (replicas); the devices it no longer uses are left idle."""
+    (replicas, where their count divides the micro-batch); the devices it no longer uses are left idle."""
     cuts = cuts_of(plan)
     if cuts is None:
         return
@@ -103,7 +103,9 @@ def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     n = len(plan.stage_of_layer)
     for j in range(len(cuts)):
         stages = stages_from_cuts(n, [*cuts[:j], *cuts[j + 1 :]])
-        for group in (groups[j], groups[j + 1], (*groups[j], *groups[j + 1])):
+        both = (*groups[j], *groups[j + 1])
+        merged = [groups[j], groups[j + 1]] + ([both] if replicas_divide(plan.micro_batch_size, len(both)) else [])
+        for group in merged:
             devices = (*groups[:j], group, *groups[j + 2 :])
             yield dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices)
 

@@ -131,6 +131,8 @@ class Polish:
         the search) and gets half of its share of the time left, while the budget lasts."""
         ranked = sorted(found, key=lambda t: t.step_time_s)
         best = ranked[0]
+        if self.exhausted():
+            return best
         top = best.plan.micro_batches
         counts = sorted((m for m in self.micro_batch_choices if m != top), key=lambda m: abs(math.log2(m / top)))
         moves = [*self.device_moves(best.plan), *self.relay_moves(best.plan, span), *self.shrink_moves(best.plan)]
