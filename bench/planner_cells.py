@@ -3,9 +3,11 @@
 
 A cell holds one ``Result`` per contender:
 
-- ``oracle``: the exhaustive oracle, time-boxed (``TimeBoxedOracle``); its note says whether it proved optimality;
-- ``tapp``: the full planner; ``tapp-rl``: the RL alone (``RL_ALONE_OPTIONS``: no polish, and no warm start once
-  TAPP has one), a run of its own with the same seed, rounds and time limit;
+- ``oracle``: the exhaustive oracle, time-boxed (its ``time_limit_s`` covers its whole search); its note says whether it
+  proved optimality;
+- ``tapp``: the full planner (its note: the warm start's best candidate, the rounds, the polish, the load average);
+  ``tapp-rl``: the RL alone (``RL_ALONE_OPTIONS``: no warm start, no polish), a run of its own with the same seed,
+  rounds and time limit;
 - every other planner (``OTHER_PLANNERS``), each optionally in a child process killed at a time limit;
 - ``single:<device>``: every device alone, at its best micro-batch count (``n/a`` where the model never fits).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,17 +39,16 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan, PlanError, validate
 from tapp_core.planners import DEFAULT_MICRO_BATCHES, get_planner, planner_options
-from tapp_core.planners.base import ProgressCallback
-from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.oracle import OraclePlanner
 from tapp_core.planners.space import contiguous_plan
+from tapp_core.planners.tapp.options import DEFAULT_TIME_LIMIT_S
 
 OTHER_PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl")
 TAPP = "tapp"
 RL_ALONE = "tapp-rl"
 RL_ALONE_OPTIONS: dict[str, object] = {"polish": False, "warm_start": False}
-"""TAPP's options that leave the RL alone; those the planner does not have (today: ``warm_start``) are skipped, and
-the note of the ``tapp-rl`` row says which were applied."""
+"""TAPP's options that leave the RL alone (no warm start, no polish); those the planner does not have are skipped,
+and the note of the ``tapp-rl`` row says which were applied."""
 SINGLE = "single:"
 SINGLE_DEVICE_BAR = 0.005
 OTHER_PLANNER_BAR = 0.005
@@ -122,55 +124,15 @@ class Settings:
     schedule: str = "1f1b"
     seed: int = 0
     tapp_rounds: int = 600
-    tapp_time_limit_s: float | None = 100.0
+    """TAPP's rounds (0: the planner's default)."""
+    tapp_time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
+    """TAPP's time limit for its warm start, rounds and polish (None: none)."""
     oracle_time_limit_s: float | None = 60.0
     planner_time_limit_s: float | None = None
     """Kill each other planner's run after this long (a child process); None: run it here, however long."""
     planners: tuple[str, ...] = ("oracle", TAPP, RL_ALONE, *OTHER_PLANNERS)
     single_devices: bool = True
     log: Callable[[str], None] = print
-
-
-@dataclass
-class TimeBoxedOracle(OraclePlanner):
-    """The oracle with its time limit covering its starting incumbents too.
-
-    ``OraclePlanner`` estimates one balanced plan per device grouping and micro-batch count before its branch and
-    bound, and its ``time_limit_s`` covers only the branch and bound: 8 unlike devices have about a million
-    groupings (hours of estimates). Here the incumbents are estimated fewest stages and fewest devices first
-    (every single-device plan among the first), at least one chunk of them and then until half the time left,
-    leaving the rest to the branch and bound over those found; a search whose incumbents were cut is not a proof,
-    and its notes say ``proved_optimal: False, incumbents_cut: True``."""
-
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        self._ends = time.perf_counter() + (self.time_limit_s or math.inf)
-        self._cut = False
-        plan = super()._plan(library, cluster, budget, progress)
-        if self._cut:
-            plan = dataclasses.replace(plan, notes={**plan.notes, "proved_optimal": False, "incumbents_cut": True})
-        return plan
-
-    def _incumbents(
-        self,
-        library: LayerLibrary,
-        groupings: Sequence[tuple[tuple[str, ...], ...]],
-        positions: list[int],
-        choices: Sequence[int],
-        evaluator: PlanEvaluator,
-        batch: int,
-    ) -> list[tuple[float, tuple[tuple[str, ...], ...], int]]:
-        now = time.perf_counter()
-        deadline = now + (self._ends - now) / 2
-        ordered = sorted(groupings, key=lambda g: (len(g), sum(map(len, g))))
-        found: list[tuple[float, tuple[tuple[str, ...], ...], int]] = []
-        for start in range(0, len(ordered), 64):
-            if start and time.perf_counter() > deadline:
-                self._cut = True
-                break
-            found += super()._incumbents(library, ordered[start : start + 64], positions, choices, evaluator, batch)
-        return found
 
 
 def run_cell(library: LayerLibrary, cluster: Cluster, settings: Settings) -> Cell:
@@ -230,7 +192,7 @@ def _finished(name: str, plan: Plan, wall: float, library: LayerLibrary, cluster
 
 
 def _run_oracle(library: LayerLibrary, cluster: Cluster, settings: Settings) -> Result:
-    oracle = TimeBoxedOracle(schedule=settings.schedule, seed=settings.seed, time_limit_s=settings.oracle_time_limit_s)
+    oracle = OraclePlanner(schedule=settings.schedule, seed=settings.seed, time_limit_s=settings.oracle_time_limit_s)
     started = time.perf_counter()
     try:
         plan = oracle.plan(library, cluster)
@@ -239,8 +201,9 @@ def _run_oracle(library: LayerLibrary, cluster: Cluster, settings: Settings) -> 
     wall = time.perf_counter() - started
     proved = bool(plan.notes.get("proved_optimal"))
     note = "proved optimal" if proved else "NOT proved (time limit)"
-    if plan.notes.get("incumbents_cut"):
-        note += ", incumbents cut"
+    cut = [part for part in ("groupings", "incumbents") if plan.notes.get(f"{part}_cut")]
+    if cut:
+        note += f", {' and '.join(cut)} cut"
     return _finished("oracle", plan, wall, library, cluster, note)
 
 
@@ -254,9 +217,10 @@ def _run_tapp(library: LayerLibrary, cluster: Cluster, settings: Settings, rl_al
     options: dict[str, object] = {
         "schedule": settings.schedule,
         "seed": settings.seed,
-        "rounds": settings.tapp_rounds,
         "time_limit_s": settings.tapp_time_limit_s,
     }
+    if settings.tapp_rounds:
+        options["rounds"] = settings.tapp_rounds
     note = ""
     if rl_alone:
         options |= rl_alone_options()
@@ -270,9 +234,22 @@ def _run_tapp(library: LayerLibrary, cluster: Cluster, settings: Settings, rl_al
         return Result(RL_ALONE if rl_alone else TAPP, math.inf, time.perf_counter() - started, note=f"failed: {exc}")
     wall = time.perf_counter() - started
     if not rl_alone:
-        rounds, seconds = int(note_number(plan, "rounds")), note_number(plan, "search_rounds_s")
-        note = f"{rounds} rounds in {seconds:.0f} s, polish -{100 * note_number(plan, 'polish_gain'):.1f}%"
+        note = tapp_note(plan)
+    note += f"; load {os.getloadavg()[0]:.1f}"
     return _finished(RL_ALONE if rl_alone else TAPP, plan, wall, library, cluster, note)
+
+
+def tapp_note(plan: Plan) -> str:
+    """What TAPP's row says about its search: the warm start's best candidate, the rounds, the polish's gain."""
+    rounds = int(note_number(plan, "rounds"))
+    parts = []
+    warm = plan.notes.get("warm_start")
+    winner = plan.notes.get("warm_start_winner")
+    if isinstance(warm, dict) and winner in warm:
+        parts.append(f"warm {note_number(plan, 'warm_start_s'):.0f} s: {winner} {warm[winner]:.4f}")
+    parts.append(f"{rounds} rounds in {note_number(plan, 'search_rounds_s'):.0f} s")
+    parts.append(f"polish {note_number(plan, 'polish_s'):.0f} s -{100 * note_number(plan, 'polish_gain'):.1f}%")
+    return ", ".join(parts)
 
 
 def _run_other(name: str, library: LayerLibrary, cluster: Cluster, settings: Settings) -> Result:

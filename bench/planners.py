@@ -17,9 +17,10 @@ coarsening; TAPP's gap there is to the oracle, elsewhere to the best other plann
 Issue 14 (TAPP on clusters nobody tuned it for): ``--random N --seed S`` generates N clusters
 (``bench/random_clusters.py``; ``--seed`` picks the family and seeds the planners, ``--planner-seed`` sets the
 planners' apart) and judges every model on every one of them as a *cell* (``bench/planner_cells.py``): the
-time-boxed oracle (``--oracle-time-limit``; it says whether it proved optimality), TAPP, the RL alone (no polish,
-no warm start; ``--no-rl-alone`` skips it), every other planner and every single-device plan, a table per cluster,
-then a summary with the issue's bars; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
+time-boxed oracle (``--oracle-time-limit``; it says whether it proved optimality), TAPP (``--tapp-time-limit``
+covers its warm start, rounds and polish), the RL alone (no polish, no warm start; ``--no-rl-alone`` skips it),
+every other planner and every single-device plan, a table per cluster, then a summary with the issue's bars and the
+load average; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
 clusters as files; a cluster given to ``--clusters`` as a file is judged the same way. ``--scale`` runs hetero8
 doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -60,6 +62,7 @@ from tapp_core.costmodel import estimate  # noqa: E402
 from tapp_core.library import LayerLibrary  # noqa: E402
 from tapp_core.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
+from tapp_core.planners.tapp.options import DEFAULT_TIME_LIMIT_S  # noqa: E402
 
 LIBRARIES = Path(__file__).resolve().parent / "libraries"
 PLANNERS = ("single-cpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
@@ -131,7 +134,7 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     limit = f"{args.tapp_time_limit:.0f} s" if args.tapp_time_limit else "no time limit"
     table = Table(
         title=f"Planners: estimated step time (cost model, default calibration), schedule {args.schedule}, "
-        f"batch {args.batch_size}; TAPP: simulated reward, {rounds} rounds or {limit}, then its polish"
+        f"batch {args.batch_size}; TAPP: simulated reward, warm start, {rounds} rounds and its polish within {limit}"
     )
     for column in ("model", "cluster", "planner", "step time s", "gap to best", "wall s", "evaluations", "plan"):
         table.add_column(
@@ -288,8 +291,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tapp-time-limit",
         type=float,
-        default=100.0,
-        help="stop TAPP's rounds after this many seconds (0: none); the final polish comes after",
+        default=DEFAULT_TIME_LIMIT_S,
+        help="TAPP's time limit in seconds, for its warm start, rounds and polish together (0: none; default: the "
+        "planner's)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows (and cells) here")
     parser.add_argument("--measured", action="store_true", help="add the measured check on the local cluster")
@@ -325,6 +329,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.clusters is None:
         args.clusters = [] if args.random or args.scale else ["hetero4", "hetero8"]
     return args
+
+
+def load_average() -> str:
+    """The machine's load average over 1, 5 and 15 minutes (timings are only comparable at similar loads)."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1, 5, 15 min)"
 
 
 def is_cluster_file(name: str) -> bool:
@@ -365,6 +374,7 @@ def run_classic(args: argparse.Namespace, cluster_names: list[str]) -> list[dict
                 console.log(f"{model} {cluster_name} {name}: {rows[-1].step_time_s:.4f} s in {rows[-1].wall_s:.1f} s")
     if rows:
         print_table(rows, args)
+        console.print(f"load average: {load_average()}")
     oracle_notes = [r.plan.notes for r in rows if r.planner == "oracle"]
     if oracle_notes:
         coarse = [n for n in oracle_notes if n.get("coarsened")]
@@ -415,15 +425,18 @@ def run_cells(args: argparse.Namespace, clusters: list[Cluster], scale: bool) ->
     console.print(
         f"[bold]{'Scale' if scale else 'Cells'}[/]: {len(clusters)} clusters x {len(args.models)} models; schedule "
         f"{args.schedule}, batch {args.batch_size}, planners' seed {args.planner_seed}; TAPP: simulated reward, "
-        f"{args.tapp_rounds or 'default'} rounds or {args.tapp_time_limit or 'no'} s, then its polish; "
+        f"warm start, {args.tapp_rounds or 'default'} rounds and polish within {args.tapp_time_limit or 'no'} s; "
         + ("no oracle" if scale else f"oracle time limit {args.oracle_time_limit or 'none'} s")
         + f"; other planners killed after {args.planner_time_limit or 'no'} s"
     )
     cells = []
+    started = time.perf_counter()
+    console.print(f"load average at the start: {load_average()}")
     for cluster in clusters:
         mine = [run_cell(library_for(model, args.batch_size), cluster, settings) for model in args.models]
         print_cluster(console, mine, describe(cluster))
         cells += mine
+    console.print(f"load average at the end: {load_average()}; {time.perf_counter() - started:.0f} s in all")
     print_summary(console, cells, scale=scale)
     console.print(worst_gap_line(cells, scale=scale))
     return cells

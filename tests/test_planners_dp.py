@@ -7,6 +7,7 @@ import itertools
 import math
 import platform
 import random
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +24,18 @@ from tapp_core.planners.bounds import StepTimeBound
 from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
-from tapp_core.planners.moves import boundary_positions, cuts_of, moved_cut, swapped_groups, unused_devices, with_group
+from tapp_core.planners.moves import (
+    boundary_positions,
+    collapsed,
+    cuts_of,
+    dropped_replicas,
+    merged_neighbours,
+    moved_cut,
+    one_per_class,
+    swapped_groups,
+    unused_devices,
+    with_group,
+)
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
 from tapp_core.schedules import SCHEDULES
@@ -174,6 +186,33 @@ def test_a_coarsened_oracle_says_so_and_cuts_only_where_allowed() -> None:
     allowed = set(coarse_cut_positions(LayerCosts.from_library(library), 4))
     assert plan.notes["coarsened"] is True and plan.notes["cut_positions"] == len(allowed) == 3
     assert {plan.stage_of_layer.index(s) for s in range(1, plan.n_stages)} <= allowed
+
+
+def test_groupings_come_fewest_stages_first() -> None:
+    stages = [len(g) for g in device_groupings(small_cluster((1.0, 0.5, 0.25, 0.125)), 4)]
+    assert stages == sorted(stages) and stages[0] == 1 and max(stages) == 4
+
+
+def test_a_time_limited_oracle_that_finishes_says_it_proved_the_optimum() -> None:
+    library, cluster = chain_library(), small_cluster()
+    boxed = get_planner("oracle", time_limit_s=60, micro_batches=(1, 4)).plan(library, cluster)
+    plain = get_planner("oracle", micro_batches=(1, 4)).plan(library, cluster)
+    assert boxed.notes["proved_optimal"] is True
+    assert boxed.notes["groupings_cut"] is False and boxed.notes["incumbents_cut"] is False
+    assert boxed.notes["estimated_step_time_s"] == plain.notes["estimated_step_time_s"]
+
+
+def test_the_oracle_s_time_limit_covers_its_groupings_and_incumbents() -> None:
+    library = chain_library([1.0] * 12)
+    # 9 unlike devices: about 7.9 million device groupings, hours of incumbent estimates without the limit.
+    cluster = small_cluster(tuple(1.0 - 0.08 * i for i in range(9)), slow_pair=False)
+    started = time.perf_counter()
+    plan = get_planner("oracle", time_limit_s=2).plan(library, cluster)
+    assert time.perf_counter() - started < 15
+    assert plan.notes["proved_optimal"] is False
+    assert plan.notes["groupings_cut"] or plan.notes["incumbents_cut"]
+    single = get_planner("single").plan(library, cluster)
+    assert plan.notes["estimated_step_time_s"] <= single.notes["estimated_step_time_s"]
 
 
 def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:
@@ -383,3 +422,37 @@ def test_the_dynamic_programs_put_each_layer_where_its_kind_is_fast() -> None:
         plan = get_planner(name, micro_batches=(4,)).plan(library, cluster)
         assert plan.stage_devices == (("a",), ("b",)), name
         assert plan.stage_of_layer == (0, 0, 0, 1, 1, 1), name
+
+
+def test_shrinking_moves_give_valid_plans_with_fewer_devices_or_stages() -> None:
+    library, cluster = chain_library(), small_cluster((1.0, 1.0, 0.5, 0.25), slow_pair=False)
+    groups = (("d0", "d1"), ("d2",), ("d3",))
+    plan = contiguous_plan(library, (4, 8), groups, 2, "1f1b", 64)
+    class_of = {"d0": 0, "d1": 0, "d2": 1, "d3": 2}
+    dropped = list(dropped_replicas(groups, class_of))
+    assert dropped == [(("d0",), ("d2",), ("d3",))], "one replica per class: d0 and d1 are interchangeable"
+    assert len(list(dropped_replicas(groups))) == 2
+    merged = list(merged_neighbours(plan))
+    assert len(merged) == 3 + 2, "d0+d1+d2 would be 3 replicas, which do not divide the micro-batch of 32"
+    for move in merged:
+        validate(move, library, cluster)
+        assert move.n_stages == 2 and len(move.devices) <= len(plan.devices)
+    assert merged[0].stage_devices == (("d0", "d1"), ("d3",)) and cuts_of(merged[0]) == [8]
+    assert merged[1].stage_devices == (("d2",), ("d3",)) and merged[4].stage_devices == (("d0", "d1"), ("d2", "d3"))
+    assert [
+        p.stage_devices for p in merged_neighbours(dataclasses.replace(plan, stage_devices=(("d0",), ("d1",), ("d2",))))
+    ][2] == (("d0", "d1"), ("d2",))
+    single = list(collapsed(plan, ["d0", "d2"]))
+    assert [p.stage_devices for p in single] == [(("d0",),), (("d2",),)]
+    for move in single:
+        validate(move, library, cluster)
+        assert move.n_stages == 1 and move.micro_batches == plan.micro_batches
+    assert list(merged_neighbours(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:])))) == []
+
+
+def test_moves_skip_swaps_of_interchangeable_groups_and_keep_one_device_per_class() -> None:
+    groups = (("a",), ("b",), ("c",))
+    class_of = {"a": 0, "b": 0, "c": 1, "d": 1}
+    assert list(swapped_groups(groups, class_of)) == [(("c",), ("b",), ("a",)), (("a",), ("c",), ("b",))]
+    assert one_per_class(["a", "c", "b", "d"], class_of) == ["a", "c"]
+    assert one_per_class(["a", "b"], None) == ["a", "b"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tapp_core.cluster import parse_cluster
+from tapp_core.cluster import Cluster, parse_cluster
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
@@ -31,7 +31,15 @@ from tapp_core.planners.tapp import (
     TappSearch,
     TimedPlan,
 )
-from tapp_core.planners.tapp.features import ABSENT_SUCCESSOR, OP_VOCABULARY, layer_features, op_index
+from tapp_core.planners.tapp.features import (
+    ABSENT_SUCCESSOR,
+    DEVICE_FEATURES,
+    OP_VOCABULARY,
+    device_features,
+    layer_features,
+    model_needs,
+    op_index,
+)
 from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
 from tapp_core.planners.tapp.polish import polish_starts
 from tapp_core.planners.tapp.repair import compact, monotone_groups
@@ -201,14 +209,22 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     assert search.polish_gain is None  # a measured best is not polished on the cost model
 
 
-def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements() -> None:
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start: bool) -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FakePool(PlanEvaluator(library, cluster))
     search = TappPlanner(
-        reward="hybrid", rounds=50, measured_rounds=2, population=1, samples_per_round=4, time_limit_s=1e-9
+        reward="hybrid",
+        rounds=50,
+        measured_rounds=2,
+        population=1,
+        samples_per_round=4,
+        time_limit_s=1e-9,
+        warm_start=warm_start,
     ).search(library, cluster, measurer=pool)
     phases = [r.phase for r in search.rounds()]
-    assert phases == ["simulated", "measured", "measured"]
+    # The warm start spends the time limit before the first round: no simulated round is left then.
+    assert phases == ["simulated"] * (not warm_start) + ["measured", "measured"]
     assert pool.measured
 
 
@@ -262,7 +278,9 @@ def _relay_case() -> TappSearch:
             "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
         }
     )
-    config = SearchConfig(rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3))
+    config = SearchConfig(
+        rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3), warm_start=False
+    )
     return TappSearch(library, cluster, config, SimulatedReward(PlanEvaluator(library, cluster)))
 
 
@@ -298,7 +316,7 @@ def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot(monkeypatch: p
     assert search.best_time("simulated") == pytest.approx(optimum)
 
 
-def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
+def test_polish_starts_from_every_policy_s_best_distinct_plans_and_the_warm_start() -> None:
     search = _search(rounds=6)
     list(search.rounds())
     starts = polish_starts(search.remembered("simulated"), 100)
@@ -308,7 +326,8 @@ def test_polish_starts_from_every_policy_s_best_distinct_plans() -> None:
     best = search.best["simulated"]
     assert best is not None
     remembered = {e.plan.id for m in search.members for e in m.elite["simulated"]}
-    assert {start.plan.id for start in starts} == remembered | {best.plan.id}
+    warm = {c.timed.plan.id for c in search.warm}
+    assert warm and {start.plan.id for start in starts} == remembered | warm | {best.plan.id}
     search.polish()
     assert search.best_time("simulated") <= min(times)
 
@@ -349,3 +368,116 @@ def test_finish_polishes_only_when_asked_and_nothing_was_measured() -> None:
     assert polished.polish_gain is not None and gain == polished.polish_gain
     assert polished.best_time("simulated") <= unpolished.best_time("simulated")
     assert unpolished.finish().notes["polish_gain"] == 0.0 and unpolished.polish_gain is None
+
+
+def _islands(isolated: bool) -> Cluster:
+    """Two fast devices and two islands of slow ones (joined by a 30 Mbit/s link); ``fast`` sits behind 40 Mbit/s
+    links when ``isolated``, ``peer`` is always well connected; ``tiny`` has too little memory for the model."""
+    devices = [
+        {"name": "fast", "speed": 4.0, "memory": "8GiB"},
+        {"name": "peer", "speed": 2.0, "memory": "8GiB"},
+        {"name": "a0", "speed": 1.0, "memory": "8GiB"},
+        {"name": "a1", "speed": 1.0, "memory": "8GiB"},
+        {"name": "tiny", "speed": 1.0, "memory": "1MiB"},
+    ]
+    overrides = [{"between": ["a0", "a1", "peer"], "bandwidth": "10Gbit/s", "latency": "50us"}]
+    overrides += [{"between": [x, "tiny"], "bandwidth": "30Mbit/s", "latency": "500us"} for x in ("a0", "a1", "peer")]
+    if isolated:
+        overrides += [
+            {"between": ["fast", x], "bandwidth": "40Mbit/s", "latency": "500us"} for x in ("peer", "a0", "a1", "tiny")
+        ]
+    else:
+        overrides += [{"between": ["fast", "peer"], "bandwidth": "10Gbit/s", "latency": "50us"}]
+    return parse_cluster(
+        {
+            "name": "islands",
+            "devices": devices,
+            "links": {"bandwidth": "1Gbit/s", "latency": "50us", "overrides": overrides},
+        }
+    )
+
+
+def test_device_features_tell_a_fast_isolated_device_from_a_connected_one() -> None:
+    library = chain_library()
+    needs = model_needs(library, (1, 2, 4), 64, "1f1b")
+    column = {name: i for i, name in enumerate(DEVICE_FEATURES)}
+    isolated = device_features(_islands(True), needs)
+    connected = device_features(_islands(False), needs)
+    fast, peer, tiny = 0, 1, 4
+    for name in ("link_to_fastest", "best_link", "mean_link"):
+        assert isolated[fast, column[name]] < connected[fast, column[name]], name
+    for name in ("best_link", "mean_link"):
+        # The slowest link out of the others (the 30 Mbit/s one to tiny) must not make them look worse connected.
+        assert isolated[fast, column[name]] < isolated[peer, column[name]], name
+    assert isolated[fast, column["communication"]] > connected[fast, column["communication"]]
+    assert isolated[fast, column["speed"]] == 0 and isolated[peer, column["speed"]] < 0
+    assert isolated[fast, column["fits_alone"]] == 1 and isolated[tiny, column["fits_alone"]] == 0
+    assert isolated[tiny, column["memory"]] < isolated[fast, column["memory"]]
+    assert isolated.abs().max() <= 1
+
+
+def test_a_fresh_policy_samples_single_device_plans() -> None:
+    library = chain_library()
+    cluster = small_cluster(tuple(1.0 - 0.1 * i for i in range(8)), slow_pair=False)
+    policy = TappPolicy(library, cluster, PolicyConfig(groups=8), (1, 2, 4), 64, "1f1b")
+    plans = policy.sample(400, torch.Generator().manual_seed(0)).plans
+    stages = {plan.n_stages for plan in plans}
+    assert {1, 2, 8} <= stages
+    alone = [plan for plan in plans if len(plan.devices) == 1]
+    assert len(alone) >= 10 and all(plan.n_stages == 1 for plan in alone)
+    assert {plan.devices[0] for plan in alone} >= {"d0"}, "the fastest device alone is among them"
+    assert policy.can_express(alone[0]) and all(validate(plan, library, cluster) is None for plan in alone)
+
+
+def test_the_warm_start_is_in_the_notes_and_can_be_switched_off() -> None:
+    library, cluster = chain_library(), _islands(True)
+    warm = get_planner("tapp", rounds=1, population=2, samples_per_round=4, polish=False).plan(library, cluster)
+    cold = get_planner("tapp", rounds=1, population=2, samples_per_round=4, polish=False, warm_start=False).plan(
+        library, cluster
+    )
+    candidates = warm.notes["warm_start"]
+    assert isinstance(candidates, dict)
+    assert {"single:fast", "single:peer", "bsp", "pipedream", "autoddl"} <= set(candidates)
+    assert "single:tiny" not in candidates, "the model does not fit tiny alone"
+    assert "even" not in candidates, "the even split puts a stage on tiny, where it does not fit"
+    assert warm.notes["warm_start_winner"] == min(candidates, key=candidates.__getitem__)
+    assert warm.notes["estimated_step_time_s"] <= min(candidates.values())
+    assert float(warm.notes["warm_start_s"]) > 0  # type: ignore[arg-type]
+    assert cold.notes["warm_start"] == {} and cold.notes["warm_start_winner"] is None
+    assert cold.notes["warm_start_s"] == 0
+
+
+def test_the_time_limit_covers_the_polish() -> None:
+    spent, left = (_search(rounds=2, warm_start=False, time_limit_s=1000.0) for _ in range(2))
+    for search in (spent, left):
+        list(search.rounds())
+    spent.elapsed_s = 1000.0  # the rounds used up the whole limit
+    assert spent.polish() == 0.0 and spent.polish_s < 1.0
+    assert left.polish() > 0.0, "with time left the same polish improves the plan"
+    assert left.elapsed_s > left.history[-1].elapsed_s, "the polish's time counts against the limit"
+
+
+def test_a_search_out_of_time_skips_the_rounds_and_the_polish() -> None:
+    library, cluster = chain_library(), _islands(True)
+    plan = get_planner("tapp", rounds=50, population=2, samples_per_round=4, time_limit_s=1e-6).plan(library, cluster)
+    assert plan.notes["rounds"] == 0, "the warm start used up the rounds' share of the limit"
+    assert plan.notes["polish_gain"] == 0.0
+    warm = plan.notes["warm_start"]
+    assert isinstance(warm, dict) and plan.notes["estimated_step_time_s"] == min(warm.values())
+
+
+def test_a_polish_stopped_early_keeps_the_best_it_found() -> None:
+    search = _search(rounds=3, warm_start=False)
+    list(search.rounds())
+    starts = polish_starts(search.remembered("simulated"))
+    evaluations = search.simulated.evaluations
+    polish = Polish(
+        search.library,
+        search.cluster,
+        search.simulated,
+        search.config.micro_batch_choices,
+        lambda: search.simulated.evaluations >= evaluations + 30,
+    )
+    best = polish.run(starts[0], starts)
+    assert best.step_time_s <= starts[0].step_time_s
+    assert search.simulated.evaluations < evaluations + 30 + 400, "it stopped soon after its budget ran out"

@@ -13,6 +13,14 @@ only grows) and abandoned once it reaches the incumbent, and a plan is only esti
 below the incumbent. Every plan of the space is therefore either estimated or proved no better
 (``proved_optimal`` in the notes; False only when a budget or time limit cut the search short). The incumbent
 starts from a balanced cut of every device grouping, which only speeds the proof up.
+
+``time_limit_s`` covers the whole search: the enumeration of device groupings (fewest stages first, for at most a
+quarter of the limit), their starting incumbents (estimated until half the time left, so that the branch and bound
+keeps the other half) and the branch and bound. Where any of the three was cut short the result is the best plan found, ``proved_optimal`` is False and
+the notes say which part was cut (``groupings_cut``, ``incumbents_cut``).
+
+``best_cuts`` is the branch and bound on one device grouping alone (TAPP's polish uses it on the best groupings it
+found).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
@@ -42,31 +51,37 @@ MAX_GROUPINGS = 1_500_000
 
 
 def searchable_groupings(
-    cluster: Cluster, max_replicas: int, max_groups: int
-) -> list[tuple[tuple[str, ...], ...]]:
-    """``device_groupings`` of at most ``max_groups`` groups; ``PlannerError`` when the cluster is beyond the
-    exhaustive search's reach (``MAX_DEVICES``, ``MAX_GROUPINGS``)."""
+    cluster: Cluster, max_replicas: int, max_groups: int, deadline: float = math.inf
+) -> tuple[list[tuple[tuple[str, ...], ...]], bool]:
+    """``device_groupings`` of at most ``max_groups`` groups, fewest stages first, and whether ``deadline`` cut
+    their enumeration short. ``PlannerError`` when the cluster is beyond the exhaustive search's reach
+    (``MAX_DEVICES``; ``MAX_GROUPINGS`` when no deadline bounds the enumeration)."""
     beyond = f"beyond the oracle's exhaustive search; plan cluster {cluster.name!r} with another method (tapp, pipedream, autoddl)"
     if len(cluster.devices) > MAX_DEVICES:
         raise PlannerError(f"{len(cluster.devices)} devices (the oracle takes at most {MAX_DEVICES}) are {beyond}")
-    found = []
+    found: list[tuple[tuple[str, ...], ...]] = []
     for seen, grouping in enumerate(device_groupings(cluster, max_replicas), start=1):
-        if seen > MAX_GROUPINGS:
+        if len(grouping) > max_groups:
+            break
+        if seen > MAX_GROUPINGS and deadline == math.inf:
             raise PlannerError(f"more than {MAX_GROUPINGS:,} groupings of {len(cluster.devices)} devices are {beyond}")
-        if len(grouping) <= max_groups:
-            found.append(grouping)
-    return found
+        found.append(grouping)
+        if seen % 1024 == 0 and time.perf_counter() > deadline:
+            return found, True
+    return found, False
 
 
 def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tuple[str, ...], ...]]:
     """Every ordered sequence of disjoint non-empty device groups (groups of at most ``max_replicas``), once per
-    arrangement up to swapping interchangeable devices."""
+    arrangement up to swapping interchangeable devices; fewest stages first (so a caller that stops early has
+    every plan shape with few stages)."""
     classes = device_classes(cluster)
     class_of = {name: i for i, group in enumerate(classes) for name in group}
     names = cluster.device_names
-    seen: set[tuple[tuple[int, ...], ...]] = set()
 
-    def extend(prefix: tuple[tuple[str, ...], ...], used: frozenset[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    def extend(
+        prefix: tuple[tuple[str, ...], ...], used: frozenset[str], stages: int, seen: set[tuple[tuple[int, ...], ...]]
+    ) -> Iterator[tuple[tuple[str, ...], ...]]:
         free = [d for d in names if d not in used]
         for size in range(1, min(max_replicas, len(free)) + 1):
             for group in itertools.combinations(free, size):
@@ -75,10 +90,13 @@ def device_groupings(cluster: Cluster, max_replicas: int) -> Iterator[tuple[tupl
                 if signature in seen:
                     continue
                 seen.add(signature)
-                yield grouping
-                yield from extend(grouping, used | set(group))
+                if len(grouping) == stages:
+                    yield grouping
+                else:
+                    yield from extend(grouping, used | set(group), stages, seen)
 
-    yield from extend((), frozenset())
+    for stages in range(1, len(names) + 1):
+        yield from extend((), frozenset(), stages, set())
 
 
 @dataclass
@@ -92,6 +110,9 @@ class _Search:
     budget: int | None
     pruned: int = 0
     complete: bool = True
+    """No part of the space was left unexplored (so far)."""
+    stopped: bool = False
+    """The deadline or the budget stopped the branch and bound."""
 
     def run(self, grouping: tuple[tuple[str, ...], ...], micro_batches: int, bound: StepTimeBound) -> None:
         samples = self.batch // micro_batches
@@ -108,8 +129,8 @@ class _Search:
         if time.perf_counter() > self.deadline or (
             self.budget is not None and self.evaluator.evaluations >= self.budget
         ):
-            self.complete = False
-        return not self.complete
+            self.stopped, self.complete = True, False
+        return self.stopped
 
     def _descend(self, s: int, start: int, cuts: list[int], partial: float, chain: Chain) -> None:
         bound, groups = self._bound, self._groups
@@ -175,9 +196,14 @@ class OraclePlanner(PlannerBase):
         bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
-        groupings = searchable_groupings(cluster, self.max_replicas or len(cluster.devices), len(positions) + 1)
-        incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch)
+        quarter = started + (deadline - started) / 4
+        most_replicas = self.max_replicas or len(cluster.devices)
+        groupings, groupings_cut = searchable_groupings(cluster, most_replicas, len(positions) + 1, quarter)
+        incumbents_ends = time.perf_counter() + (deadline - time.perf_counter()) / 2
+        incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch, incumbents_ends)
+        incumbents_cut = len(incumbents) < len(groupings) * len(choices)
         search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
+        search.complete = not (groupings_cut or incumbents_cut)
         for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):
             search.run(grouping, m, bound_of[m])
             if progress and (done % 50 == 0 or done == len(incumbents)):
@@ -191,7 +217,7 @@ class OraclePlanner(PlannerBase):
                         time.perf_counter() - started,
                     )
                 )
-            if not search.complete:
+            if search.stopped:
                 break
         if evaluator.best_plan is None:
             raise PlannerError(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
@@ -202,6 +228,8 @@ class OraclePlanner(PlannerBase):
             "all_positions": len(library.layers) - 1,
             "coarsened": len(positions) < len(library.layers) - 1,
             "groupings": len(groupings),
+            "groupings_cut": groupings_cut,
+            "incumbents_cut": incumbents_cut,
             "pruned": search.pruned,
         }
         return dataclasses.replace(evaluator.best_plan, notes=notes)
@@ -214,17 +242,51 @@ class OraclePlanner(PlannerBase):
         choices: Sequence[int],
         evaluator: PlanEvaluator,
         batch: int,
+        deadline: float = math.inf,
     ) -> list[tuple[float, tuple[tuple[str, ...], ...], int]]:
-        """A balanced cut of every grouping and micro-batch count, estimated: the starting incumbent, and the order
-        in which the branch and bound visits groupings (most promising first)."""
+        """A balanced cut of every grouping and micro-batch count, estimated in the groupings' order until
+        ``deadline`` (at least the first grouping): the starting incumbent, and the order in which the branch and
+        bound visits groupings (most promising first)."""
         cluster = evaluator.cluster
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
         speeds = relative_speeds(library, cluster)
-        out = []
+        out: list[tuple[float, tuple[tuple[str, ...], ...], int]] = []
         for grouping in groupings:
+            if out and time.perf_counter() > deadline:
+                break
             shares = [len(g) * min(speeds[d] for d in g) for g in grouping]
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
                 plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)
                 out.append((evaluator.step_time(plan), grouping, m))
         return out
+
+
+def best_cuts(
+    library: LayerLibrary,
+    cluster: Cluster,
+    grouping: Sequence[Sequence[str]],
+    micro_batches: int,
+    schedule: str,
+    batch_size: int,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    below_s: float = math.inf,
+    deadline: float = math.inf,
+    budget: int | None = None,
+    max_blocks: int | None = None,
+) -> tuple[Plan | None, int]:
+    """The oracle's branch and bound on one sequence of device groups and one micro-batch count: the fastest
+    contiguous plan on them faster than ``below_s`` (None if there is none), and how many plans it estimated.
+    ``max_blocks`` coarsens the cut positions as the oracle's option does (None: every position). Stops at
+    ``deadline`` (``time.perf_counter()``) or after ``budget`` estimates with the best found so far. For a local
+    search that has found a good grouping and wants its best cuts."""
+    groups = tuple(tuple(group) for group in grouping)
+    evaluator = PlanEvaluator(library, cluster, calibration, lazy_validation=True)
+    evaluator.best_time = below_s
+    bound = StepTimeBound(library, cluster, calibration, schedule, micro_batches, batch_size)
+    positions = coarse_cut_positions(bound.costs, max_blocks)
+    if len(groups) > len(positions) + 1:
+        return None, 0
+    search = _Search(library, positions, evaluator, schedule, batch_size, deadline, budget)
+    search.run(groups, micro_batches, bound)
+    return evaluator.best_plan, evaluator.evaluations

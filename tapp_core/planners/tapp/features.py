@@ -4,8 +4,14 @@ A layer is described by its operation name (an index into a small dictionary of 
 the network; anything else is Unknown), its parameter metrics (parameters, FLOPs, activation size and measured
 time, log-scaled and normalised to [0, 1], plus where the layer sits in the cumulative work), and the ids of its
 first two successor layers (numbered from 1, divided by the layer count; -0.1 when absent). A layer's time is the
-mean of its times in the library's kinds (``LayerLibrary.kinds``: the cluster's), a device's speed its speed
-relative to the library's kind (``planners.costs.relative_speeds``).
+mean of its times in the library's kinds (``LayerLibrary.kinds``: the cluster's).
+
+A device is described by what it costs to use it (``DEVICE_FEATURES``): its speed against the fastest (relative to
+the library's kind, ``planners.costs.relative_speeds``), its memory
+against what the whole model needs on one device, its links (to the fastest device, its best and its mean link,
+each against the cluster's best link), and how long sending a typical cut over its best link takes against
+computing the whole model on it; so the policy can tell a fast device behind slow links from a fast, well
+connected one, and a device the model does not fit alone from one it does.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import torch
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
+from tapp_core.plan import stage_memory_bytes
+from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.space import contiguous_plan
 
 OP_VOCABULARY: tuple[str, ...] = (
     "Unknown",
@@ -118,34 +127,93 @@ def layer_features(library: LayerLibrary) -> LayerFeatures:
     )
 
 
-DEVICE_FEATURES: tuple[str, ...] = ("speed", "memory", "mean_bandwidth", "min_bandwidth", "cuda")
+DEVICE_FEATURES: tuple[str, ...] = (
+    "speed",
+    "memory",
+    "fits_alone",
+    "link_to_fastest",
+    "best_link",
+    "mean_link",
+    "communication",
+    "cuda",
+)
+SPEED_RANGE = 1000.0
+"""Speeds this many times below the fastest all read -1."""
+LINK_RANGE = 10_000.0
+"""Links this many times slower than the cluster's best all read -1."""
+MEMORY_RANGE = 16.0
+"""Memory this many times more (less) than the model needs alone reads 1 (-1)."""
+COMMUNICATION_RANGE = 1000.0
+"""A cut sent this many times faster (slower) than the whole model computes reads -1 (1)."""
 
 
-def device_features(cluster: Cluster, speeds: Sequence[float] | None = None) -> torch.Tensor:
-    """(devices, len(DEVICE_FEATURES)): relative speed (``speeds``, in device order; default: each ``speed``), log
-    memory, and the log of the mean and slowest link to the
-    other devices (each normalised by the cluster's largest), and whether it is a GPU."""
+def _scaled_log(ratio: np.ndarray, span: float, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    clipped: np.ndarray = np.clip(np.log(ratio) / np.log(span), low, high)
+    return clipped
+
+
+@dataclass(frozen=True)
+class ModelNeeds:
+    """What the model asks of a device, for the device features."""
+
+    memory_bytes: float
+    """Least memory the whole model needs on one device (over the micro-batch counts)."""
+    compute_s: float
+    """Seconds of one step's layer work on the library's device (speed 1)."""
+    cut_bytes: float
+    """Bytes a typical cut sends one way per step (the median over positions)."""
+
+
+def model_needs(library: LayerLibrary, micro_batch_choices: Sequence[int], batch_size: int, schedule: str) -> ModelNeeds:
+    """The model's ``ModelNeeds`` at this batch size and schedule."""
+    memory = min(
+        stage_memory_bytes(contiguous_plan(library, [], [["device"]], m, schedule, batch_size), library, 0)
+        for m in micro_batch_choices
+    )
+    costs = LayerCosts.from_library(library)
+    cuts = costs.cut_bytes[1:-1] if costs.n_layers > 1 else np.zeros(1)
+    return ModelNeeds(
+        memory_bytes=float(memory),
+        compute_s=float(costs.work_prefix[-1]) * batch_size,
+        cut_bytes=float(np.median(cuts)) * batch_size,
+    )
+
+
+def device_features(cluster: Cluster, needs: ModelNeeds, speeds: Sequence[float] | None = None) -> torch.Tensor:
+    """(devices, len(DEVICE_FEATURES)), each in [-1, 1]: log speed against the fastest (``speeds``, in device
+    order; default: each ``speed``); log memory against the model's need alone, and whether the model fits alone;
+    the log bandwidth to the fastest device (the fastest's own: its best link), of its best and its mean link, each
+    against the cluster's best link; the log of the time to send a typical cut both ways over its best link against
+    its time for the whole model's work; whether it is a GPU."""
     names = cluster.device_names
-    relative = list(speeds) if speeds is not None else [d.speed for d in cluster.devices]
-    rows = []
-    for name, speed in zip(names, relative, strict=True):
-        device = cluster.device(name)
-        others = [cluster.link(name, other).bandwidth for other in names if other != name] or [1.0]
-        rows.append(
-            [
-                speed,
-                np.log2(device.memory),
-                np.log(np.mean(others)),
-                np.log(min(others)),
-                float(device.kind == "cuda"),
-            ]
-        )
-    table = np.array(rows, dtype=float)
-    for j in range(4):
-        top = np.abs(table[:, j]).max()
-        if top > 0:
-            table[:, j] /= top
-    return torch.tensor(table, dtype=torch.float32)
+    n = len(names)
+    speed = np.array(list(speeds) if speeds is not None else [d.speed for d in cluster.devices], dtype=float)
+    memory = np.array([cluster.device(name).memory for name in names], dtype=float)
+    bandwidth = np.ones((n, n))
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            if i != j:
+                bandwidth[i, j] = cluster.link(a, b).bandwidth
+    off = ~np.eye(n, dtype=bool)
+    top_link = bandwidth[off].max() if n > 1 else 1.0
+    best = np.array([bandwidth[i, off[i]].max() for i in range(n)]) if n > 1 else np.ones(1)
+    mean = np.array([np.exp(np.log(bandwidth[i, off[i]]).mean()) for i in range(n)]) if n > 1 else np.ones(1)
+    fastest = int(np.argmax(speed))
+    to_fastest = bandwidth[:, fastest].copy()
+    to_fastest[fastest] = best[fastest]
+    sending = 2 * needs.cut_bytes / best
+    computing = needs.compute_s / speed
+    columns = [
+        _scaled_log(speed / speed.max(), SPEED_RANGE, high=0.0),
+        _scaled_log(memory / max(needs.memory_bytes, 1.0), MEMORY_RANGE),
+        (memory >= needs.memory_bytes).astype(float),
+        _scaled_log(to_fastest / top_link, LINK_RANGE, high=0.0),
+        _scaled_log(best / top_link, LINK_RANGE, high=0.0),
+        _scaled_log(mean / top_link, LINK_RANGE, high=0.0),
+        _scaled_log(np.maximum(sending, 1e-12) / np.maximum(computing, 1e-12), COMMUNICATION_RANGE),
+        np.array([float(cluster.device(name).kind == "cuda") for name in names]),
+    ]
+    return torch.tensor(np.column_stack(columns), dtype=torch.float32)
 
 
 def log_bandwidth_matrix(cluster: Cluster) -> torch.Tensor:

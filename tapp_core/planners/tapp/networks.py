@@ -1,9 +1,10 @@
 """TAPP's two networks (seed 000, sections 4.1 and 4.2), trained jointly.
 
-``PartitionNetwork``: a feed-forward network giving every layer a probability over groups. Its logits are a
-learned split of the model's cumulative work into one slice per group (a few parameters that move whole
-boundaries at once), initialised balanced to the devices' speeds, plus a per-layer feed-forward correction
-whose last layer starts near zero.
+``PartitionNetwork``: first the number of stages ``k`` (a learned categorical over 1..groups, uniform at first, so a
+single stage is as reachable as many), then a feed-forward network giving every layer a probability over the first
+``k`` groups. Its logits are a learned split of the model's cumulative work into one slice per group among the first
+``k`` (a few parameters that move whole boundaries at once), initialised balanced to the devices' speeds, plus a
+per-layer feed-forward correction whose last layer starts near zero.
 
 ``AllocationNetwork``: attention from every group to the devices. A group is the mean of its layers' op
 embeddings and metrics, plus its share of the work, a one-hot vector of the groups it feeds, and its position
@@ -21,10 +22,13 @@ import math
 import torch
 from torch import nn
 
+NEG_INF = -1e9
+
 
 class PartitionNetwork(nn.Module):
-    """Layer features -> group logits: a learned split of the cumulative work into group slices (the logit of a
-    group falls with the layer's distance from its slice), plus a feed-forward correction per layer."""
+    """The number of stages, then layer features -> group logits: a learned split of the cumulative work into
+    ``k`` group slices (the logit of a group falls with the layer's distance from its slice), plus a feed-forward
+    correction per layer; the groups from ``k`` on are masked."""
 
     def __init__(self, layer_dim: int, groups: int, hidden: int, shares: torch.Tensor, strength: float) -> None:
         super().__init__()
@@ -34,21 +38,28 @@ class PartitionNetwork(nn.Module):
             self.head.weight.mul_(0.01)
             self.head.bias.zero_()
         self.share_logits = nn.Parameter(shares.log())
+        self.stage_logits = nn.Parameter(torch.zeros(groups))
+        """Logits of 1..groups stages."""
         self.strength = strength
 
     def split(self, position: torch.Tensor) -> torch.Tensor:
-        """(layers,) work positions in [0, 1] -> (layers, groups) logits of the learned split."""
-        edges = torch.cumsum(torch.softmax(self.share_logits, dim=0), dim=0)
-        high = edges
-        low = torch.cat([edges.new_zeros(1), edges[:-1]])
-        x = position[:, None]
-        distance = torch.relu(low[None, :] - x) + torch.relu(x - high[None, :])
-        return -self.strength * len(edges) * distance
+        """(layers,) work positions in [0, 1] -> (groups, layers, groups) logits of the learned split into ``k + 1``
+        slices (first index ``k``), the groups from ``k + 1`` on masked."""
+        groups = self.share_logits.shape[0]
+        mask = torch.triu(torch.ones(groups, groups, dtype=torch.bool), diagonal=1)  # [k, g]: g > k
+        shares = torch.softmax(self.share_logits[None, :].masked_fill(mask, NEG_INF), dim=1)
+        high = torch.cumsum(shares, dim=1)
+        low = high - shares
+        x = position[None, :, None]
+        distance = torch.relu(low[:, None, :] - x) + torch.relu(x - high[:, None, :])
+        counts = torch.arange(1, groups + 1, dtype=position.dtype)[:, None, None]
+        logits = -self.strength * counts * distance
+        return logits.masked_fill(mask[:, None, :], NEG_INF)
 
     def forward(self, layer_vectors: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """(layers, layer_dim), (layers,) -> (layers, groups) logits."""
+        """(layers, layer_dim), (layers,) -> (groups, layers, groups) logits, for ``k + 1`` stages at index ``k``."""
         learned: torch.Tensor = self.head(self.body(layer_vectors))
-        return learned + self.split(position)
+        return learned[None, :, :] + self.split(position)
 
 
 class AllocationNetwork(nn.Module):

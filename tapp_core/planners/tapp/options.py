@@ -27,6 +27,9 @@ _LEAST = {
     "measured_per_round": 1,
 }
 """The least value of each count option."""
+DEFAULT_TIME_LIMIT_S = 90.0
+"""The default time limit: a search ends within 120 s on a loaded two-core machine, the overrun of its last round
+and polish step included."""
 
 
 @dataclass
@@ -54,11 +57,19 @@ class SearchOptions:
     """hybrid: how many final rounds use measurements."""
     measured_per_round: int = 1
     """hybrid: how many of each policy's best samples of a round (by the cost model) are measured."""
-    time_limit_s: float | None = None
-    """Stop the rounds after this many seconds (None: no limit); a hybrid search still runs its measured rounds."""
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
+    """The whole search's time limit in seconds (None: none): the warm start, the rounds and the polish. The rounds
+    stop at ``rounds_time_share`` of it when a polish follows (at all of it otherwise), the polish at the limit; a
+    hybrid search still runs its measured rounds."""
+    rounds_time_share: float = 0.7
+    """Share of ``time_limit_s`` the warm start and the rounds may take when a polish follows."""
     polish: bool = True
-    """After the rounds, when nothing was measured: a local search from the population's best simulated plans
-    (``polish.Polish``); its gain is in the plan's notes as ``polish_gain``."""
+    """After the rounds, when nothing was measured: a local search from the population's best simulated plans and
+    the warm start's candidates (``polish.Polish``); its gain is in the plan's notes as ``polish_gain``."""
+    warm_start: bool = True
+    """Before the first round, unless the reward is 'measured': cheap candidates (``warm.WarmStart``: every device
+    alone, BSP, the even split, PipeDream, a time-boxed AutoDDL) join the polish's starts and one policy's elite;
+    the plan's notes list them (``warm_start``) and the fastest (``warm_start_winner``)."""
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_KINDS:
@@ -66,6 +77,10 @@ class SearchOptions:
         for name, least in _LEAST.items():
             if getattr(self, name) < least:
                 raise PlannerError(f"TAPP search: {name} must be at least {least}, got {getattr(self, name)}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise PlannerError(f"TAPP search: time_limit_s must be positive or None, got {self.time_limit_s}")
+        if not 0 < self.rounds_time_share <= 1:
+            raise PlannerError(f"TAPP search: rounds_time_share must be in (0, 1], got {self.rounds_time_share}")
 
     def option_values(self) -> dict[str, Any]:
         """The values of these options alone (of a planner or a configuration that extends them), by name."""

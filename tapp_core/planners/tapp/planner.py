@@ -21,6 +21,10 @@ from tapp_core.planners.tapp.policy import PolicyConfig
 from tapp_core.planners.tapp.rewards import MeasuredReward, Measurer, SimulatedReward
 from tapp_core.planners.tapp.search import SearchConfig, TappSearch
 
+DEFAULT_GROUPS = 8
+"""Most stages the policy samples by default: its networks and the placement's steps grow with the groups, and
+beyond a handful of stages a pipeline's bubbles and transfers rarely pay for more."""
+
 
 @dataclass
 class TappPlanner(PlannerBase, SearchOptions):
@@ -30,7 +34,8 @@ class TappPlanner(PlannerBase, SearchOptions):
     name = "tapp"
 
     groups: int | None = None
-    """Most pipeline stages; None: one per device."""
+    """Most pipeline stages the policy samples (the polish's relay stages may add more); None: one per device, at
+    most ``DEFAULT_GROUPS`` (on a larger cluster the other devices replicate stages or stay idle)."""
     pool: Measurer | None = None
     """measured / hybrid: what measures plans (a started ``WorkerPool``, raced in rounds of a warm-up step and a few
     timed ones, ``race.RoundSteps``; or any ``Measurer``, one call a round); None: start a pool on the cluster."""
@@ -55,7 +60,7 @@ class TappPlanner(PlannerBase, SearchOptions):
             micro_batch_choices=self.micro_batch_choices(library),
             schedule=self.schedule,
             policy=PolicyConfig(
-                groups=min(self.groups or len(cluster.devices), len(cluster.devices), len(library.layers))
+                groups=min(self.groups or DEFAULT_GROUPS, len(cluster.devices), len(library.layers))
             ),
         )
 

@@ -1,8 +1,9 @@
 """TAPP's policy: both networks and the micro-batch choice, sampled together into valid plans.
 
-One sample is: a group for every layer (partition network), the monotone repair (``repair``), a device for
-every non-empty group in pipeline order and, for every device left over, a group to replicate or none
-(allocation network), and a micro-batch count among those the replica counts divide. ``sample`` returns the
+One sample is: a number of stages ``k`` and a group among the first ``k`` for every layer (partition network), the
+monotone repair (``repair``), a device for every non-empty group in pipeline order and, for every device left over,
+a group to replicate or none (allocation network), and a micro-batch count among those the replica counts divide.
+So one stage on one device, with every other device idle, is a sample like any other. ``sample`` returns the
 plans and the log-probability of each sample (with gradients, for REINFORCE) and the policy's entropy.
 """
 
@@ -27,6 +28,7 @@ from tapp_core.planners.tapp.features import (
     device_features,
     layer_features,
     log_bandwidth_matrix,
+    model_needs,
 )
 from tapp_core.planners.tapp.networks import AllocationNetwork, PartitionNetwork
 from tapp_core.planners.tapp.repair import compact, monotone_groups, repair_weights
@@ -55,6 +57,8 @@ class PolicyConfig:
 class Actions:
     """The decisions behind a batch of samples (what REINFORCE scores)."""
 
+    stage_counts: np.ndarray
+    """(samples,) the number of stages chosen, minus 1."""
     labels: np.ndarray
     """(samples, layers) group of every layer, before the repair."""
     placed: np.ndarray
@@ -70,7 +74,11 @@ class PartitionDraw:
     labels: np.ndarray
     """(samples, layers) sampled group of every layer, before the repair."""
     log_prob: torch.Tensor
+    """(samples,) log-probability of the number of stages and of every layer's group."""
     entropy: torch.Tensor
+    """Mean entropy per layer decision, over the numbers of stages by their probability."""
+    stage_entropy: torch.Tensor
+    """Entropy of the number of stages."""
     layer_vectors: torch.Tensor
 
 
@@ -85,7 +93,7 @@ class PolicySample:
     log_prob: torch.Tensor
     """(samples,) log-probability of every sample's decisions, with gradients."""
     entropy: torch.Tensor
-    """Mean over the four kinds of decision of the mean entropy per decision, with gradients."""
+    """Mean over the five kinds of decision of the mean entropy per decision, with gradients."""
 
 
 def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
@@ -133,13 +141,17 @@ class TappPolicy(nn.Module):
         speeds = np.array([relative[name] for name in cluster.device_names])
         self.work_fraction = features.work / max(features.work.sum(), 1e-12)
         self.repair_weights = repair_weights(features.work)
-        self.speed_fraction = speeds / speeds.sum()
+        self.speeds = speeds
+        top = np.cumsum(np.sort(speeds)[::-1])
+        self.top_speed_sums = torch.as_tensor(top[np.minimum(np.arange(groups), len(top) - 1)], dtype=torch.float32)
+        """``[k]``: the summed speed of the ``k + 1`` fastest devices (what ``k + 1`` stages can hope to use)."""
         cut_bytes = LayerCosts.from_library(library).cut_bytes
         self.cut_size = np.log1p(cut_bytes) / max(np.log1p(cut_bytes).max(), 1e-12)
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
         self.register_buffer("op_ids", features.op_ids)
         self.register_buffer("numeric", features.numeric)
-        self.register_buffer("devices", device_features(cluster, speeds.tolist()))
+        needs = model_needs(library, self.micro_batch_choices, batch_size, schedule)
+        self.register_buffer("devices", device_features(cluster, needs, speeds.tolist()))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
         shares = initial_shares(config.initial_split, speeds, groups)
@@ -162,26 +174,58 @@ class TappPolicy(nn.Module):
         return self.complete(draw, repaired_stages(draw.labels, self.repair_weights, self.config.groups), generator)
 
     def score(self, plans: Sequence[Plan]) -> PolicySample:
-        """The log-probability of choosing exactly ``plans`` (self-imitation of the best plans seen). Their
-        stages are already monotone, so they are their own repair."""
+        """The log-probability of choosing exactly ``plans`` (self-imitation of the best plans seen; each one
+        ``can_express``). Their stages are already monotone, so they are their own repair."""
         actions = self.actions_of(plans)
-        draw = self.draw_partition(len(plans), None, actions.labels)
+        draw = self.draw_partition(len(plans), None, actions.labels, actions.stage_counts)
         return self.complete(draw, compact(actions.labels), None, actions)
 
+    def can_express(self, plan: Plan) -> bool:
+        """Whether this policy can sample ``plan``: its model, devices and micro-batch count, contiguous stages, no
+        more stages than groups."""
+        order = list(plan.stage_of_layer)
+        return (
+            plan.model == self.library.model
+            and plan.batch_size == self.batch_size
+            and plan.schedule == self.schedule
+            and plan.micro_batches in self.micro_batch_choices
+            and plan.n_stages <= self.config.groups
+            and len(order) == len(self.library.layers)
+            and order == sorted(order)
+            and set(plan.devices) <= set(self.device_names)
+        )
+
     def draw_partition(
-        self, count: int, generator: torch.Generator | None, labels: np.ndarray | None = None
+        self,
+        count: int,
+        generator: torch.Generator | None,
+        labels: np.ndarray | None = None,
+        stage_counts: np.ndarray | None = None,
     ) -> PartitionDraw:
-        """The partition network's decisions: a group for every layer of ``count`` samples (or ``labels``)."""
+        """The partition network's decisions for ``count`` samples (or the given ``labels`` and ``stage_counts``): a
+        number of stages, then a group among that many for every layer."""
         layer_vectors = torch.cat([self.embedding(self.op_ids), self.numeric], dim=1)
-        log_p = F.log_softmax(self.partition(layer_vectors, self.work_position), dim=1)
+        log_p = F.log_softmax(self.partition(layer_vectors, self.work_position), dim=2)  # (k, layers, groups)
+        stage_log_p = F.log_softmax(self.partition.stage_logits, dim=0)
         if labels is None:
-            chosen = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator).T
+            counts = torch.multinomial(stage_log_p.exp().detach(), count, replacement=True, generator=generator)
+            chosen = torch.empty((count, log_p.shape[1]), dtype=torch.long)
+            for k in torch.unique(counts).tolist():
+                rows = counts == k
+                drawn = torch.multinomial(log_p[k].exp().detach(), int(rows.sum()), replacement=True, generator=generator)
+                chosen[rows] = drawn.T
         else:
-            chosen = torch.as_tensor(labels)
+            assert stage_counts is not None
+            counts, chosen = torch.as_tensor(stage_counts), torch.as_tensor(labels)
+        layers = torch.arange(log_p.shape[1])
+        picked = log_p[counts[:, None], layers[None, :], chosen]
+        stage_p = stage_log_p.exp()
+        per_layer = -(log_p.exp() * log_p).sum(dim=2).mean(dim=1)
         return PartitionDraw(
             labels=chosen.numpy(),
-            log_prob=log_p.gather(1, chosen.T).sum(dim=0),
-            entropy=-(log_p.exp() * log_p).sum(dim=1).mean(),
+            log_prob=stage_log_p[counts] + picked.sum(dim=1),
+            entropy=(stage_p * per_layer).sum(),
+            stage_entropy=-(stage_p * stage_log_p).sum(),
             layer_vectors=layer_vectors,
         )
 
@@ -197,6 +241,7 @@ class TappPolicy(nn.Module):
                 for name in devices[1:]:
                     replicas[s, index[name]] = g
         return Actions(
+            stage_counts=np.array([plan.n_stages - 1 for plan in plans], dtype=np.int64),
             labels=np.array([plan.stage_of_layer for plan in plans], dtype=np.int64),
             placed=placed,
             replicas=replicas,
@@ -222,11 +267,12 @@ class TappPolicy(nn.Module):
         replicas, replica_log_prob, replica_entropy = self._replicate(
             slots, placed, active, generator, None if forced is None else forced.replicas
         )
+        replicas = self._dividing(replicas)
         micro, micro_log_prob, micro_entropy = self._micro_batches(
             replicas, generator, None if forced is None else forced.micro
         )
         log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob
-        entropy = torch.stack([draw.entropy, place_entropy, replica_entropy, micro_entropy]).mean()
+        entropy = torch.stack([draw.stage_entropy, draw.entropy, place_entropy, replica_entropy, micro_entropy]).mean()
         plans = [self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s]) for s in range(count)]
         return PolicySample(plans, log_prob, entropy)
 
@@ -257,8 +303,10 @@ class TappPolicy(nn.Module):
     ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         samples, groups = active.shape
         share = slots[:, :, self.group_layer_dim].detach().clamp(min=1e-6)
-        speed = torch.as_tensor(self.speed_fraction, dtype=torch.float32)
-        prior = -self.config.allocation_prior * (share.log()[:, :, None] - speed.log()[None, None, :]).abs()
+        # A device's share of the speed of as many of the fastest devices as the sample has stages.
+        fastest = self.top_speed_sums[active.sum(dim=1).clamp(min=1) - 1]
+        speed = torch.as_tensor(self.speeds, dtype=torch.float32)[None, :] / fastest[:, None]
+        prior = -self.config.allocation_prior * (share.log()[:, :, None] - speed.log()[:, None, :]).abs()
         scores = self.allocation.placement_scores(slots, self.devices) + prior
         used = torch.zeros(samples, len(self.device_names), dtype=torch.bool)
         placed = np.full((samples, groups), -1, dtype=np.int64)
@@ -318,6 +366,18 @@ class TappPolicy(nn.Module):
         entropy = (entropy * free).sum() / free.sum().clamp(min=1)
         replicas = np.where(free.numpy() & (chosen.numpy() < groups), chosen.numpy(), -1)
         return replicas, log_prob, entropy
+
+    def _dividing(self, replicas: np.ndarray) -> np.ndarray:
+        """``replicas`` with the last replicas of a stage left idle until the stage's device count divides the
+        largest micro-batch (so some micro-batch count suits every stage): a sample never fails for its count."""
+        largest = self.batch_size // min(self.micro_batch_choices)
+        out = replicas.copy()
+        for s in range(out.shape[0]):
+            for g in np.unique(out[s][out[s] >= 0]):
+                extra = np.flatnonzero(out[s] == g)
+                keep = max(k for k in range(1, len(extra) + 2) if largest % k == 0) - 1
+                out[s, extra[keep:]] = -1
+        return out
 
     def _micro_batches(
         self, replicas: np.ndarray, generator: torch.Generator | None, forced: np.ndarray | None

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from tapp_core.cluster import Cluster
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
@@ -53,10 +54,13 @@ from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.tapp.options import SearchOptions
 from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolicy, repaired_stages
 from tapp_core.planners.tapp.polish import SPAN, STARTS, TRIES, Polish, polish_starts
-from tapp_core.planners.tapp.rewards import Racing, RewardSource, TimedPlan
+from tapp_core.planners.tapp.rewards import Racing, RewardSource, SimulatedReward, TimedPlan
+from tapp_core.planners.tapp.warm import WarmCandidate, WarmStart, warm_notes
 from tapp_core.runtime.race import RaceResult
 
 PHASES = ("simulated", "measured")
+WARM_AUTODDL_SHARE = 0.1
+"""Share of the time limit the warm start's AutoDDL may take."""
 FINAL_BY_ESTIMATE = 2
 """The final race's candidates by the cost model: the best distinct simulated plans."""
 FINAL_BY_MEASUREMENT = 3
@@ -134,6 +138,9 @@ class SearchCheckpoint(TypedDict):
     history: list[dict[str, Any]]
     simulated: Mapping[str, object]
     measured: Mapping[str, object] | None
+    warm: list[tuple[str, float, dict[str, object], int]]
+    """The warm start's candidates: name, step time, plan, the planner's own evaluations."""
+    warm_s: float
 
 
 @contextlib.contextmanager
@@ -241,6 +248,13 @@ class TappSearch:
         """Relative gain of the polish over the best simulated plan before it; None: not polished."""
         self.final_race: RaceResult | None = None
         """The race that made the final choice (``finish``), when plans were measured."""
+        self.warm: list[WarmCandidate] = []
+        """The warm start's candidates, fastest first (``warm_up``)."""
+        self.warmed = False
+        self._polish: Polish | None = None
+        self.warm_s = 0.0
+        self.polish_s = 0.0
+        """Seconds the warm start and the polish took (both are in ``elapsed_s`` too)."""
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -256,11 +270,19 @@ class TappSearch:
 
     @property
     def _out_of_time(self) -> bool:
-        return self.config.time_limit_s is not None and self.elapsed_s >= self.config.time_limit_s
+        """The rounds' share of the time limit is spent (all of it when no polish follows)."""
+        c = self.config
+        if c.time_limit_s is None:
+            return False
+        share = c.rounds_time_share if c.polish and c.reward == "simulated" else 1.0
+        return self.elapsed_s >= share * c.time_limit_s
 
     @property
     def evaluations(self) -> int:
-        return self.simulated.evaluations + (self.measured.evaluations if self.measured is not None else 0)
+        """Distinct reward evaluations, and the estimates the warm start's planners and the polish's exact cuts made
+        on their own."""
+        own = sum(c.evaluations for c in self.warm) + (self._polish.evaluations if self._polish is not None else 0)
+        return own + self.simulated.evaluations + (self.measured.evaluations if self.measured is not None else 0)
 
     @property
     def done(self) -> bool:
@@ -271,11 +293,53 @@ class TappSearch:
         return self.round >= c.rounds or self._out_of_budget or out_of_time
 
     def rounds(self) -> Iterator[RoundReport]:
-        """Run rounds until the search is done, yielding each round's report."""
+        """Run rounds until the search is done (after the warm start), yielding each round's report."""
+        self.warm_up()
         while not self.done:
             yield self.run_round()
 
+    def warm_up(self) -> None:
+        """The warm start (``warm.WarmStart``), once, before the first round, where the options ask for it and the
+        first phase is the cost model's: its candidates become the best simulated plan if faster, one policy's elite
+        (those it can express) and polish starts."""
+        c = self.config
+        if self.warmed or self.round > 0:
+            return
+        self.warmed = True
+        if not c.warm_start or c.reward == "measured":
+            return
+        started = time.perf_counter()
+        warm = WarmStart(
+            self.library,
+            self.cluster,
+            self.simulated,
+            c.batch_size,
+            c.micro_batch_choices,
+            c.schedule,
+            c.seed,
+            self._calibration,
+        )
+        box = WARM_AUTODDL_SHARE * c.time_limit_s if c.time_limit_s is not None else None
+        left = c.budget - self.evaluations if c.budget is not None else None
+        self.warm = warm.candidates(box, left)
+        leader = self.members[0]
+        for candidate in self.warm:
+            if leader.policy.can_express(candidate.timed.plan):
+                self._remember(leader, candidate.timed.plan, candidate.timed.step_time_s, "simulated")
+            elif candidate.timed.step_time_s < self.best_time("simulated"):
+                self.best["simulated"] = candidate.timed
+        self.warm_s = time.perf_counter() - started
+        self.elapsed_s += self.warm_s
+
+    @property
+    def _calibration(self) -> Calibration:
+        """The cost model's calibration, for the estimates the search makes beside its reward source's."""
+        if isinstance(self.simulated, SimulatedReward):
+            return self.simulated.evaluator.calibration
+        return DEFAULT_CALIBRATION
+
     def run_round(self) -> RoundReport:
+        self.warm_up()
         started = time.perf_counter()
         phase = self.phase
         rewards: list[float] = []
@@ -428,6 +492,7 @@ class TappSearch:
         summary is in the notes as ``final_race``. A measured best is never polished on the cost model. The TAPP
         planner and the flow's sampling stage both end a search here.
         """
+        self.warm_up()
         if self.config.polish and self.best["measured"] is None:
             self.polish()
         chosen = self.result()
@@ -459,23 +524,47 @@ class TappSearch:
 
     def polish(self, span: int = SPAN, tries: int = TRIES, starts: int = STARTS) -> float:
         """The local search of ``polish.Polish`` from the ``starts`` fastest distinct simulated plans this search
-        remembers (``remembered``), while the budget lasts; the best plan it finds becomes the search's best
-        simulated plan. Returns the relative gain over the best simulated plan before it."""
+        remembers (``remembered``), while the budget and the time limit last; the best plan it finds becomes the
+        search's best simulated plan. Returns the relative gain over the best simulated plan before it."""
+        self.warm_up()
         before = self.best["simulated"]
         if before is None:
             return 0.0
+        started = time.perf_counter()
+        limit = self.config.time_limit_s
+        deadline = started + limit - self.elapsed_s if limit is not None else math.inf
+
+        def exhausted() -> bool:
+            return self._out_of_budget or time.perf_counter() >= deadline
+
+        def estimates_left() -> int | None:
+            return self.config.budget - self.evaluations if self.config.budget is not None else None
+
         polish = Polish(
-            self.library, self.cluster, self.simulated, self.config.micro_batch_choices, lambda: self._out_of_budget
+            self.library,
+            self.cluster,
+            self.simulated,
+            self.config.micro_batch_choices,
+            exhausted,
+            self._calibration,
+            deadline,
+            estimates_left,
         )
+        self._polish = polish
         after = polish.run(before, polish_starts(self.remembered("simulated"), starts), span, tries)
         self.best["simulated"] = after
         self.polish_gain = 1 - after.step_time_s / before.step_time_s
+        self.polish_s = time.perf_counter() - started
+        self.elapsed_s += self.polish_s
         return self.polish_gain
 
     def remembered(self, phase: str) -> list[TimedPlan]:
-        """The best plan of ``phase`` and every policy's elite, best first (equal plans may repeat)."""
+        """The best plan of ``phase``, every policy's elite and (simulated) the warm start's candidates; the best
+        first (equal plans may repeat)."""
         best = self.best[phase]
-        return ([best] if best is not None else []) + [e for m in self.members for e in m.elite.get(phase, [])]
+        elites = [e for m in self.members for e in m.elite.get(phase, [])]
+        warm = [c.timed for c in self.warm] if phase == "simulated" else []
+        return ([best] if best is not None else []) + elites + warm
 
     # --- results --------------------------------------------------------------------------------------------------
 
@@ -509,9 +598,13 @@ class TappSearch:
             "measured_evaluations": self.measured.evaluations if self.measured is not None else 0,
             "best_simulated_step_time_s": self.best_time("simulated"),
             "best_measured_step_time_s": self.best_time("measured"),
-            "search_rounds_s": self.elapsed_s,
+            "search_s": self.elapsed_s,
+            "search_rounds_s": self.elapsed_s - self.warm_s - self.polish_s,
+            "warm_start_s": self.warm_s,
+            "polish_s": self.polish_s,
             "polish_gain": self.polish_gain if self.polish_gain is not None else 0.0,
             "seed": self.config.seed,
+            **warm_notes(self.warm),
         }
         return dataclasses.replace(plan, planner="tapp", notes=notes)
 
@@ -528,6 +621,8 @@ class TappSearch:
             "history": [dataclasses.asdict(r) for r in self.history],
             "simulated": self.simulated.state(),
             "measured": self.measured.state() if self.measured is not None else None,
+            "warm": [(c.name, c.timed.step_time_s, c.timed.plan.to_dict(), c.evaluations) for c in self.warm],
+            "warm_s": self.warm_s,
         }
 
     def load_state_dict(self, state: SearchCheckpoint) -> None:
@@ -544,6 +639,9 @@ class TappSearch:
         }
         self.history = [RoundReport(**r) for r in state["history"]]
         self.simulated.load_state(state["simulated"])
+        self.warm = [WarmCandidate(n, TimedPlan(t, Plan.from_dict(p)), e) for n, t, p, e in state.get("warm", [])]
+        self.warm_s = float(state.get("warm_s", 0.0))
+        self.warmed = True
         if self.measured is not None and state["measured"] is not None:
             self.measured.load_state(state["measured"])
 
