@@ -187,10 +187,11 @@ def test_the_planner_takes_the_method_names(work_dir: Path) -> None:
 
 
 def test_tapp_plan_rounds_and_budget(work_dir: Path) -> None:
-    """``--rounds`` counts TAPP's rounds; ``--budget`` caps the reward evaluations, which can end it sooner."""
+    """``--rounds`` counts TAPP's rounds; ``--budget`` caps the reward evaluations (the warm start's count too),
+    which can end it sooner."""
     args = ("plan", *MODEL, "--planner", "tapp", "--out", "tapp.json")
     tapp(*args, "--rounds", "2")
     assert Plan.load(work_dir / "tapp.json").notes["rounds"] == 2
     tapp(*args, "--rounds", "50", "--budget", "5")
     notes = Plan.load(work_dir / "tapp.json").notes
-    assert notes["rounds"] == 1 and notes["evaluations"] >= 5  # it ends with the round that spent the budget
+    assert notes["rounds"] <= 1 and notes["evaluations"] >= 5  # it ends with the round that spent the budget
