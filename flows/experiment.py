@@ -151,7 +151,10 @@ def _last_experiment_run(client: Any, experiment: str, uri: str) -> str:
     found = client.get_experiment_by_name(experiment)
     latest = (
         client.search_runs(
-            [found.experiment_id], f"tags.{runs.KIND} = '{runs.EXPERIMENT}'", max_results=1, order_by=["start_time DESC"]
+            [found.experiment_id],
+            f"tags.{runs.KIND} = '{runs.EXPERIMENT}'",
+            max_results=1,
+            order_by=["start_time DESC"],
         )
         if found is not None
         else []
@@ -197,6 +200,28 @@ def runtime_settings(measure: bool, steps: int, warmup: int, seed: int) -> Runti
     if steps < 1 or warmup < 0:
         raise TappError(f"a measurement needs at least 1 timed step and no negative warm-up (got {steps}, {warmup})")
     return RuntimeSettings(enabled=measure, steps=warmup + steps, warmup=warmup, seed=seed)
+
+
+def _search_params(budget: SearchBudget, sampling: RuntimeSettings) -> dict[str, object]:
+    """The run parameters that the search budget and the sampling stage's runtime settle."""
+    return {
+        "simulated_rounds": budget.rounds,
+        "samples_per_round": budget.samples_per_round,
+        "measured_rounds": budget.measured_rounds,
+        "measured_per_round": budget.measured_per_round,
+        "sampling_steps": sampling.steps - sampling.warmup,
+        "sampling_warmup": sampling.warmup,
+    }
+
+
+def _plan_of_work(params: dict[str, object], budget: SearchBudget) -> str:
+    """The experiment's plan of work in one line, for the flow run's log."""
+    how = "measured" if params["measure"] else "estimated by the cost model"
+    methods = str(params["methods"]).replace(",", ", ")
+    return (
+        f"batch {params['batch_size']}, {params['dataset']} data; {how}; TAPP search {params['search_rounds']} rounds "
+        f"({budget.rounds} on the cost model, {budget.measured_rounds} measured); methods {methods}"
+    )
 
 
 def experiment_run_name() -> str:
@@ -258,23 +283,14 @@ def tapp_experiment(
         "data_dir": data_dir,
         "methods": ",".join(chosen_methods),
         "search_rounds": search_rounds,
-        "simulated_rounds": budget.rounds,
-        "samples_per_round": samples_per_round,
-        "measured_rounds": budget.measured_rounds,
-        "measured_per_round": budget.measured_per_round,
-        "sampling_steps": sampling.steps - sampling.warmup,
-        "sampling_warmup": sampling.warmup,
+        **_search_params(budget, sampling),
         "measure": measure,
         "steps": steps,
         "warmup": warmup,
         "train_epochs": train_epochs,
         "seed": seed,
     }
-    prefect_ui.log(
-        f"{model} on {target.name} ({len(target.devices)} devices), batch {batch_size}, {dataset} data; "
-        f"{'measured' if measure else 'estimated by the cost model'}; TAPP search {search_rounds} rounds "
-        f"({budget.rounds} on the cost model, {budget.measured_rounds} measured); methods {', '.join(chosen_methods)}"
-    )
+    prefect_ui.log(f"{model} on {target.name} ({len(target.devices)} devices), {_plan_of_work(params, budget)}")
     name = f"{model} on {target.name}, batch {batch_size}"
     try:
         run_tags = tags.as_tags(**{runs.KIND: runs.EXPERIMENT, RESUMED_FROM_TAG: resume_from})
@@ -282,7 +298,17 @@ def tapp_experiment(
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
             evaluations, reported, text = _run_stages(
-                parent, tags, target, calibration, chosen_methods, budget, runtime, training, out, experiment, resume_from
+                parent,
+                tags,
+                target,
+                calibration,
+                chosen_methods,
+                budget,
+                runtime,
+                training,
+                out,
+                experiment,
+                resume_from,
             )
     finally:
         close_pools()

@@ -27,9 +27,8 @@ from mpi4py import MPI
 
 from tapp_core.cluster import Cluster, Device
 from tapp_core.detect import PairLink, fit_link
-from tapp_core.runtime import gpu
-from tapp_core.runtime.emulation import configure_threads
 from tapp_core.runtime.gpu import cuda_aware_mpi
+from tapp_core.runtime.rank import tool_rank
 from tapp_core.runtime.transport import poll
 
 SIZES = (8, 2**20, 2**24)
@@ -107,15 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    cluster = Cluster.model_validate_json(Path(args.cluster).read_text())
-    if comm.Get_size() != len(cluster.devices):
-        print(f"pingpong: {comm.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
+    started = tool_rank(Path(args.cluster), "pingpong")
+    if started is None:
         return 2
-    device = cluster.devices[comm.Get_rank()]
-    configure_threads(device)
-    if device.kind == "cuda":
-        gpu.claim(torch.device("cuda", device.gpu_index or 0))
+    comm, cluster, _ = started
     links = measure_pairs(comm, cluster, args.repeats, args.warmup)
     if comm.Get_rank() == 0:
         Path(args.out).write_text(json.dumps({"pairs": [asdict(link) for link in links]}, indent=2))

@@ -34,9 +34,10 @@ from mpi4py import MPI
 from tapp_core.cluster import Cluster
 from tapp_core.kinds import device_kind
 from tapp_core.runtime.calibration import KindProbe, Line, PairProbe, ProbeResult
-from tapp_core.runtime.emulation import Emulation, configure_threads
-from tapp_core.runtime.gpu import claim, cuda_aware_mpi
+from tapp_core.runtime.emulation import Emulation
+from tapp_core.runtime.gpu import cuda_aware_mpi
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
+from tapp_core.runtime.rank import tool_rank
 from tapp_core.runtime.transport import DATA_TAG_BASE, Control, Transport, poll
 
 UPDATE_BYTES = (2**18, 2**25)
@@ -157,17 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="where rank 0 writes the figures (JSON)")
     parser.add_argument("--emulate", action="store_true", help="emulate the cluster's links for the messages")
     args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    cluster = Cluster.model_validate_json(Path(args.cluster).read_text())
-    if comm.Get_size() != len(cluster.devices):
-        print(f"probe: {comm.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
+    started = tool_rank(Path(args.cluster), "probe")
+    if started is None:
         return 2
-    spec = cluster.devices[comm.Get_rank()]
-    configure_threads(spec)
-    device = torch.device("cpu")
-    if spec.kind == "cuda":
-        device = torch.device("cuda", spec.gpu_index or 0)
-        claim(device)  # CUDA initialised before anything is timed
+    comm, cluster, device = started
     kinds = probe_kinds(comm, cluster, device)
     pairs = probe_pairs(comm, cluster, device, args.emulate)
     if comm.Get_rank() == 0:

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import resource
 import statistics
+import sys
 import traceback
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from tapp_core.graph import layer_nodes, trace_model
 from tapp_core.plan import Plan
 from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
-from tapp_core.runtime.emulation import Emulation, now
+from tapp_core.runtime.emulation import Emulation, configure_threads, now
 from tapp_core.runtime.engine import StageEngine
 from tapp_core.runtime.jobs import MeasureJob, PlanJob, PlanSetup, PrepareJob, TrainJob, WorkJob
 from tapp_core.runtime.layout import Layout
@@ -37,6 +38,23 @@ def torch_device(device: Device) -> torch.device:
     if device.kind == "cuda":
         return torch.device("cuda", device.gpu_index or 0)
     return torch.device("cpu")
+
+
+def tool_rank(cluster_json: Path, tool: str) -> tuple[MPI.Intracomm, Cluster, torch.device] | None:
+    """This rank of a short MPI tool (the calibration probe, the ping-pong) that runs one rank per device of the
+    cluster in ``cluster_json``: its communicator, the cluster and its torch device, with the device's threads set
+    and its GPU claimed before anything is timed. None (with a line on stderr) when the ranks are not the devices."""
+    comm = MPI.COMM_WORLD
+    cluster = Cluster.model_validate_json(cluster_json.read_text())
+    if comm.Get_size() != len(cluster.devices):
+        print(f"{tool}: {comm.Get_size()} ranks for {len(cluster.devices)} devices", file=sys.stderr)
+        return None
+    spec = cluster.devices[comm.Get_rank()]
+    configure_threads(spec)
+    device = torch_device(spec)
+    if device.type == "cuda":
+        gpu.claim(device)
+    return comm, cluster, device
 
 
 def plan_ranks(layout: Layout) -> list[int]:
