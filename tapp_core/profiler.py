@@ -38,6 +38,7 @@ from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
 from tapp_core.graph import ModelError, layer_index, op_type
 from tapp_core.library import Layer, LayerLibrary
+from tapp_core.runtime import gpu
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
 LOSS = -1
@@ -86,12 +87,10 @@ class CudaClock:
         self.device = device
 
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        event.record()
-        return event
+        return gpu.recorded_event(timing=True)
 
     def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return float(start.elapsed_time(end)) / 1e3
+        return gpu.elapsed_s(start, end)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
