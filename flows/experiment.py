@@ -275,6 +275,7 @@ def tapp_experiment(
     sampling = budget.sampling_runtime(runtime)
     training = TrainSettings(train_epochs, train_steps, data_dir) if train_epochs > 0 else None
     chosen_methods = methods_for(target, methods)
+    work = ExperimentWork(target, calibration, chosen_methods, budget, runtime, training, out, experiment, resume_from)
     params = {
         "model": model,
         "cluster": cluster,
@@ -297,19 +298,7 @@ def tapp_experiment(
         with tracked_run(name, run_tags, experiment=experiment, uri=uri) as parent:
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
-            evaluations, reported, text = _run_stages(
-                parent,
-                tags,
-                target,
-                calibration,
-                chosen_methods,
-                budget,
-                runtime,
-                training,
-                out,
-                experiment,
-                resume_from,
-            )
+            evaluations, reported, text = _run_stages(parent, tags, work)
     finally:
         close_pools()
     return ExperimentResult(
@@ -324,39 +313,47 @@ def tapp_experiment(
     )
 
 
+@dataclass(frozen=True)
+class ExperimentWork:
+    """What an experiment does once its inputs are checked: the stages' settings."""
+
+    target: Cluster
+    calibration: Calibration
+    methods: tuple[str, ...]
+    budget: SearchBudget
+    runtime: RuntimeSettings
+    training: TrainSettings | None
+    out: str
+    experiment: str
+    resume_from: str | None = None
+
+
 def _run_stages(
-    parent: TrackedRun,
-    tags: ExperimentTags,
-    target: Cluster,
-    calibration: Calibration,
-    methods: tuple[str, ...],
-    budget: SearchBudget,
-    runtime: RuntimeSettings,
-    training: TrainSettings | None,
-    out: str,
-    experiment: str,
-    resume_from: str | None = None,
+    parent: TrackedRun, tags: ExperimentTags, work: ExperimentWork
 ) -> tuple[dict[str, Evaluation], ReportRun, str]:
     """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
     ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary directory, removed on
     every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are swept first."""
+    target, calibration, budget, out = work.target, work.calibration, work.budget, work.out
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
     sweep_pool_folders()  # what a killed experiment left, whether or not this one measures
     with owned_folder(SEARCH_FOLDER_PREFIX) as workdir:
-        if resume_from is not None:
-            resumed = fetch_checkpoint(parent.ref.tracking_uri, resume_from, workdir)
+        if work.resume_from is not None:
+            resumed = fetch_checkpoint(parent.ref.tracking_uri, work.resume_from, workdir)
             where = f"round {resumed}" if resumed is not None else "the start (it logged no checkpoint)"
-            prefect_ui.log(f"resuming the search of run {resume_from} from {where}")
-        sampling = budget.sampling_runtime(runtime)
+            prefect_ui.log(f"resuming the search of run {work.resume_from} from {where}")
+        sampling = budget.sampling_runtime(work.runtime)
         search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, workdir)
         tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
-    evaluations, failed, race = _evaluate(parent, tags, library, target, methods, tapp_plan, runtime, calibration)
-    if training is not None:
-        failed += _train(parent, tags, target, evaluations, training)
-    reported = report_experiment(parent.ref, tags, out, experiment)
+    evaluations, failed, race = _evaluate(
+        parent, tags, library, target, work.methods, tapp_plan, work.runtime, calibration
+    )
+    if work.training is not None:
+        failed += _train(parent, tags, target, evaluations, work.training)
+    reported = report_experiment(parent.ref, tags, out, work.experiment)
     text = _summarise(parent, tags, evaluations, reported, failed, race)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
