@@ -27,12 +27,11 @@ if str(ROOT) not in sys.path:
 from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.plan import Plan, validate  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profile_cache import ProfileCache, ProfileKey  # noqa: E402
+from tapp_core.profile_cache import ProfileCache  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
-from tapp_core.runtime.calibration import load_fitted_calibration  # noqa: E402
+from tapp_core.runtime.calibration import cluster_calibration  # noqa: E402
 from tapp_core.runtime.race import RaceResult, race  # noqa: E402
 from tasks.measure import RuntimeSettings  # noqa: E402
-from tasks.profile import profiling_threads  # noqa: E402
 
 BAR = 4
 FILL_IN = ("single", "pipetorch", "pipedream", "autoddl", "even", "bsp")
@@ -44,10 +43,8 @@ def layout(plan: Plan) -> str:
 
 def choose_plans(model: str, cluster: Cluster, batch_size: int, planners: list[str], count: int) -> list[Plan]:
     """The plans of ``planners``, then of ``FILL_IN``, until ``count`` distinct ones that fit."""
-    cache = ProfileCache()
-    key = ProfileKey.of(model, batch_size, threads=profiling_threads(cluster))
-    library = cache.get(key) or cache.profile(key)
-    calibration = load_fitted_calibration()
+    library = ProfileCache().cluster_libraries(model, batch_size, cluster)
+    calibration = cluster_calibration(cluster.name, cluster, library)  # `tapp calibrate`'s, else the ideal one
     chosen: dict[str, Plan] = {}
     for name in [*planners, *(p for p in FILL_IN if p not in planners)]:
         if len(chosen) >= count:
