@@ -78,7 +78,7 @@ def close_pools() -> None:
         pool.close()
 
 
-def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
+def pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     """Retry only when the pool itself failed; a failing plan is an answer, not an accident."""
     try:
         state.result()
@@ -94,7 +94,7 @@ def _pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     task_run_name="race",
     retries=2,
     retry_delay_seconds=5,
-    retry_condition_fn=_pool_failed,
+    retry_condition_fn=pool_failed,
     cache_policy=NO_CACHE,
 )
 def race_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> RaceResult:

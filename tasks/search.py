@@ -53,7 +53,7 @@ from tapp_core.planners.tapp import (
     TappPlanner,
     TappSearch,
 )
-from tasks.measure import RuntimeSettings, _pool_failed, pool_for
+from tasks.measure import RuntimeSettings, pool_failed, pool_for
 from tasks.prefect_ui import SAMPLED_PLANS_KEY, table_artifact
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
@@ -235,7 +235,7 @@ def _forget(checkpoint: Path) -> None:
     task_run_name="search-round-{round_number}",
     retries=2,
     retry_delay_seconds=5,
-    retry_condition_fn=_pool_failed,
+    retry_condition_fn=pool_failed,
     cache_policy=NO_CACHE,
 )
 def search_round(round_number: int, state: SearchState, setting: SearchSetting) -> RoundReport:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.cli.common import library_for
+from flows.cli.common import cluster_library
 from tapp_core.cluster import parse_cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.profile_cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey, local_kinds
-from tasks.profile import profile_layers
+from tasks.profile import profile_cluster_layers
 
 QUICK = {"repeats": 1, "warmup": 0}
 
@@ -86,8 +86,15 @@ def test_a_corrupt_entry_is_removed_and_profiled_again(tmp_path: Path, broken_fi
 
 
 def test_the_command_line_and_the_flow_share_one_cache(work_dir: Path) -> None:
-    by_flow = profile_layers.fn("mlp", 8, "cpu", torch.get_num_threads(), 5)
-    by_cli = library_for("mlp", 8, library=None)
+    cluster = parse_cluster(
+        {
+            "name": "one",
+            "devices": [{"name": "d", "threads": torch.get_num_threads(), "memory": "1GiB"}],
+            "links": {"bandwidth": "1Gbit/s", "latency": "10us"},
+        }
+    )
+    by_flow = profile_cluster_layers.fn("mlp", 8, cluster, 5)
+    by_cli = cluster_library("mlp", 8, None, cluster)
     assert same_library(by_cli, by_flow)
     assert len(list((work_dir / ".tapp" / "libraries").iterdir())) == 1
 

@@ -57,7 +57,9 @@ PlanFileOpt = Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp
 SeedOpt = Annotated[int, typer.Option(help="random seed: the planners' sampling, the weights and the data order")]
 EmulateOpt = Annotated[
     bool | None,
-    typer.Option("--emulate/--no-emulate", help="slow devices and links down as the cluster says (default: its file's)"),
+    typer.Option(
+        "--emulate/--no-emulate", help="slow devices and links down as the cluster says (default: its file's)"
+    ),
 ]
 ExperimentOpt = Annotated[str, typer.Option(help="MLflow experiment name")]
 TrackingUriOpt = Annotated[
@@ -68,9 +70,7 @@ StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per pla
 WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps per plan and race round, not counted")]
 DataDirOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--data-dir", help="CIFAR-10 folder (holding cifar-10-batches-py); default $TAPP_DATA_DIR, else none"
-    ),
+    typer.Option("--data-dir", help="CIFAR-10 folder (holding cifar-10-batches-py); default $TAPP_DATA_DIR, else none"),
 ]
 DatasetOpt = Annotated[
     str | None,
@@ -121,26 +121,6 @@ def progress_bars(description: str = "[bold]{task.description}") -> Progress:
 def print_markdown(text: str) -> None:
     """Tables as their Markdown text: readable at any terminal width, and pastes as it is."""
     console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def library_for(model: str, batch_size: int, library: Path | None, device: str = "cpu") -> LayerLibrary:
-    """The layer library to plan with: the given folder, else the profile cache's library of (model, batch, device)
-    with torch's threads, profiled and stored there if missing (``tapp_core.profile_cache``)."""
-    from tapp_core.library import LayerLibrary
-    from tapp_core.profile_cache import ProfileCache, ProfileKey
-
-    if library is not None:
-        loaded = LayerLibrary.load(library)
-        if loaded.model != model:
-            raise TappError(f"layer library {library} is for model {loaded.model!r}, not {model!r}")
-        return loaded
-    cache = ProfileCache()
-    key = ProfileKey.of(model, batch_size, device=device)
-    cached = cache.get(key)
-    if cached is not None:
-        return cached
-    with console.status(f"profiling {model} at batch {batch_size} on {device} (cached in {cache.path(key)})"):
-        return cache.profile(key)
 
 
 def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
