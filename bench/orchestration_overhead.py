@@ -204,19 +204,19 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     from tapp_core.planners.evaluation import PlanEvaluator
     from tapp_core.planners.tapp.rewards import MeasuredReward, SimulatedReward
     from tapp_core.planners.tapp.search import TappSearch
-    from tapp_core.profiler import profile_model
+    from tapp_core.profile_cache import ProfileCache
     from tapp_core.runtime import WorkerPool
     from tapp_core.runtime.calibration import cluster_calibration
     from tasks.evaluate import baseline_plan
     from tasks.measure import RuntimeSettings
-    from tasks.profile import profiling_threads
     from tasks.search import SearchBudget
 
     started = time.perf_counter()
     cluster = load_cluster(args.cluster)
     calibration = cluster_calibration(args.cluster, cluster)  # `tapp calibrate`, else the ideal one
     runtime = RuntimeSettings()
-    library = profile_model(args.model, args.batch_size, threads=profiling_threads(cluster))
+    # The flow profiles every kind of the cluster into a fresh cache in its folder; so does this.
+    library = ProfileCache(folder / "bare-cache").cluster_libraries(args.model, args.batch_size, cluster)
     budget = SearchBudget()
     config = budget.config(library, cluster, args.batch_size, 0, calibration)
     sampling = budget.sampling_runtime(runtime)

@@ -7,6 +7,7 @@ search wall time and reward evaluations, then the bars of the planners issue and
     .venv/bin/python bench/planners.py --measured-only      # only that: TAPP (hybrid) in the best group per model
     .venv/bin/python bench/planners.py --random 12 --seed 1 # issue 14: 12 random clusters, a table per cluster
     .venv/bin/python bench/planners.py --clusters out/random-s1-03.yaml --models vgg16   # re-run one such cell
+    .venv/bin/python bench/planners.py --random 12 --seed 4 --threads 1 2  # devices of two kinds, a library each
     .venv/bin/python bench/planners.py --scale              # 16 and 32 devices: search time, gap to the others
 
 Layer libraries come from bench/libraries/<model>_b<batch>/ (profiled once with ``tapp profile`` settings and
@@ -22,12 +23,14 @@ covers its warm start, rounds and polish), the RL alone (no polish, no warm star
 every other planner and every single-device plan, a table per cluster, then a summary with the issue's bars and the
 load average; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
 clusters as files; a cluster given to ``--clusters`` as a file is judged the same way. ``--scale`` runs hetero8
-doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle.
+doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle. ``--threads 1 2`` draws each
+random device's CPU thread count, and costs it from its own kind's library (``tapp_core.kinds``) times its speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -93,16 +96,24 @@ class Row:
         return escape(f"{stages} (m={self.plan.micro_batches})")
 
 
-def library_for(model: str, batch_size: int) -> LayerLibrary:
+def library_for(model: str, batch_size: int, threads: tuple[int, ...] = (1,)) -> LayerLibrary:
+    """The committed library of ``model`` on one thread, carrying those of the other ``threads`` as its kinds."""
+    reference, *others = (kind_library(model, batch_size, t) for t in sorted(set(threads)))
+    return reference.with_kinds(others)
+
+
+def kind_library(model: str, batch_size: int, threads: int) -> LayerLibrary:
+    """``bench/libraries/<model>_b<batch>[-t<threads>]``, profiled here once if missing or of an old profiler
+    version. Its host is left blank: these libraries stand for a kind, not for this machine."""
     from tapp_core.profiler import PROFILE_VERSION, profile_model
 
-    directory = LIBRARIES / f"{model}_b{batch_size}"
+    directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads != 1 else ""))
     if (directory / "layers.csv").is_file():
         library = LayerLibrary.load(directory)
         if library.extra.get("profile_version") == PROFILE_VERSION:
             return library
-    console.print(f"profiling {model} at batch {batch_size} once into {directory} ...")
-    library = profile_model(model, batch_size, threads=1)
+    console.print(f"profiling {model} at batch {batch_size} on {threads} threads once into {directory} ...")
+    library = dataclasses.replace(profile_model(model, batch_size, threads=threads), host="")
     library.save(directory)
     return library
 
@@ -321,9 +332,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--scale", action="store_true", help="run hetero8 x2 and x4 and random 16- and 32-device clusters"
     )
     parser.add_argument("--scale-random", type=int, default=1, help="random clusters of each size with --scale")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="N",
+        help="random and scale clusters: each device's CPU thread count is drawn from these, and it is costed from "
+        "its own kind's layer library (bench/libraries/<model>_b<batch>-t<N>, profiled once if missing) times its "
+        "speed; default 1: one library, scalar speeds",
+    )
     args = parser.parse_args(argv)
     if args.random < 0 or args.scale_random < 0:
         parser.error("--random and --scale-random take a count >= 0")
+    if min(args.threads) < 1:
+        parser.error("--threads takes thread counts >= 1")
+    args.threads = tuple(sorted(set(args.threads)))
     if args.planner_seed is None:
         args.planner_seed = args.seed
     if args.clusters is None:
@@ -347,7 +371,7 @@ def main() -> None:
     output: dict[str, object] = {}
     if named or args.measured or args.measured_only:
         output["rows"] = run_classic(args, named)
-    judged = [load_cluster(f) for f in files] + random_clusters(args.random, args.seed)
+    judged = [load_cluster(f) for f in files] + random_clusters(args.random, args.seed, threads=args.threads)
     scaled = scale_clusters(args) if args.scale else []
     for cluster in (*judged, *scaled) if args.write_clusters else ():
         console.print(f"wrote {write_cluster(cluster, args.write_clusters)}")
@@ -403,7 +427,7 @@ def scale_clusters(args: argparse.Namespace) -> list[Cluster]:
     hetero8 = load_cluster("hetero8")
     out = [replicated(hetero8, 2), replicated(hetero8, 4)]
     for devices in SCALE_DEVICES:
-        out += random_clusters(args.scale_random, args.seed, devices)
+        out += random_clusters(args.scale_random, args.seed, devices, args.threads)
     return out
 
 
@@ -433,7 +457,8 @@ def run_cells(args: argparse.Namespace, clusters: list[Cluster], scale: bool) ->
     started = time.perf_counter()
     console.print(f"load average at the start: {load_average()}")
     for cluster in clusters:
-        mine = [run_cell(library_for(model, args.batch_size), cluster, settings) for model in args.models]
+        threads = tuple(sorted({d.threads for d in cluster.devices}))
+        mine = [run_cell(library_for(model, args.batch_size, threads), cluster, settings) for model in args.models]
         print_cluster(console, mine, describe(cluster))
         cells += mine
     console.print(f"load average at the end: {load_average()}; {time.perf_counter() - started:.0f} s in all")

@@ -14,9 +14,11 @@ What a random cluster has (the ranges of issue 14):
 - Links 10 Mbit/s - 100 Gbit/s: the devices fall into 1-3 *islands*, fast inside (100 Mbit/s - 100 Gbit/s),
   joined to each other by slow links (10 Mbit/s - 1 Gbit/s, higher latency). One cluster in three has its
   fastest device *isolated*: every link out of it is 10-100 Mbit/s.
-- A kind per device. Today every device is ``cpu`` with one thread; per-kind layer libraries (CPU thread counts,
-  GPU kinds) come with the real-hardware issue and are drawn in ``draw_kind``, from a random stream of their own so
-  that adding them leaves every cluster's speeds, memory and links as they are.
+- A kind per device (``draw_kind``): by default every device is ``cpu`` with one thread, costed from one layer
+  library scaled by its speed. Given ``threads=(1, 2)``, each device's CPU thread count is drawn from those, and it
+  is costed from the library of its own kind (``tapp_core.kinds``), its speed multiplying that: per-layer ratios
+  between devices are then not one number. The kinds come from a random stream of their own, so that drawing them
+  leaves every cluster's speeds, memory and links as they are; such a cluster's name ends in ``-t1-2``.
 
 Speeds are relative to the machine the layer library was profiled on; devices faster than that host cannot be
 emulated on it, so these clusters are for the cost model (the planners' estimates), not for ``tapp measure``.
@@ -97,10 +99,17 @@ class _Island:
     latency_us: float
 
 
-def draw_kind(seed: int, index: int, device: int) -> dict[str, object]:
-    """The kind fields of one random device. Today every device is a one-thread CPU; per-kind libraries (CPU thread
-    counts, GPU kinds) will be drawn here, from ``_Draw(KIND_STREAM, seed, index, device)``."""
-    return {"kind": "cpu", "threads": 1}
+def draw_kind(seed: int, index: int, device: int, threads: tuple[int, ...] = (1,)) -> dict[str, object]:
+    """The kind fields of one random device: a CPU whose thread count is drawn from ``threads``."""
+    if len(threads) == 1:
+        return {"kind": "cpu", "threads": threads[0]}
+    draw = _Draw(KIND_STREAM, seed, index, device)
+    return {"kind": "cpu", "threads": threads[draw.integer(0, len(threads) - 1)]}
+
+
+def kinds_suffix(threads: tuple[int, ...]) -> str:
+    """What a cluster name gets for drawn thread counts (none for the default one-thread family)."""
+    return "" if tuple(threads) == (1,) else "-t" + "-".join(str(t) for t in threads)
 
 
 def _speeds(draw: _Draw, n: int) -> list[float]:
@@ -164,18 +173,20 @@ def _links(draw: _Draw, names: list[str], speeds: list[float]) -> dict[str, obje
     return {"bandwidth": default["bandwidth"], "latency": default["latency"], "overrides": overrides}
 
 
-def random_cluster_data(seed: int, index: int, devices: int | None = None) -> dict[str, Any]:
+def random_cluster_data(
+    seed: int, index: int, devices: int | None = None, threads: tuple[int, ...] = (1,)
+) -> dict[str, Any]:
     """The mapping of random cluster ``index`` of family ``seed`` (a cluster file's content); ``devices`` fixes
-    the device count (default: drawn from ``DEVICE_COUNTS``)."""
+    the device count (default: drawn from ``DEVICE_COUNTS``), ``threads`` the CPU thread counts drawn."""
     draw = _Draw("cluster", seed, index, devices or "")
     n = devices or draw.integer(*DEVICE_COUNTS)
     names = [f"d{k}" for k in range(n)]
     speeds = _speeds(draw, n)
     rows = [
-        {"name": name, **draw_kind(seed, index, k), "speed": speed, "memory": f"{_memory_mib(draw)}MiB"}
+        {"name": name, **draw_kind(seed, index, k, threads), "speed": speed, "memory": f"{_memory_mib(draw)}MiB"}
         for k, (name, speed) in enumerate(zip(names, speeds, strict=True))
     ]
-    suffix = f"-n{devices}" if devices else ""
+    suffix = (f"-n{devices}" if devices else "") + kinds_suffix(threads)
     return {
         "name": f"random-s{seed}-{index:02d}{suffix}",
         "emulated": True,
@@ -184,10 +195,14 @@ def random_cluster_data(seed: int, index: int, devices: int | None = None) -> di
     }
 
 
-def random_clusters(count: int, seed: int, devices: int | None = None) -> list[Cluster]:
-    """The first ``count`` random clusters of family ``seed``."""
+def random_clusters(
+    count: int, seed: int, devices: int | None = None, threads: tuple[int, ...] = (1,)
+) -> list[Cluster]:
+    """The first ``count`` random clusters of family ``seed`` (their devices' thread counts drawn from
+    ``threads``)."""
     return [
-        parse_cluster(random_cluster_data(seed, i, devices), f"random cluster {i} of seed {seed}") for i in range(count)
+        parse_cluster(random_cluster_data(seed, i, devices, threads), f"random cluster {i} of seed {seed}")
+        for i in range(count)
     ]
 
 
@@ -245,12 +260,16 @@ def replicated(cluster: Cluster, copies: int) -> Cluster:
 
 
 def describe(cluster: Cluster) -> str:
-    """One line: devices, speeds (and a dominant device), memory, links, and the links out of the fastest device."""
+    """One line: devices, speeds (and a dominant device), thread counts where they differ, memory, links, and the
+    links out of the fastest device."""
     ranked = sorted(cluster.devices, key=lambda d: -d.speed)
     fastest = ranked[0]
     parts = [f"{len(ranked)} devices", f"speeds {ranked[-1].speed:g}-{fastest.speed:g}"]
     if len(ranked) > 1 and fastest.speed >= DOMINANT_RATIO[0] * ranked[1].speed:
         parts.append(f"dominant {fastest.name} ({fastest.speed / ranked[1].speed:.1f}x the next)")
+    kinds = sorted({d.threads for d in cluster.devices})
+    if len(kinds) > 1:
+        parts.append("threads " + ", ".join(f"{t}: {sum(d.threads == t for d in ranked)}" for t in kinds))
     memory = [d.memory / 2**30 for d in cluster.devices]
     parts.append(f"memory {min(memory):.2f}-{max(memory):.0f} GiB")
     links = [cluster.link(a, b).bandwidth for a, b in cluster.pairs()]

@@ -12,28 +12,12 @@ from prefect.cache_policies import NO_CACHE
 from reports import runs
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary, save_libraries
-from tapp_core.profile_cache import ProfileCache, ProfileKey
+from tapp_core.profile_cache import ProfileCache
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 
-def profiling_threads(cluster: Cluster) -> int:
-    """The threads of the cluster's fastest CPU device (what one library for the whole cluster is profiled with)."""
-    cpus = [d for d in cluster.devices if d.kind == "cpu"]
-    return max(cpus, key=lambda d: d.speed).threads if cpus else 1
-
-
 # Prefect's own result cache would be a second cache with another key: tapp_core's profile cache is the one.
-@task(name="profile-kind", task_run_name="profile-kind", cache_policy=NO_CACHE)
-def profile_layers(
-    model: str, batch_size: int, device: str = "cpu", threads: int = 1, repeats: int = 5
-) -> LayerLibrary:
-    """The layer library of ``model`` at ``batch_size`` on a ``device``-kind device with ``threads`` threads,
-    from the profile cache (``$TAPP_CACHE_DIR``, else ``.tapp``), profiled and stored there if missing."""
-    key = ProfileKey.of(model, batch_size, device=device, threads=threads, repeats=repeats)
-    return ProfileCache().library(key)
-
-
 @task(name="profile", task_run_name="profile", cache_policy=NO_CACHE)
 def profile_cluster_layers(model: str, batch_size: int, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
     """The layer library of ``model`` at ``batch_size`` for every device kind of ``cluster`` this host has (the

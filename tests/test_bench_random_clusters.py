@@ -127,3 +127,15 @@ def test_describe_names_a_dominant_and_isolated_fastest_device() -> None:
     assert "dominant fast (10.0x the next)" in text
     assert "out of fastest fast 50 Mbit/s-10 Gbit/s" in text
     assert "memory 1.00-8 GiB" in text
+
+
+def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path: Path) -> None:
+    plain, kinds = random_clusters(30, 5), random_clusters(30, 5, threads=(1, 2))
+    for one, other in zip(plain, kinds, strict=True):
+        assert other.name == f"{one.name}-t1-2"
+        assert [(d.name, d.speed, d.memory) for d in one.devices] == [(d.name, d.speed, d.memory) for d in other.devices]
+        assert one.links == other.links
+        assert load_cluster(write_cluster(other, tmp_path)) == other
+    drawn = [d.threads for c in kinds for d in c.devices]
+    assert set(drawn) == {1, 2} and 0.3 < drawn.count(2) / len(drawn) < 0.7
+    assert "threads 1: " in describe(next(c for c in kinds if len({d.threads for d in c.devices}) > 1))

@@ -27,12 +27,12 @@ from flows.experiment import ExperimentIncomplete, ExperimentResult, tapp_experi
 from flows.paper_table import paper_table
 from flows.sweep import benchmark_sweep
 from reports import runs
-from tapp_core.cluster import ClusterError
+from tapp_core.cluster import ClusterError, load_cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.models import ModelError
 from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE
-from tasks.profile import profile_layers
+from tasks.profile import profile_cluster_layers
 from tasks.tracking import NOTE_TAG, RUNS_VIEW, TrackingError
 
 PAPER_METHODS = ("tapp", "single-cpu", "bsp", "pipetorch")
@@ -330,12 +330,11 @@ def test_report_command_and_paper_table_flow_write_identical_tables(
 def test_profiling_is_cached_by_its_inputs(prefect_harness: None, work_dir: Path) -> None:
     """The profile task reads the profile cache: the same inputs give the stored library, others a new profile."""
 
+    cluster = load_cluster("local")
+
     @flow
     def profile_twice() -> list[LayerLibrary]:
-        return [
-            profile_layers(*args)
-            for args in [("mlp", 8, "cpu", 1, 1), ("mlp", 8, "cpu", 1, 1), ("mlp", 4, "cpu", 1, 1)]
-        ]
+        return [profile_cluster_layers("mlp", batch, cluster, repeats=1) for batch in (8, 8, 4)]
 
     first, again, other_batch = profile_twice()
     assert again.to_frame().equals(first.to_frame()) and again.metadata() == first.metadata()
