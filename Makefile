@@ -22,6 +22,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	@echo "type: ignore comments: $$(grep -r --include='*.py' -c 'type: ignore' tapp_core tasks flows reports | awk -F: '{s += $$2} END {print s}')"
 

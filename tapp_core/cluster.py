@@ -154,7 +154,9 @@ def _format_validation_error(source: str, exc: ValidationError) -> str:
     locations = [tuple(err["loc"]) for err in errors]
     problems = []
     for err, loc in zip(errors, locations, strict=True):
-        if err["type"] == "too_short" and any(len(other) > len(loc) and other[: len(loc)] == loc for other in locations):
+        if err["type"] == "too_short" and any(
+            len(other) > len(loc) and other[: len(loc)] == loc for other in locations
+        ):
             continue
         where = ".".join(str(p) for p in loc) or "(top level)"
         problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")

@@ -32,7 +32,9 @@ def report_experiment(
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
         run.log_metrics({"files": len(report.table_files) + len(report.figure_files)})
-    progress.update(1, f"{len(report.table_files)} table files and {len(report.figure_files)} figures in {report.folder}")
+    progress.update(
+        1, f"{len(report.table_files)} table files and {len(report.figure_files)} figures in {report.folder}"
+    )
     return ReportRun(report, run.run_id)
 
 

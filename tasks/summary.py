@@ -145,7 +145,9 @@ def _raced_verdict(frame: pd.DataFrame, times: dict[str, float]) -> str:
     if len(group) == 1:
         text = f"**Fastest: {group[0]}**, {medians} s per step, its interval clear of every other's (raced)"
     else:
-        text = f"**Best group: {', '.join(group)}**, medians {medians} s per step, within the noise of each other (raced)"
+        text = (
+            f"**Best group: {', '.join(group)}**, medians {medians} s per step, within the noise of each other (raced)"
+        )
     if "tapp" in times:
         where = "in the best group" if "tapp" in group else "not in the best group"
         text += f"; TAPP {number(times['tapp'])} s, {where}"
@@ -205,9 +207,7 @@ def plan_line(plan: Plan, estimated_step_time_s: float | None = None) -> str:
     return text
 
 
-def result_markdown(
-    title: str, evaluations: Mapping[str, Evaluation], links: Links, failed: Sequence[str] = ()
-) -> str:
+def result_markdown(title: str, evaluations: Mapping[str, Evaluation], links: Links, failed: Sequence[str] = ()) -> str:
     """The whole text: title, verdict, table, TAPP's plan, links."""
     frame = result_frame(evaluations)
     parts = [f"### {title}", "", verdict(frame, failed), "", markdown_table(frame), ""]

@@ -133,7 +133,9 @@ def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path:
     plain, kinds = random_clusters(30, 5), random_clusters(30, 5, threads=(1, 2))
     for one, other in zip(plain, kinds, strict=True):
         assert other.name == f"{one.name}-t1-2"
-        assert [(d.name, d.speed, d.memory) for d in one.devices] == [(d.name, d.speed, d.memory) for d in other.devices]
+        assert [(d.name, d.speed, d.memory) for d in one.devices] == [
+            (d.name, d.speed, d.memory) for d in other.devices
+        ]
         assert one.links == other.links
         assert load_cluster(write_cluster(other, tmp_path)) == other
     drawn = [d.threads for c in kinds for d in c.devices]

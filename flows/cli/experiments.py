@@ -47,7 +47,9 @@ DEFAULT_MEASURED_ROUNDS = 3
 RoundsOpt = Annotated[
     int,
     typer.Option(
-        "--rounds", min=1, help="TAPP's search rounds in all (as tapp plan --rounds counts them), measured ones included"
+        "--rounds",
+        min=1,
+        help="TAPP's search rounds in all (as tapp plan --rounds counts them), measured ones included",
     ),
 ]
 SamplesOpt = Annotated[int | None, typer.Option(min=1, help="plans sampled per search round (default: 16)")]

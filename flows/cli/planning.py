@@ -183,7 +183,9 @@ def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rou
         raise TappError(f"--checkpoint is for the tapp planner, not {planner!r}")
     saved = checkpoint / CHECKPOINT_FILE
     if resume and not saved.is_file():
-        raise TappError(f"--resume: {checkpoint} holds no saved search ({CHECKPOINT_FILE}); run without --resume to start one")
+        raise TappError(
+            f"--resume: {checkpoint} holds no saved search ({CHECKPOINT_FILE}); run without --resume to start one"
+        )
     check_output_folder(checkpoint, "--checkpoint")
     if saved.is_file() and not resume:
         console.print(f"starting a new search: it replaces the one saved in {saved} (--resume continues that one)")

@@ -164,7 +164,9 @@ class ModelNeeds:
     """Bytes a typical cut sends one way per step (the median over positions)."""
 
 
-def model_needs(library: LayerLibrary, micro_batch_choices: Sequence[int], batch_size: int, schedule: str) -> ModelNeeds:
+def model_needs(
+    library: LayerLibrary, micro_batch_choices: Sequence[int], batch_size: int, schedule: str
+) -> ModelNeeds:
     """The model's ``ModelNeeds`` at this batch size and schedule."""
     memory = min(
         stage_memory_bytes(contiguous_plan(library, [], [["device"]], m, schedule, batch_size), library, 0)

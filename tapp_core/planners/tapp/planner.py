@@ -59,9 +59,7 @@ class TappPlanner(PlannerBase, SearchOptions):
             batch_size=self.resolved_batch_size(library),
             micro_batch_choices=self.micro_batch_choices(library),
             schedule=self.schedule,
-            policy=PolicyConfig(
-                groups=min(self.groups or DEFAULT_GROUPS, len(cluster.devices), len(library.layers))
-            ),
+            policy=PolicyConfig(groups=min(self.groups or DEFAULT_GROUPS, len(cluster.devices), len(library.layers))),
         )
 
     def search(

@@ -212,7 +212,9 @@ class TappPolicy(nn.Module):
             chosen = torch.empty((count, log_p.shape[1]), dtype=torch.long)
             for k in torch.unique(counts).tolist():
                 rows = counts == k
-                drawn = torch.multinomial(log_p[k].exp().detach(), int(rows.sum()), replacement=True, generator=generator)
+                drawn = torch.multinomial(
+                    log_p[k].exp().detach(), int(rows.sum()), replacement=True, generator=generator
+                )
                 chosen[rows] = drawn.T
         else:
             assert stage_counts is not None

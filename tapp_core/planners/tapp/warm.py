@@ -85,7 +85,9 @@ class WarmStart:
             rate_s = max(rate_s, (time.perf_counter() - started) / len(variants))
             best = min(range(len(variants)), key=times.__getitem__)
             own = plan.notes.get("evaluations", 0)
-            found.append(WarmCandidate(name, TimedPlan(times[best], variants[best]), own if isinstance(own, int) else 0))
+            found.append(
+                WarmCandidate(name, TimedPlan(times[best], variants[best]), own if isinstance(own, int) else 0)
+            )
         return sorted((c for c in found if math.isfinite(c.timed.step_time_s)), key=lambda c: c.timed.step_time_s)
 
     def single_devices(self) -> list[WarmCandidate]:
