@@ -141,3 +141,19 @@ def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path:
     drawn = [d.threads for c in kinds for d in c.devices]
     assert set(drawn) == {1, 2} and 0.3 < drawn.count(2) / len(drawn) < 0.7
     assert "threads 1: " in describe(next(c for c in kinds if len({d.threads for d in c.devices}) > 1))
+
+
+def test_drawn_kinds_are_costed_from_their_own_committed_library() -> None:
+    from bench.planners import library_for
+    from tapp_core.kinds import device_library
+
+    one = library_for("alexnet", 64)
+    both = library_for("alexnet", 64, (1, 2))
+    assert list(one.kind_libraries) == ["cpu-t1"] and set(both.kind_libraries) == {"cpu-t1", "cpu-t2"}
+    cluster = next(c for c in random_clusters(10, 4, threads=(1, 2)) if len({d.threads for d in c.devices}) > 1)
+    for device in cluster.devices:
+        chosen = device_library(both, cluster, device.name)
+        assert chosen.own and chosen.library.threads == device.threads and chosen.speed_applies
+    t1, t2 = (both.kind_libraries[k].layers for k in ("cpu-t1", "cpu-t2"))
+    ratios = [a.forward_s / b.forward_s for a, b in zip(t1, t2, strict=True) if b.forward_s > 0]
+    assert max(ratios) / min(ratios) > 1.2, "two kinds whose per-layer ratio is one number would add nothing"
