@@ -138,12 +138,18 @@ def cluster_library(model: str, batch_size: int, library: Path | None, cluster: 
         return ProfileCache().cluster_libraries(model, batch_size, cluster)
 
 
-def load_plan(model: str, plan_file: Path, cluster: str) -> tuple[Plan, Cluster]:
-    """The plan in ``plan_file`` (which must be for ``model``) and the cluster named ``cluster``."""
-    from tapp_core.cluster import load_cluster
+def read_plan(model: str, plan_file: Path) -> Plan:
+    """The plan in ``plan_file``, which must be for ``model``."""
     from tapp_core.plan import Plan
 
     chosen = Plan.load(plan_file)
     if chosen.model != model:
         raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
-    return chosen, load_cluster(cluster)
+    return chosen
+
+
+def load_plan(model: str, plan_file: Path, cluster: str) -> tuple[Plan, Cluster]:
+    """The plan in ``plan_file`` (which must be for ``model``) and the cluster named ``cluster``."""
+    from tapp_core.cluster import load_cluster
+
+    return read_plan(model, plan_file), load_cluster(cluster)

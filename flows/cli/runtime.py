@@ -39,13 +39,14 @@ from flows.cli.common import (
     console,
     error_console,
     fail,
-    load_plan,
     print_markdown,
+    read_plan,
 )
 from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
     from tapp_core.cluster import Cluster
+    from tapp_core.library import LayerLibrary
     from tapp_core.plan import Plan
     from tapp_core.runtime.race import RaceResult
 
@@ -60,25 +61,34 @@ AllowOversubscribeOpt = Annotated[
 ]
 
 
-def _plan_to_run(
-    model: str, plan_file: Path, cluster: str, library: Path | None, allow_oversubscribe: bool
-) -> tuple[Plan, Cluster]:
-    """The plan and cluster to run, checked as far as they can be before any MPI process starts: the plan's devices
-    against the cluster, its structure and schedule against the traced model (``check_before_launch``), and its
-    memory against the layer library (the given folder, else the profile cache's, profiled now if missing)."""
+def _plans_to_run(
+    model: str, plan_files: list[Path], cluster: str, library: Path | None, allow_oversubscribe: bool
+) -> tuple[list[Plan], Cluster]:
+    """The plans and cluster to run, checked as far as they can be before any MPI process starts: each plan's
+    devices against the cluster, its structure and schedule against the traced model (``check_before_launch``), and
+    its memory against the layer library (the given folder, else the profile cache's, profiled now if missing;
+    loaded once per batch size)."""
+    from tapp_core.cluster import load_cluster
     from tapp_core.plan import validate
     from tapp_core.runtime import check_before_launch
     from tapp_core.runtime.placement import OVERSUBSCRIBE_VARIABLE
 
-    chosen, target = load_plan(model, plan_file, cluster)
-    missing = sorted(set(chosen.devices) - set(target.device_names))
-    if missing:
-        raise TappError(f"plan {plan_file} uses device(s) {', '.join(missing)} that cluster {target.name!r} lacks")
-    check_before_launch(chosen, target, model)
-    validate(chosen, cluster_library(model, chosen.batch_size, library, target), target)
+    target = load_cluster(cluster)
+    libraries: dict[int, LayerLibrary] = {}
+    plans = []
+    for plan_file in plan_files:
+        chosen = read_plan(model, plan_file)
+        missing = sorted(set(chosen.devices) - set(target.device_names))
+        if missing:
+            raise TappError(f"plan {plan_file} uses device(s) {', '.join(missing)} that cluster {target.name!r} lacks")
+        check_before_launch(chosen, target, model)
+        if chosen.batch_size not in libraries:
+            libraries[chosen.batch_size] = cluster_library(model, chosen.batch_size, library, target)
+        validate(chosen, libraries[chosen.batch_size], target)
+        plans.append(chosen)
     if allow_oversubscribe:
         os.environ[OVERSUBSCRIBE_VARIABLE] = "1"  # read by the pool this command starts
-    return chosen, target
+    return plans, target
 
 
 def _ranks(chosen: Plan) -> str:
@@ -120,7 +130,7 @@ def measure(
     if len(files) > 1:
         _race(model, cluster, files, library, seed, emulate, choice, json_out, allow_oversubscribe)
         return
-    chosen, target = _plan_to_run(model, files[0], cluster, library, allow_oversubscribe)
+    [chosen], target = _plans_to_run(model, files, cluster, library, allow_oversubscribe)
     with error_console.status(f"measuring plan {chosen.id} on {target.name} ({_ranks(chosen)})"):
         result = _run_race(target, [chosen], model, seed, emulate, choice)
     measured = result.measurements[0]
@@ -150,7 +160,7 @@ def _run_race(
     choice: RaceChoice,
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
-    """Race ``plans`` (each checked by ``_plan_to_run``) on a pool of the devices they use."""
+    """Race ``plans`` (checked by ``_plans_to_run``) on a pool of the devices they use."""
     from tapp_core.runtime import WorkerPool
     from tapp_core.runtime.race import RaceOptions, RoundSteps, race
 
@@ -177,9 +187,7 @@ def _race(
 
     if json_out is not None:
         check_output_file(json_out, "--json")
-    loaded = [_plan_to_run(model, f, cluster, library, allow_oversubscribe) for f in files]
-    target = loaded[0][1]
-    plans = [plan for plan, _ in loaded]
+    plans, target = _plans_to_run(model, files, cluster, library, allow_oversubscribe)
     names: dict[str, list[str]] = {}
     for path, plan in zip(files, plans, strict=True):
         names.setdefault(plan.id, []).append(path.name)
@@ -252,7 +260,7 @@ def train(
     dataset = chosen_dataset(dataset, data_dir)
     with error_console.status(f"checking the {dataset} data"):
         check_dataset(dataset, directory)  # every file, before any rank starts: bad data fails here, in one line
-    chosen, target = _plan_to_run(model, plan_file, cluster, library, allow_oversubscribe)
+    [chosen], target = _plans_to_run(model, [plan_file], cluster, library, allow_oversubscribe)
     with error_console.status(f"training plan {chosen.id} on {target.name} for {epochs} epoch(s) ({_ranks(chosen)})"):
         result = run_train(
             chosen,
