@@ -144,9 +144,13 @@ def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path:
 
 
 def test_drawn_kinds_are_costed_from_their_own_committed_library() -> None:
-    from bench.planners import library_for
+    from bench.planners import LIBRARIES, library_for
     from tapp_core.kinds import device_library
+    from tapp_core.library import LayerLibrary
+    from tapp_core.profiler import PROFILE_VERSION
 
+    committed = LayerLibrary.load(LIBRARIES / "alexnet_b64-t2")  # so library_for reads it and profiles nothing
+    assert committed.extra.get("profile_version") == PROFILE_VERSION and committed.threads == 2
     one = library_for("alexnet", 64)
     both = library_for("alexnet", 64, (1, 2))
     assert list(one.kind_libraries) == ["cpu-t1"] and set(both.kind_libraries) == {"cpu-t1", "cpu-t2"}
