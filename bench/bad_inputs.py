@@ -627,7 +627,7 @@ def shared_files(root: Path, env: dict[str, str]) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once")
     parser.add_argument("--only", default="", help="run the cases whose name holds this")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a case is killed")

@@ -134,7 +134,7 @@ def report(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cluster", default="threads12")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--batch-size", type=int, default=64)

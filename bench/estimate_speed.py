@@ -130,7 +130,7 @@ def mean_estimate_s(plan: Plan, library: LayerLibrary, cluster: Cluster, repeats
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--library", help="a layer library directory written by `tapp profile`")
     parser.add_argument("--cluster", default="hetero4")
     parser.add_argument("--stages", type=int, default=4)

@@ -42,7 +42,7 @@ def first_error(output: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tries", type=int, default=5)
     parser.add_argument("--tapp", default=str(Path(sys.executable).parent / "tapp"))
     options = parser.parse_args()

@@ -69,7 +69,7 @@ BAR_MEDIAN, BAR_WORST, BAR_TAPP = 0.15, 0.35, 1.05
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cluster", help="a cluster name or YAML file (default: detect this host)")
     parser.add_argument("--threads", type=int, default=None, help="threads per CPU rank when detecting")
     parser.add_argument("--cpu-only", action="store_true", help="no GPU needed: CPU ranks, a tiny model, few steps")

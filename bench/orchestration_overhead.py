@@ -265,7 +265,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--cluster", default="local")
     parser.add_argument("--batch-size", type=int, default=64)

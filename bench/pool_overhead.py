@@ -43,7 +43,7 @@ def plans(model: str, cluster_devices: tuple[str, ...], batch_size: int, count: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--cluster", default="local")
     parser.add_argument("--batch-size", type=int, default=16)

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--against", choices=("pipelining", "plain"), default=None, help="default: pipelining (cpu), plain (cuda)"

@@ -646,7 +646,7 @@ LOOKS = {
 
 
 def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", help="MLflow store or server to check (default: run tapp run first)")
     parser.add_argument("--experiment", default="tapp", help="MLflow experiment name (default: tapp)")
     parser.add_argument("--out", type=Path, default=Path("out/ui_check"), help="screenshots and summary.txt")
