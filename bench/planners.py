@@ -97,23 +97,29 @@ class Row:
 
 
 def library_for(model: str, batch_size: int, threads: tuple[int, ...] = (1,)) -> LayerLibrary:
-    """The committed library of ``model`` on one thread, carrying those of the other ``threads`` as its kinds."""
+    """The committed one-thread library of ``model`` (every named cluster's, and the default random family's);
+    for clusters whose devices have other thread counts, the libraries of every count in ``threads``, the fewest
+    threads' the reference. Those are profiled together (``-t<N>`` folders), so their ratios are one machine's at
+    one time, not two sessions'."""
+    if tuple(threads) == (1,):
+        return kind_library(model, batch_size, None)
     reference, *others = (kind_library(model, batch_size, t) for t in sorted(set(threads)))
     return reference.with_kinds(others)
 
 
-def kind_library(model: str, batch_size: int, threads: int) -> LayerLibrary:
-    """``bench/libraries/<model>_b<batch>[-t<threads>]``, profiled here once if missing or of an old profiler
-    version. Its host is left blank: these libraries stand for a kind, not for this machine."""
+def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibrary:
+    """``bench/libraries/<model>_b<batch>`` (``threads`` None: the committed one-thread library) or
+    ``<model>_b<batch>-t<threads>``, profiled here once if missing or of an old profiler version. Its host is left
+    blank: these libraries stand for a kind, not for this machine."""
     from tapp_core.profiler import PROFILE_VERSION, profile_model
 
-    directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads != 1 else ""))
+    directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads is not None else ""))
     if (directory / "layers.csv").is_file():
         library = LayerLibrary.load(directory)
         if library.extra.get("profile_version") == PROFILE_VERSION:
             return library
-    console.print(f"profiling {model} at batch {batch_size} on {threads} threads once into {directory} ...")
-    library = dataclasses.replace(profile_model(model, batch_size, threads=threads), host="")
+    console.print(f"profiling {model} at batch {batch_size} on {threads or 1} thread(s) once into {directory} ...")
+    library = dataclasses.replace(profile_model(model, batch_size, threads=threads or 1), host="")
     library.save(directory)
     return library
 
@@ -457,7 +463,7 @@ def run_cells(args: argparse.Namespace, clusters: list[Cluster], scale: bool) ->
     started = time.perf_counter()
     console.print(f"load average at the start: {load_average()}")
     for cluster in clusters:
-        threads = tuple(sorted({d.threads for d in cluster.devices}))
+        threads = tuple(sorted({*args.threads, *(d.threads for d in cluster.devices)}))
         mine = [run_cell(library_for(model, args.batch_size, threads), cluster, settings) for model in args.models]
         print_cluster(console, mine, describe(cluster))
         cells += mine

@@ -149,8 +149,9 @@ def test_drawn_kinds_are_costed_from_their_own_committed_library() -> None:
     from tapp_core.library import LayerLibrary
     from tapp_core.profiler import PROFILE_VERSION
 
-    committed = LayerLibrary.load(LIBRARIES / "alexnet_b64-t2")  # so library_for reads it and profiles nothing
-    assert committed.extra.get("profile_version") == PROFILE_VERSION and committed.threads == 2
+    for threads in (1, 2):  # committed and current, so that library_for reads them and profiles nothing
+        committed = LayerLibrary.load(LIBRARIES / f"alexnet_b64-t{threads}")
+        assert committed.extra.get("profile_version") == PROFILE_VERSION and committed.threads == threads
     one = library_for("alexnet", 64)
     both = library_for("alexnet", 64, (1, 2))
     assert list(one.kind_libraries) == ["cpu-t1"] and set(both.kind_libraries) == {"cpu-t1", "cpu-t2"}
