@@ -17,6 +17,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 FAILED_EXIT = 4
+ABORT_GRACE_S = 0.5
+"""Seconds a failed rank waits after writing why, before it aborts the job."""
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -49,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(world, args, key, guard)
     except BaseException as exc:
-        traceback.print_exc()
-        print(f"worker: rank {world.Get_rank()} failed ({exc!r}); aborting the MPI job", file=sys.stderr, flush=True)
+        # One write, then a moment before the abort: mpiexec forwards a rank's output asynchronously, and the abort
+        # kills its proxies, which could drop all but the first line of the traceback.
+        why = f"worker: rank {world.Get_rank()} failed ({exc!r}); aborting the MPI job\n"
+        sys.stderr.write(traceback.format_exc() + why)
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
         world.Abort(FAILED_EXIT)
         return FAILED_EXIT
     return 0
