@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The tests that press Ctrl-C on a child need SIGINT to reach it. A shell that starts pytest in the background
+# ignores SIGINT for it, and every child would inherit that (Python keeps an ignored SIGINT ignored): a handler
+# here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A fresh Prefect home migrates its database on first start; on 2 busy cores that can pass Prefect's 30 s default.
 PREFECT_STARTUP_TIMEOUT_S = 180
