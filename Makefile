@@ -27,4 +27,4 @@ lint: $(STAMP)
 	@echo "type: ignore comments: $$(grep -r --include='*.py' -c 'type: ignore' tapp_core tasks flows reports | awk -F: '{s += $$2} END {print s}')"
 
 clean:
-	rm -rf $(VENV) mlflow.db mlartifacts out
+	rm -rf $(VENV) mlflow.db mlruns mlartifacts out

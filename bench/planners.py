@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -101,12 +102,13 @@ def library_for(model: str, batch_size: int, threads: tuple[int, ...] = (1,)) ->
     for clusters whose devices have other thread counts, the libraries of every count in ``threads``, the fewest
     threads' the reference. Those are profiled together (``-t<N>`` folders), so their ratios are one machine's at
     one time, not two sessions'."""
-    if tuple(threads) == (1,):
+    if threads == (1,):
         return kind_library(model, batch_size, None)
     reference, *others = (kind_library(model, batch_size, t) for t in sorted(set(threads)))
     return reference.with_kinds(others)
 
 
+@functools.cache  # every cluster of a run asks again
 def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibrary:
     """``bench/libraries/<model>_b<batch>`` (``threads`` None: the committed one-thread library) or
     ``<model>_b<batch>-t<threads>``, profiled here once if missing or of an old profiler version. Its host is left

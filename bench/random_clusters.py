@@ -101,15 +101,13 @@ class _Island:
 
 def draw_kind(seed: int, index: int, device: int, threads: tuple[int, ...] = (1,)) -> dict[str, object]:
     """The kind fields of one random device: a CPU whose thread count is drawn from ``threads``."""
-    if len(threads) == 1:
-        return {"kind": "cpu", "threads": threads[0]}
     draw = _Draw(KIND_STREAM, seed, index, device)
     return {"kind": "cpu", "threads": threads[draw.integer(0, len(threads) - 1)]}
 
 
 def kinds_suffix(threads: tuple[int, ...]) -> str:
     """What a cluster name gets for drawn thread counts (none for the default one-thread family)."""
-    return "" if tuple(threads) == (1,) else "-t" + "-".join(str(t) for t in threads)
+    return "" if threads == (1,) else "-t" + "-".join(str(t) for t in threads)
 
 
 def _speeds(draw: _Draw, n: int) -> list[float]:
