@@ -36,14 +36,22 @@ import numpy as np
 import torch
 
 from tapp_core.cluster import Cluster
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, KindCalibration, MadeFor, device_terms, transfer_s
+from tapp_core.costs import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    KindCalibration,
+    MadeFor,
+    device_terms,
+    shared_hosts,
+    transfer_s,
+)
 from tapp_core.errors import TappError
 from tapp_core.kinds import cluster_kinds, device_kind
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS
 from tapp_core.plan import single_stage_plan
 from tapp_core.profiler import PROFILE_VERSION
-from tapp_core.runtime.calibration import ProbeResult
+from tapp_core.runtime.calibration import ProbeResult, SharingProbe
 from tapp_core.runtime.pool import PROJECT_ROOT, WorkerPool, mpiexec_command
 
 MICRO_BATCHES = 8
@@ -74,14 +82,27 @@ class KindSteps:
     points: tuple[StepPoint, ...]
 
 
-def run_probe(cluster: Cluster, timeout_s: float = 600.0, python: str = sys.executable) -> ProbeResult:
-    """``tapp_core.runtime.probe`` on ``cluster``'s ranks (messages over emulated links when it is emulated)."""
+def host_cores() -> int:
+    """The cores this process (and the ranks it starts) may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run_probe(
+    cluster: Cluster,
+    timeout_s: float = 600.0,
+    python: str = sys.executable,
+    sharing: LayerLibrary | None = None,
+) -> ProbeResult:
+    """``tapp_core.runtime.probe`` on ``cluster``'s ranks (messages over emulated links when it is emulated); with
+    ``sharing``, also how the ranks slow each other computing that library's model and batch at once."""
     with tempfile.TemporaryDirectory(prefix="tapp-probe-") as workdir:
         cluster_file, out = Path(workdir) / "cluster.json", Path(workdir) / "probe.json"
         cluster_file.write_text(cluster.model_dump_json())
         program = [python, "-m", "tapp_core.runtime.probe", "--cluster", str(cluster_file), "--out", str(out)]
         if cluster.emulated:
             program.append("--emulate")
+        if sharing is not None:
+            program += ["--model", sharing.model, "--batch-size", str(sharing.batch_size)]
         paths = (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", ""))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         try:
@@ -170,6 +191,15 @@ def per_message_s(probe: ProbeResult, cluster: Cluster, figures: Mapping[str, Ki
     return max(0.0, statistics.median(residuals)) if residuals else 0.0
 
 
+def shared_cores_factors(probes: Sequence[SharingProbe]) -> dict[str, float]:
+    """Per kind, the median over its devices of their step while every rank computed over their step alone; at
+    least 1 (less is noise)."""
+    by_kind: dict[str, list[float]] = {}
+    for probe in probes:
+        by_kind.setdefault(probe.kind, []).append(probe.together_s / probe.alone_s)
+    return {kind: max(1.0, statistics.median(ratios)) for kind, ratios in by_kind.items()}
+
+
 def _speed_slowdowns(library: LayerLibrary, cluster: Cluster) -> dict[str, float]:
     """Per kind, what the model's slowdown will multiply its measured figures by beyond the emulation: 1 on an
     emulated cluster, else its first device's slowdown (1 unless its speed applies)."""
@@ -189,8 +219,14 @@ def calibrate(
     log: Callable[[str], None] = print,
 ) -> Calibration:
     """Measure ``cluster``'s calibration on this machine with ``library`` (one library per kind, as costed)."""
-    log(f"probing {len(cluster.devices)} rank(s): optimiser, staging and messages")
-    probe = run_probe(cluster)
+    cores = host_cores()
+    # Emulated ranks sleep most of their slowdown away: how they share the cores is the emulation's business.
+    shared = [] if cluster.emulated else shared_hosts(cluster, cores)
+    log(f"probing {len(cluster.devices)} rank(s): optimiser, staging, messages" + (", sharing" if shared else ""))
+    probe = run_probe(cluster, sharing=library if shared else None)
+    sharing = shared_cores_factors(probe.sharing)
+    for kind, factor in sharing.items():
+        log(f"{kind}: computes {factor:.2f}x slower while every rank computes ({cores} cores shared)")
     kinds = {k.kind: k for k in probe.kinds}
     slowdowns = _speed_slowdowns(library, cluster)
     terms = device_terms(library, cluster, DEFAULT_CALIBRATION)
@@ -218,11 +254,13 @@ def calibrate(
                 d2h_s_per_byte=found.d2h.per_byte_s if found.d2h else 0.0,
                 h2d_s_per_byte=found.h2d.per_byte_s if found.h2d else 0.0,
                 staging_per_copy_s=(found.d2h.fixed_s + found.h2d.fixed_s) / 2 if found.d2h and found.h2d else 0.0,
+                shared_cores_factor=sharing.get(measured.kind, 1.0),
             )
     message = per_message_s(probe, cluster, figures)
     log(f"per message: {message * 1e6:.1f} us beyond the link")
     return Calibration(
         per_message_s=message,
+        host_cores=float(cores) if sharing else 0.0,
         kinds=figures,
         cuda_aware_mpi=probe.cuda_aware_mpi,
         made_for=MadeFor(
@@ -249,6 +287,8 @@ __all__ = [
     "StepPoint",
     "calibrate",
     "fit_compute",
+    "host_cores",
     "measure_kinds",
     "run_probe",
+    "shared_cores_factors",
 ]

@@ -35,6 +35,13 @@ Cut traffic
     link carries one transfer at a time, first come first served (queueing).
     Transfers never occupy a replica: sends overlap compute, and a replica only waits for what it must receive.
 
+Shared cores
+    Where the calibration found the ranks of a host wanting more threads than it has cores (``costs`` "Shared
+    cores"), every compute operation of a replica there lasts what its work takes at the pace the other replicas'
+    operations, computing at the same time, leave it. Those durations and the timeline depend on each other: the
+    simulation is repeated, each round with the durations the last one implies, until they settle
+    (``SHARING_TOLERANCE``).
+
 Schedules
     Every replica of stage ``s`` runs the schedule's program, ``tapp_core.schedules``' ``actions(s, S, M,
     iterations)``: the very list the runtime's engine runs (``simulated_programs`` gives it per stage). gpipe:
@@ -90,10 +97,15 @@ from tapp_core.costs import (
     DEFAULT_CALIBRATION,
     Calibration,
     DeviceTerms,
+    KindCalibration,
+    SharedHost,
     allreduce_s,
     compute_s,
     device_terms,
     device_transfer_s,
+    shared_hosts,
+    sharing_excess,
+    sharing_stretch,
     update_s,
 )
 from tapp_core.library import Layer, LayerLibrary
@@ -568,6 +580,8 @@ def _stage_programs(
 # ---------------------------------------------------------------------------------------------------------------
 # The simulation
 
+OpKey = tuple[int, str, int]
+"""(replica, kind, global micro-batch or iteration): one operation of a simulation."""
 Record = tuple[int, str, float, float, int, int]
 """(replica, kind, start, end, global micro-batch or iteration, peer replica or NO_PEER): a TimelineOp in the
 making, kept as a plain tuple because building thousands of frozen dataclasses would dominate the run time."""
@@ -582,8 +596,11 @@ class _Simulation:
         programs: Sequence[Program],
         allreduce_s: list[float],
         iterations: int,
+        durations: Mapping[OpKey, float],
     ) -> None:
         self.replicas = replicas
+        self.durations = durations
+        """Operations that last other than their replica's time for their kind (on a shared host)."""
         self.programs = programs
         """Per replica (its stage's program)."""
         self.allreduce_s = allreduce_s
@@ -634,7 +651,7 @@ class _Simulation:
                 waited_from = max(free, ready)
                 if start > waited_from:
                     self.records.append((r, "recv", waited_from, start, g, int(sender)))
-        end = start + replica.duration[kind]
+        end = start + self.durations.get((r, kind, g), replica.duration[kind])
         self.records.append((r, kind, start, end, g, NO_PEER))
         self.free[r] = end
         self._send(r, replica.transfers[kind], kind, g, end)
@@ -672,7 +689,7 @@ class _Simulation:
         for q in waiting:
             if end > start:
                 self.records.append((q, "allreduce", start, end, iteration, NO_PEER))
-            finish = end + self.replicas[q].update_s
+            finish = end + self.durations.get((q, END_OF_ITERATION, iteration), self.replicas[q].update_s)
             self.records.append((q, "update", end, finish, iteration, NO_PEER))
             self.free[q] = finish
             self.iteration_end[iteration] = max(self.iteration_end[iteration], finish)
@@ -725,9 +742,115 @@ def _simulate(
         for s, devices in enumerate(plan.stage_devices)
     ]
     iterations = _simulated_iterations(plan)[0]
-    simulation = _Simulation(replicas, [by_stage[r.stage] for r in replicas], stage_allreduce_s, iterations)
-    simulation.run()
-    return simulation, replicas
+
+    def run(durations: Mapping[OpKey, float]) -> _Simulation:
+        programs = [by_stage[r.stage] for r in replicas]
+        simulation = _Simulation(replicas, programs, stage_allreduce_s, iterations, durations)
+        simulation.run()
+        return simulation
+
+    hosts = shared_hosts(cluster, int(calibration.host_cores))
+    return (_settle_sharing(run, replicas, hosts, terms) if hosts else run({})), replicas
+
+
+SHARING_ROUNDS = 32
+SHARING_TOLERANCE = 1e-4
+"""The operations' shared-core durations have settled when none changes by more than this share in a round."""
+
+
+def _settle_sharing(
+    run: Callable[[Mapping[OpKey, float]], _Simulation],
+    replicas: Sequence[_SimulatedReplica],
+    hosts: Sequence[SharedHost],
+    terms: Mapping[str, DeviceTerms],
+) -> _Simulation:
+    """Simulate with every compute operation on a shared host lasting what its work takes at the pace the other
+    replicas' operations leave it (``costs.sharing_stretch``), until the durations settle: they are a fixed point,
+    since an operation that lasts longer overlaps others more. Each round takes the durations the last timeline
+    implies; once a round changes them more than the round before (the iteration oscillates), each round moves
+    only half way."""
+    durations: dict[OpKey, float] = {}
+    simulation = run(durations)
+    step, last_change = 1.0, math.inf
+    for _ in range(SHARING_ROUNDS):
+        implied = _shared_durations(simulation.records, replicas, hosts, terms)
+        change = max(
+            (abs(seconds / durations[key] - 1.0) if key in durations else math.inf for key, seconds in implied.items()),
+            default=0.0,
+        )
+        if change <= SHARING_TOLERANCE:
+            break
+        if change > last_change:
+            step = 0.5
+        last_change = change
+        durations = {
+            key: durations.get(key, seconds) + step * (seconds - durations.get(key, seconds))
+            for key, seconds in implied.items()
+        }
+        simulation = run(durations)
+    return simulation
+
+
+def _shared_durations(
+    records: Sequence[Record],
+    replicas: Sequence[_SimulatedReplica],
+    hosts: Sequence[SharedHost],
+    terms: Mapping[str, DeviceTerms],
+) -> dict[OpKey, float]:
+    """Per compute operation of a replica on a shared host, from when it started in ``records``: how long its
+    work takes while the other replicas' operations compute as they did there."""
+    durations: dict[OpKey, float] = {}
+    for host in hosts:
+        ops = [
+            (r, kind, start, end, number)
+            for r, kind, start, end, number, _ in records
+            if kind in COMPUTE_KINDS and end > start and replicas[r].device in host.threads
+        ]
+        for r in sorted({op[0] for op in ops}):
+            replica = replicas[r]
+            others = [(host.threads[replicas[o[0]].device], o[2], o[3]) for o in ops if o[0] != r]
+            pace = _Pace(others, host.threads[replica.device], host, terms[replica.device].figures)
+            for _, kind, start, _, number in (op for op in ops if op[0] == r):
+                work = replica.update_s if kind == END_OF_ITERATION else replica.duration[kind]
+                durations[(r, kind, number)] = pace.finish(start, work) - start
+    return durations
+
+
+class _Pace:
+    """How fast one replica's work progresses on its shared host while other replicas' operations compute:
+    ``progress`` is the work (in seconds alone) it could have done from the first of ``times`` to each. Before
+    the first and after the last of the others' operations it computes as alone (``sharing_excess`` 0)."""
+
+    def __init__(
+        self, others: Sequence[tuple[int, float, float]], own: int, host: SharedHost, figures: KindCalibration
+    ) -> None:
+        """``others``: (threads, start, end) of the other replicas' operations; ``own``: this replica's threads."""
+        if not others:
+            self.times = self.progress = np.zeros(1)
+            return
+        table = np.array(others, dtype=float)
+        threads = table[:, 0]
+        times = np.concatenate([table[:, 1], table[:, 2]])
+        order = np.argsort(times, kind="stable")
+        self.times = times[order]
+        active = own + np.cumsum(np.concatenate([threads, np.negative(threads)])[order])[:-1]
+        rate = 1.0 / sharing_stretch(figures, sharing_excess(active, own, host))
+        self.progress = np.concatenate([[0.0], np.cumsum(rate * np.diff(self.times))])
+
+    def finish(self, start: float, work: float) -> float:
+        """When work of ``work`` seconds alone, started at ``start``, is done."""
+        times, progress = self.times, self.progress
+        if start <= times[0]:
+            target = progress[0] - (times[0] - start) + work
+        elif start >= times[-1]:
+            target = progress[-1] + (start - times[-1]) + work
+        else:
+            target = np.interp(start, times, progress) + work
+        if target <= progress[0]:
+            return float(times[0] - (progress[0] - target))
+        if target >= progress[-1]:
+            return float(times[-1] + (target - progress[-1]))
+        return float(np.interp(target, progress, times))
 
 
 def estimate(

@@ -27,6 +27,15 @@ Ring allreduce
     ``2 (k - 1) / k * param bytes / (bandwidth * bandwidth_scale) + 2 (k - 1) * (latency + per_message_s)``;
     0 for one replica. GPU replicas without CUDA-aware MPI stage the gradients to the host and back: the
     slowest replica's ``2 * staging_per_copy_s + param bytes * (d2h_s_per_byte + h2d_s_per_byte)`` is added.
+Shared cores
+    Where the ranks of one host want more threads than it has cores (``Calibration.host_cores``, measured by
+    ``tapp calibrate``), a device computes slower while ``A`` threads of the host compute (its own included): its
+    work progresses at ``1 / (1 + (shared_cores_factor - 1) * clamp((A - cores) / (host threads - cores), 0, 1))``
+    of its speed alone, so not slower while the computing threads fit the cores, and by its kind's measured
+    ``shared_cores_factor`` while every rank computes (``sharing_excess``, ``sharing_stretch``). The
+    measured factor, not ``threads / cores``, because sharing is far from even: on 2 cores, a 1-thread and a
+    2-thread rank computing VGG-16 together slowed by 1.06x and 7.1x (the 2-thread rank's threads wait for each
+    other), Inception-V3 by 1.04x and 11.5x.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tapp_core.cluster import Cluster, Link
 from tapp_core.errors import TappError
@@ -92,11 +103,16 @@ class KindCalibration:
     """A GPU kind's copy from host memory per byte."""
     staging_per_copy_s: float = 0.0
     """A GPU kind's fixed cost of one staging copy (launch and wait)."""
+    shared_cores_factor: float = 1.0
+    """On a host whose ranks want more threads than it has cores (``Calibration.host_cores``): a device of the
+    kind's compute while every rank of the host computes, over its compute alone (``sharing_stretch``)."""
 
     def __post_init__(self) -> None:
-        _check_non_negative(self, (f.name for f in fields(self) if f.name != "compute_scale"), "kinds.")
-        if not self.compute_scale > 0:
-            raise CalibrationError(f"calibration field kinds.compute_scale must be > 0, got {self.compute_scale!r}")
+        positive = ("compute_scale", "shared_cores_factor")
+        _check_non_negative(self, (f.name for f in fields(self) if f.name not in positive), "kinds.")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise CalibrationError(f"calibration field kinds.{name} must be > 0, got {getattr(self, name)!r}")
 
     @property
     def stages_through_host(self) -> bool:
@@ -141,17 +157,6 @@ class MadeFor:
             raise CalibrationError(f"calibration {source}: made_for is malformed: {exc}") from None
 
 
-_GLOBAL_NUMBERS = (
-    "per_message_s",
-    "per_step_s",
-    "per_micro_batch_s",
-    "update_s_per_param_byte",
-    "compute_scale",
-    "slowdown_exponent",
-    "bandwidth_scale",
-)
-
-
 @dataclass(frozen=True)
 class Calibration:
     """The constants that turn the ideal model into a fitted one. The defaults are the ideal model.
@@ -172,6 +177,9 @@ class Calibration:
     """Compute on a device of slowdown ``x`` takes ``x ** slowdown_exponent`` times longer (emulation may differ)."""
     bandwidth_scale: float = 1.0
     """Effective fraction of the nominal link bandwidth."""
+    host_cores: float = 0.0
+    """The cores of each host the cluster's ranks run on, where they want more threads than that (0: the ranks
+    were not found sharing cores; no sharing is costed). See ``shared_hosts``."""
     note: str = ""
     """Where the constants came from (fitted on which cluster and runs)."""
     kinds: Mapping[str, KindCalibration] = field(default_factory=dict)
@@ -182,7 +190,9 @@ class Calibration:
     """What a measured calibration was made for; None for one made by hand (tests, what-if studies)."""
 
     def __post_init__(self) -> None:
-        _check_non_negative(self, ("per_message_s", "per_step_s", "per_micro_batch_s", "update_s_per_param_byte"))
+        _check_non_negative(
+            self, ("per_message_s", "per_step_s", "per_micro_batch_s", "update_s_per_param_byte", "host_cores")
+        )
         for name in ("compute_scale", "bandwidth_scale"):
             if not getattr(self, name) > 0:
                 raise CalibrationError(f"calibration field {name} must be > 0, got {getattr(self, name)!r}")
@@ -316,6 +326,49 @@ def device_terms(library: LayerLibrary, cluster: Cluster, calibration: Calibrati
         del _TERMS_CACHE[next(iter(_TERMS_CACHE))]
     _TERMS_CACHE[key] = (library, cluster, calibration, terms)
     return terms
+
+
+@dataclass(frozen=True)
+class SharedHost:
+    """The devices of one host whose ranks want more threads than it has cores: while several of them compute,
+    they share the cores and each computes slower (``sharing_stretch``)."""
+
+    threads: Mapping[str, int]
+    """Per device of the host: the threads its rank computes with."""
+    cores: int
+
+    @property
+    def total_threads(self) -> int:
+        return sum(self.threads.values())
+
+
+def shared_hosts(cluster: Cluster, cores: int) -> list[SharedHost]:
+    """The hosts of ``cluster`` (its devices grouped by ``host``) whose devices' threads exceed ``cores``, each
+    host's cores; none for 0 (a calibration that measured no sharing, e.g. of an emulated cluster, whose ranks
+    mostly sleep)."""
+    if cores <= 0:
+        return []
+    by_host: dict[str | None, dict[str, int]] = {}
+    for device in cluster.devices:
+        by_host.setdefault(device.host, {})[device.name] = device.threads
+    return [SharedHost(threads, cores) for threads in by_host.values() if sum(threads.values()) > cores]
+
+
+def sharing_excess(active_threads: np.ndarray, own_threads: int, host: SharedHost) -> np.ndarray:
+    """Per value of ``active_threads`` (threads of ``host`` computing at once, a device's ``own_threads``
+    included): how far they go beyond what the device meets alone (the cores, or its own threads where it has more),
+    0 while they fit, 1 when every rank of the host computes (as ``tapp calibrate`` measured
+    ``shared_cores_factor``), linear between."""
+    alone = max(host.cores, own_threads)
+    if host.total_threads <= alone:
+        return np.zeros_like(active_threads, dtype=float)
+    return np.clip((active_threads - alone) / (host.total_threads - alone), 0.0, 1.0)
+
+
+def sharing_stretch(figures: KindCalibration, excess: np.ndarray) -> np.ndarray:
+    """How much slower a device computes at each ``sharing_excess`` of ``excess``: 1 at 0, its kind's measured
+    ``shared_cores_factor`` at 1."""
+    return 1.0 + (figures.shared_cores_factor - 1.0) * excess
 
 
 def compute_s(fixed_s: float, per_sample_s: float, samples: int, factor: float, per_call_s: float) -> float:

@@ -12,9 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tapp_core.calibrate import host_cores, shared_cores_factors
 from tapp_core.costs import Calibration, MadeFor
 from tapp_core.library import load_libraries
 from tapp_core.profiler import PROFILE_VERSION
+from tapp_core.runtime.calibration import SharingProbe
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 TWO_THREAD_COUNTS = """name: unequal
@@ -95,7 +97,24 @@ def test_calibrate_measures_every_kind_on_the_workers(work_dir: Path, cluster_fi
         assert figures.compute_scale > 0 and figures.update_s_per_param_byte > 0
         assert figures.d2h_s_per_byte == 0.0  # no GPU, nothing staged
     assert calibration.per_message_s >= 0
+    # t1 and t2 want 3 threads: on fewer cores, how they slow each other is measured (CI's host has 2).
+    if host_cores() < 3:
+        assert calibration.host_cores == host_cores() and "while every rank computes" in output
+        assert all(figures.shared_cores_factor >= 1.0 for figures in calibration.kinds.values())
+    else:
+        assert calibration.host_cores == 0
+        assert all(figures.shared_cores_factor == 1.0 for figures in calibration.kinds.values())
     # Picked up from beside the cluster file from now on.
     tapp("plan", *MODEL, "--cluster", str(cluster_file), "--planner", "single", "--out", "plan.json")
     simulated = json.loads(tapp("simulate", "--model", "tiny_cnn", "--cluster", str(cluster_file), "--json"))
     assert simulated["calibration"]["made_for"]["host"] == platform.node()
+
+
+def test_each_kinds_shared_cores_factor_is_its_devices_median_slowdown_and_at_least_one() -> None:
+    probes = [
+        SharingProbe("a", "cpu-t4", alone_s=1.0, together_s=2.0),
+        SharingProbe("b", "cpu-t4", alone_s=1.0, together_s=3.0),
+        SharingProbe("c", "cpu-t4", alone_s=1.0, together_s=6.0),
+        SharingProbe("d", "cpu-t1", alone_s=1.0, together_s=0.97),  # noise: faster while sharing
+    ]
+    assert shared_cores_factors(probes) == {"cpu-t4": 3.0, "cpu-t1": 1.0}

@@ -15,7 +15,7 @@ import pytest
 from reports.figures import gantt
 from tapp_core.cluster import Cluster, parse_cluster
 from tapp_core.costmodel import NO_MICRO_BATCH, Estimate, TimelineOp, breakdown, estimate
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, CalibrationError
+from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, CalibrationError, KindCalibration
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.metrics import communication_share
 from tapp_core.plan import Plan, PlanError, single_stage_plan
@@ -471,3 +471,63 @@ def test_gantt_writes_a_png_for_an_estimate_and_for_a_bare_timeline(tmp_path: Pa
         assert out.stat().st_size > 5000
     with pytest.raises(ValueError, match="empty"):
         gantt([], tmp_path / "empty.png")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ranks that share a host's cores (``costs`` "Shared cores"); durations settle to SHARING_TOLERANCE, hence rel=2e-3.
+
+
+def shared_host_case(threads: Sequence[int]) -> tuple[LayerLibrary, Cluster]:
+    """Two layers: forward 1 s and backward 2 s per sample in all, on real (not emulated) devices of these
+    threads, each costed from its own kind's library (the same times on every kind)."""
+    base = library(chain(2), [1.0, 1.0], [2.0, 2.0], [10, 10], batch_size=2)
+    kinds = [dataclasses.replace(base, threads=t) for t in sorted(set(threads))]
+    devices = [{"name": f"d{i}", "threads": t, "memory": 10**9} for i, t in enumerate(threads)]
+    cl = parse_cluster(
+        {"name": "shared", "emulated": False, "devices": devices, "links": {"bandwidth": 100.0, "latency": 0.0}}
+    )
+    return kinds[0].with_kinds(kinds[1:]), cl
+
+
+def sharing(cores: int, factors: dict[str, float]) -> Calibration:
+    return Calibration(
+        host_cores=cores, kinds={kind: KindCalibration(shared_cores_factor=f) for kind, f in factors.items()}
+    )
+
+
+def test_ranks_computing_together_on_too_few_cores_slow_each_other() -> None:
+    lib, cl = shared_host_case([1, 1])
+    bsp = single_stage_plan(lib, ["d0", "d1"], micro_batches=1)
+    # Alone: each replica does 1 sample, forward 1 s and backward 2 s -> step 3.
+    assert_close(estimate(bsp, lib, cl).step_time, 3.0)
+    # One core for both: every rank computes all the time (excess 1), each at 1/2 its pace -> 2 s + 4 s.
+    assert estimate(bsp, lib, cl, sharing(1, {"cpu-t1": 2.0})).step_time == pytest.approx(6.0, rel=2e-3)
+    # Two cores: the threads fit, nothing is shared; 0 cores: no sharing was measured.
+    for cores in (2, 0):
+        assert_close(estimate(bsp, lib, cl, sharing(cores, {"cpu-t1": 2.0})).step_time, 3.0)
+
+
+def test_a_starved_rank_computes_when_the_other_waits() -> None:
+    lib, cl = shared_host_case([1, 2])
+    calibration = sharing(2, {"cpu-t1": 1.0, "cpu-t2": 1e6})
+    bsp = single_stage_plan(lib, ["d0", "d1"], micro_batches=1)
+    # d0 (1 thread) is not slowed; d1 (2 threads) all but stops while d0 computes: d0 [0, 3], then d1 does its
+    # 3 s alone, [3, 6].
+    assert estimate(bsp, lib, cl, calibration).step_time == pytest.approx(6.0, rel=2e-3)
+    # A two-stage pipeline of one micro-batch: the stages take turns, so neither is slowed.
+    pipeline = plan([0, 1], [["d0"], ["d1"]], batch_size=2, micro_batches=1)
+    assert_close(estimate(pipeline, lib, cl, calibration).step_time, estimate(pipeline, lib, cl).step_time)
+
+
+def test_a_rank_alone_is_not_slowed_by_sharing() -> None:
+    lib, cl = shared_host_case([1, 2])
+    alone = single_stage_plan(lib, ["d1"], micro_batches=2)
+    assert_close(estimate(alone, lib, cl, sharing(2, {"cpu-t2": 5.0})).step_time, estimate(alone, lib, cl).step_time)
+
+
+def test_sharing_needs_the_shared_host_in_the_plan() -> None:
+    lib, cl = shared_host_case([1, 1])
+    cl = cl.model_copy(update={"devices": (*cl.devices, cl.devices[0].model_copy(update={"name": "far", "host": "b"}))})
+    alone = single_stage_plan(lib, ["far"], micro_batches=1)
+    # The whole batch on "far", alone on its host: 2 s forward, 4 s backward; d0 and d1 share a core, idle.
+    assert_close(estimate(alone, lib, cl, sharing(1, {"cpu-t1": 2.0})).step_time, 6.0)

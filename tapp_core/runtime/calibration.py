@@ -137,9 +137,20 @@ class PairProbe:
 
 
 @dataclass
+class SharingProbe:
+    """One rank's training step of the model: alone on the host, and while every rank computes its own."""
+
+    device: str
+    kind: str
+    alone_s: float
+    together_s: float
+
+
+@dataclass
 class ProbeResult:
     kinds: list[KindProbe] = field(default_factory=list)
     pairs: list[PairProbe] = field(default_factory=list)
+    sharing: list[SharingProbe] = field(default_factory=list)
     cuda_aware_mpi: bool = False
     emulated: bool = False
 
@@ -157,6 +168,7 @@ __all__ = [
     "Line",
     "PairProbe",
     "ProbeResult",
+    "SharingProbe",
     "calibration_path",
     "check_calibration",
     "cluster_calibration",

@@ -9,6 +9,10 @@ must not time two things at once), with the device's threads and, for a GPU, on 
   of two sizes, median of several steps; the line through both gives a fixed part and a part per byte;
 - **staging** (GPU devices): copies between the GPU and pinned host memory, as the runtime stages tensors for a
   MPI that is not CUDA-aware, each waited for, at two sizes; fixed part per copy and per byte, each way;
+- **sharing** (``--model``, given where the host's ranks want more threads than it has cores): each rank's
+  training step of the model (forward and backward of a batch) alone, one rank at a time, then while every rank
+  computes at once for ``SHARING_WINDOW_STEPS`` times the longest step alone (the steps that end inside the
+  window count, so that none ran alone);
 - **messages**: a one-float ping-pong between every pair of ranks through the runtime's own ``Transport``
   (its headers, polling and, with ``--emulate``, the emulated link); a message's one-way time is half the median
   round trip.
@@ -33,7 +37,8 @@ from mpi4py import MPI
 
 from tapp_core.cluster import Cluster
 from tapp_core.kinds import device_kind
-from tapp_core.runtime.calibration import KindProbe, Line, PairProbe, ProbeResult
+from tapp_core.models.registry import INPUT_SHAPE, build_model
+from tapp_core.runtime.calibration import KindProbe, Line, PairProbe, ProbeResult, SharingProbe
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.gpu import cuda_aware_mpi
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
@@ -47,6 +52,9 @@ UPDATE_TRIES = 3
 STAGING_BYTES = (2**12, 2**24)
 """Bytes of the two timed staging copies: 4 KiB and 16 MiB."""
 PING_TAG = DATA_TAG_BASE + 7
+SHARING_WINDOW_STEPS = 8
+"""Every rank computes at once for this many times the longest step alone (a rank slowed by more than this
+would time no step: its figure is then the window itself, a lower bound)."""
 
 
 def _median_time(run: Callable[[], object], sync: Callable[[], None], repeats: int = 7, warmup: int = 2) -> float:
@@ -115,6 +123,52 @@ def probe_kinds(comm: MPI.Comm, cluster: Cluster, device: torch.device) -> list[
     return [probe for probes in gathered for probe in probes] if gathered is not None else []
 
 
+def _training_step(model_spec: str, batch_size: int, device: torch.device) -> Callable[[], None]:
+    """One forward and backward of a batch of random inputs through the model, waited for."""
+    model = build_model(model_spec).to(device)
+    inputs = torch.randn(batch_size, *INPUT_SHAPE, device=device)
+    labels = torch.randint(0, 10, (batch_size,), device=device)
+    sync = _sync_of(device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        torch.autograd.backward(torch.nn.functional.cross_entropy(model(inputs), labels))
+        sync()
+
+    return step
+
+
+def _steps_inside(step: Callable[[], None], window_s: float) -> float:
+    """The median of the steps that start and end within ``window_s`` from now (the window when none does)."""
+    deadline = time.perf_counter() + window_s
+    times = []
+    while (start := time.perf_counter()) < deadline:
+        step()
+        if (end := time.perf_counter()) <= deadline:
+            times.append(end - start)
+    return statistics.median(times) if times else window_s
+
+
+def probe_sharing(
+    comm: MPI.Comm, cluster: Cluster, device: torch.device, model_spec: str, batch_size: int
+) -> list[SharingProbe]:
+    """Every rank's training step alone (one rank at a time) and while every rank computes; rank 0 gets them."""
+    rank = comm.Get_rank()
+    step = _training_step(model_spec, batch_size, device)
+    alone = 0.0
+    for index in range(comm.Get_size()):
+        if rank == index:
+            alone = _median_time(step, lambda: None, repeats=3, warmup=1)
+        _wait_for_all(comm)
+    window_s = SHARING_WINDOW_STEPS * comm.allreduce(alone, op=MPI.MAX)
+    step()  # each rank's first step after waiting is slower; not inside the window
+    _wait_for_all(comm)
+    together = _steps_inside(step, window_s)
+    spec = cluster.devices[rank]
+    gathered = comm.gather(SharingProbe(spec.name, device_kind(spec).name, alone, together), root=0)
+    return list(gathered) if gathered is not None else []
+
+
 def ping_pong(transport: Transport, me: int, peer: int, device: torch.device, repeats: int, warmup: int) -> float:
     """Half the median round trip of one float through ``transport`` (the lower rank starts)."""
     message = torch.ones(1, device=device)
@@ -161,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True, help="the cluster as JSON (rank i runs device i)")
     parser.add_argument("--out", required=True, help="where rank 0 writes the figures (JSON)")
     parser.add_argument("--emulate", action="store_true", help="emulate the cluster's links for the messages")
+    parser.add_argument("--model", help="measure how the ranks slow each other computing this model at once")
+    parser.add_argument("--batch-size", type=int, default=64, help="the batch of that model's steps")
     args = parser.parse_args(argv)
     started = tool_rank(Path(args.cluster), "probe")
     if started is None:
@@ -168,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     comm, cluster, device = started
     kinds = probe_kinds(comm, cluster, device)
     pairs = probe_pairs(comm, cluster, device, args.emulate)
+    sharing = probe_sharing(comm, cluster, device, args.model, args.batch_size) if args.model else []
     if comm.Get_rank() == 0:
-        result = ProbeResult(kinds, pairs, cuda_aware_mpi(), args.emulate)
+        result = ProbeResult(kinds, pairs, sharing, cuda_aware_mpi(), args.emulate)
         Path(args.out).write_text(json.dumps(result.to_dict(), indent=2))
     return 0
 
