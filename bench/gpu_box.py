@@ -6,23 +6,20 @@
 
 1. The cluster: ``--cluster`` (a name or a YAML file), else this host detected (``tapp_core.detect``: every GPU,
    the cores split into CPU ranks, links by MPI ping-pong). It must hold a cuda device unless ``--cpu-only``.
-2. Per model: a layer library per device kind (cpu with its threads, cuda with its GPU model), profiled in this
-   process on this host at the batch size, in the project's profile cache (``--cache-dir``, else
-   ``$TAPP_CACHE_DIR`` or ``.tapp``, as ``tapp profile``).
-3. Plans: SingleGPU and SingleCPU (the whole model on the fastest device of that kind), then every planner
-   (bsp, even, pipetorch, pipedream, autoddl, tapp; ``--methods`` adds oracle). The same plan found by two
-   methods is measured once.
-4. Every distinct plan is measured on one ``WorkerPool`` of the cluster, ``--steps`` steps (the first
+2. Per model: a layer library per device kind (cpu with its threads, cuda with its GPU model), profiled on this
+   host at the batch size through the project's profile cache (``--cache-dir``, else ``$TAPP_CACHE_DIR`` or
+   ``.tapp``), as ``tapp profile --cluster`` does; every device is costed from its own kind's library.
+3. The calibration: ``--calibration FILE``, or ``--ideal`` (none), else measured per model with ``tapp calibrate``'s
+   code on the cluster's workers before planning (a minute or two; its lines are printed).
+4. Plans: SingleGPU and SingleCPU (the single-device planners: the whole model on the fastest device of that
+   kind), then every planner (bsp, even, pipetorch, pipedream, autoddl, tapp; ``--methods`` adds oracle). The
+   same plan found by two methods is measured once.
+5. Every distinct plan is measured on one ``WorkerPool`` of the cluster, ``--steps`` steps (the first
    ``--warmup`` dropped) per turn, all plans in turn, ``--rounds`` times, each round in a rotated order; a plan's
    measured step is the median of all its kept steps.
-5. Printed per model: estimated and measured step per method, the estimate's error; then the cost model's median
+6. Printed per model: estimated and measured step per method, the estimate's error; then the cost model's median
    and worst |error| over the distinct plans of all models (bars: <= 15 %, <= 35 %), and per model whether
    TAPP's measured step is <= 1.05 x the best measured of SingleGPU, SingleCPU, BSP and Pipe-Torch.
-
-Costing is today's: one layer library (the fastest kind's) and a scalar ``speed`` per device (its kind's whole
-step against the reference kind's). Per-kind libraries and the calibration from ``tapp calibrate`` replace
-both where marked ``PER-KIND``. ``--calibration FILE`` takes a calibration; the default is the ideal one (the
-committed calibration.json was fitted on the emulated 2-core cluster and does not describe a GPU host).
 """
 
 from __future__ import annotations
@@ -39,14 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import Cluster, Device, load_cluster, parse_cluster  # noqa: E402
+from tapp_core.calibrate import calibrate  # noqa: E402
+from tapp_core.cluster import Cluster, load_cluster, parse_cluster  # noqa: E402
 from tapp_core.costmodel import estimate  # noqa: E402
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from tapp_core.errors import TappError  # noqa: E402
+from tapp_core.kinds import device_kind  # noqa: E402
 from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan, PlanError, single_stage_plan, validate  # noqa: E402
+from tapp_core.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profile_cache import DeviceKind, ProfileCache, ProfileKey  # noqa: E402
+from tapp_core.profile_cache import ProfileCache  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
 
 GPU_MODELS = ("alexnet", "vgg16", "inception_v3")
@@ -81,7 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None, help="turns per plan (default 3; 1 with --cpu-only)")
     parser.add_argument("--tapp-budget", type=int, default=None, help="TAPP's evaluations (default 200; 30 cpu-only)")
     parser.add_argument("--tapp-reward", choices=("simulated", "hybrid"), default="simulated")
-    parser.add_argument("--calibration", type=Path, default=None, help="a calibration file (default: ideal)")
+    calibration = parser.add_mutually_exclusive_group()
+    calibration.add_argument("--calibration", type=Path, default=None, help="a calibration file (default: measure)")
+    calibration.add_argument("--ideal", action="store_true", help="the ideal calibration (no overheads)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="profile cache (default: as tapp profile's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measured turn")
@@ -128,36 +129,24 @@ def cpu_part(cluster: Cluster) -> Cluster:
     return parse_cluster(data, f"{cluster.name} (CPU devices)")
 
 
-def kind_of(device: Device) -> DeviceKind:
-    """The kind a device's layer library is profiled for: cpu with its thread count, cuda with its GPU model."""
-    return DeviceKind.of(f"cuda:{device.gpu_index or 0}" if device.kind == "cuda" else "cpu", device.threads)
+def kind_libraries(model: str, batch_size: int, cluster: Cluster, cache: Path | None) -> LayerLibrary:
+    """The model's layer library of every kind of ``cluster``, from the profile cache (profiled there if missing)."""
+    started = time.perf_counter()
+    library = ProfileCache(cache).cluster_libraries(model, batch_size, cluster)
+    elapsed = time.perf_counter() - started
+    for kind, own in library.kind_libraries.items():
+        print(f"{model} on {kind}: whole step {own.whole_model_s * 1e3:.2f} ms", flush=True)
+    print(f"  (profiled or read in {elapsed:.0f} s)", flush=True)
+    return library
 
 
-def profile_kinds(model: str, batch_size: int, cluster: Cluster, cache: Path | None) -> dict[DeviceKind, LayerLibrary]:
-    """A layer library per device kind of ``cluster``, profiled here (``ProfileCache`` under ``cache``).
-    PER-KIND: ``tapp profile --cluster`` makes these."""
-    libraries: dict[DeviceKind, LayerLibrary] = {}
-    for device in cluster.devices:
-        kind = kind_of(device)
-        if kind in libraries:
-            continue
-        started = time.perf_counter()
-        libraries[kind] = ProfileCache(cache).library(ProfileKey.of(model, batch_size, kind.device, kind.threads))
-        print(
-            f"{model} on {kind.label}: whole step {libraries[kind].whole_model_s * 1e3:.2f} ms "
-            f"(profiled or read in {time.perf_counter() - started:.0f} s)",
-            flush=True,
-        )
-    return libraries
-
-
-def costed(cluster: Cluster, libraries: dict[DeviceKind, LayerLibrary]) -> tuple[LayerLibrary, Cluster]:
-    """TODAY'S COSTING, PER-KIND replaces it: the fastest kind's library, and every device's ``speed`` that kind's
-    whole step over its own kind's (the runtime ignores ``speed`` on a real cluster; the cost model uses it)."""
-    step = {kind: library.whole_model_s for kind, library in libraries.items()}
-    reference = min(step, key=lambda kind: step[kind])
-    devices = tuple(d.model_copy(update={"speed": step[reference] / step[kind_of(d)]}) for d in cluster.devices)
-    return libraries[reference], cluster.model_copy(update={"devices": devices})
+def the_calibration(args: argparse.Namespace, cluster: Cluster, library: LayerLibrary) -> Calibration:
+    if args.ideal:
+        return DEFAULT_CALIBRATION
+    if args.calibration:
+        return Calibration.load(args.calibration)
+    print(f"calibrating {cluster.name} for {library.model}", flush=True)
+    return calibrate(cluster, library)
 
 
 # --- plans, estimates and measurements -------------------------------------------------------------------------
@@ -184,19 +173,6 @@ class Turns:
         return statistics.median(self.steps) if self.steps and not self.error else math.nan
 
 
-def single_device_plan(library: LayerLibrary, cluster: Cluster, kind: str, batch_size: int) -> Plan:
-    """The whole model on the fastest device of ``kind`` that holds it (as the experiment flow's SingleCPU/GPU)."""
-    problems = []
-    for device in sorted((d for d in cluster.devices if d.kind == kind), key=lambda d: (-d.speed, -d.threads)):
-        plan = single_stage_plan(library, [device.name], batch_size=batch_size, planner=f"single-{kind}")
-        try:
-            validate(plan, library, cluster)
-            return plan
-        except PlanError as exc:
-            problems.append(str(exc))
-    raise TappError(f"no {kind} device can train the whole model: {'; '.join(problems) or 'the cluster has none'}")
-
-
 def plan_methods(
     args: argparse.Namespace, library: LayerLibrary, cluster: Cluster, calibration: Calibration, pool: WorkerPool
 ) -> list[Method]:
@@ -205,16 +181,15 @@ def plan_methods(
         method = Method(name)
         started = time.perf_counter()
         try:
-            if name in ("single-gpu", "single-cpu"):
-                if not any(d.kind == name.removeprefix("single-") for d in cluster.devices):
-                    continue
-                method.plan = single_device_plan(library, cluster, name.removeprefix("single-"), args.batch_size)
-            else:
-                options: dict[str, object] = {"batch_size": args.batch_size, "seed": args.seed}
-                if name == "tapp":
-                    options.update(reward=args.tapp_reward, pool=pool if args.tapp_reward != "simulated" else None)
-                planner = get_planner(name, calibration=calibration, **options)
-                method.plan = planner.plan(library, cluster, args.tapp_budget if name == "tapp" else None)
+            if name in ("single-gpu", "single-cpu") and not any(
+                d.kind == name.removeprefix("single-") for d in cluster.devices
+            ):
+                continue
+            options: dict[str, object] = {"batch_size": args.batch_size, "seed": args.seed}
+            if name == "tapp":
+                options.update(reward=args.tapp_reward, pool=pool if args.tapp_reward != "simulated" else None)
+            planner = get_planner(name, calibration=calibration, **options)
+            method.plan = planner.plan(library, cluster, args.tapp_budget if name == "tapp" else None)
             method.estimated_s = estimate(method.plan, library, cluster, calibration).step_time
         except TappError as exc:
             method.error = f"planning failed: {exc}"
@@ -290,21 +265,23 @@ def main() -> int:
     args = parse_args()
     try:
         cluster = the_cluster(args)
-        calibration = Calibration.load(args.calibration) if args.calibration else DEFAULT_CALIBRATION
+        if args.calibration:
+            Calibration.load(args.calibration)  # a bad file fails here, before anything is profiled
     except TappError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"cluster {cluster.name}: " + ", ".join(f"{d.name} ({kind_of(d).label})" for d in cluster.devices), flush=True
+        f"cluster {cluster.name}: " + ", ".join(f"{d.name} ({device_kind(d).name})" for d in cluster.devices),
+        flush=True,
     )
     errors: list[float] = []
     bars: dict[str, bool | None] = {}
     with WorkerPool(cluster) as pool:
         for model in args.models:
-            libraries = profile_kinds(model, args.batch_size, cluster, args.cache_dir)
-            library, planned_on = costed(cluster, libraries)
+            library = kind_libraries(model, args.batch_size, cluster, args.cache_dir)
+            calibration = the_calibration(args, cluster, library)
             pool.prepare(model)
-            methods = plan_methods(args, library, planned_on, calibration, pool)
+            methods = plan_methods(args, library, cluster, calibration, pool)
             distinct = list({m.plan.id: m.plan for m in methods if m.plan is not None}.values())
             turns = measure_in_turns(pool, distinct, args)
             bars[model] = report_model(model, methods, turns)

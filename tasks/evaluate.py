@@ -29,7 +29,7 @@ from tapp_core.costmodel import Estimate, estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
+from tapp_core.plan import Plan, validate
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner
 from tapp_core.runtime.race import RaceResult
 from tasks.measure import RuntimeSettings, race_plans
@@ -37,7 +37,6 @@ from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 PAPER_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch")
 OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle")
-SINGLE_DEVICE = {"single-cpu": "cpu", "single-gpu": "cuda"}
 KNOWN_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu", *OTHER_METHODS)
 MEASUREMENT_FROM = runs.MEASUREMENT_FROM
 
@@ -62,22 +61,6 @@ def check_methods(methods: tuple[str, ...]) -> None:
         raise PlannerError("the methods must include 'tapp': it is what the experiment evaluates")
 
 
-def single_device_plan(library: LayerLibrary, cluster: Cluster, kind: str, batch_size: int) -> Plan:
-    """The whole model on the fastest device of ``kind`` whose memory holds it."""
-    candidates = sorted((d for d in cluster.devices if d.kind == kind), key=lambda d: (-d.speed, -d.threads))
-    problems = []
-    for device in candidates:
-        plan = single_stage_plan(library, [device.name], batch_size=batch_size, planner=f"single-{kind}")
-        try:
-            validate(plan, library, cluster)
-        except PlanError as exc:
-            problems.append(str(exc))
-            continue
-        return plan
-    reason = "; ".join(problems) or "it has none"
-    raise PlannerError(f"no {kind} device of cluster {cluster.name!r} can train the whole model: {reason}")
-
-
 def baseline_plan(
     method: str,
     library: LayerLibrary,
@@ -86,8 +69,6 @@ def baseline_plan(
     seed: int,
     calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> Plan:
-    if method in SINGLE_DEVICE:
-        return single_device_plan(library, cluster, SINGLE_DEVICE[method], batch_size)
     if method not in PLANNER_NAMES:
         raise PlannerError(f"unknown method {method!r}")
     return get_planner(method, batch_size=batch_size, seed=seed, calibration=calibration).plan(library, cluster)

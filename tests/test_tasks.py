@@ -20,7 +20,7 @@ from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
 from tapp_core.runtime.race import run_race
-from tasks.evaluate import MEASUREMENT_FROM, evaluate_method, methods_for, plan_method, single_device_plan
+from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, methods_for, plan_method
 from tasks.profile import record_library
 from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
@@ -128,9 +128,10 @@ def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
 
 def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> None:
     cluster = load_cluster("local")
-    assert single_device_plan(tiny_library, cluster, "cpu", 16).stage_devices == (("cpu0",),)
+    single_cpu = baseline_plan("single-cpu", tiny_library, cluster, 16, seed=0)
+    assert single_cpu.stage_devices == (("cpu0",),) and single_cpu.planner == "single-cpu"
     with pytest.raises(PlannerError, match="no cuda device of cluster 'local'"):
-        single_device_plan(tiny_library, cluster, "cuda", 16)
+        baseline_plan("single-gpu", tiny_library, cluster, 16, seed=0)
     assert methods_for(cluster, ("tapp", "bsp")) == ("tapp", "bsp")
 
 
