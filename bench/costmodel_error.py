@@ -76,15 +76,23 @@ def one_library(
     return dataclasses.replace(library, kinds={}), scaled, single
 
 
+def runs_as(plan: Plan) -> str:
+    """What the runtime runs: a single stage of one micro-batch runs the same under every schedule."""
+    if plan.n_stages == 1 and plan.micro_batches == 1:
+        return dataclasses.replace(plan, schedule="gpipe").id
+    return plan.id
+
+
 def candidate_plans(
     library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, tapp_rounds: int
 ) -> dict[str, Plan]:
-    """Every planner's plan under the per-kind model and the one-library model, and each device alone; by id."""
+    """Every planner's plan under the per-kind model and the one-library model, and each device alone; one of
+    each that runs the same (``runs_as``)."""
     base, scaled, single_calibration = one_library(library, cluster, calibration)
     plans: dict[str, Plan] = {}
     for device in cluster.device_names:
         plan = single_stage_plan(library, [device], batch_size=batch)
-        plans.setdefault(plan.id, dataclasses.replace(plan, planner=f"alone on {device}"))
+        plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"alone on {device}"))
     for name in PLANNERS:
         options: dict[str, object] = {"batch_size": batch, "seed": 0}
         if name == "tapp":
@@ -98,7 +106,7 @@ def candidate_plans(
             except PlannerError as exc:
                 print(f"{name} ({tag}): no plan: {exc}")
                 continue
-            plans.setdefault(plan.id, dataclasses.replace(plan, planner=f"{name} ({tag})"))
+            plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"{name} ({tag})"))
     return plans
 
 
