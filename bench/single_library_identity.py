@@ -8,7 +8,7 @@ For alexnet, vgg16 and inception_v3 (``bench/libraries``) on local, hetero4, het
 calibration and a calibration that exercises every constant, each planner (TAPP with 6 rounds, AutoDDL and the
 oracle with budgets; the oracle not on Inception-V3 nor with the second calibration) plans, and a row records the
 plan's id, its estimated step time and per-device compute and communication (as exact hex floats), the
-``StepTimeBound`` of a contiguous plan, and the planner's notes except wall times. ``--compare`` prints how many
+``StepTimeBound`` of a contiguous plan, and the planner's notes except those that depend on the machine's speed (``WALL_TIMES``). ``--compare`` prints how many
 rows differ, and the first ones.
 """
 
@@ -47,7 +47,8 @@ CALIBRATIONS = {
         slowdown_exponent=1.1,
     ),
 }
-WALL_TIMES = ("search_wall_s", "search_rounds_s")
+WALL_TIMES = ("search_wall_s", "search_rounds_s", "search_s", "polish_s", "warm_start_s", "evaluations")
+"""Notes that depend on the machine's speed: wall times, and the evaluations of a search that met its deadline."""
 
 
 def bound_of(plan: Plan, library: LayerLibrary, cluster_name: str, calibration: Calibration) -> str | None:
@@ -99,9 +100,15 @@ def rows() -> list[dict[str, object]]:
     return out
 
 
+def without_wall_times(row: dict[str, object]) -> dict[str, object]:
+    """``row`` with its notes' ``WALL_TIMES`` left out (a file written before they were all listed keeps them)."""
+    notes = json.loads(str(row["notes"]))
+    return {**row, "notes": json.dumps({k: v for k, v in notes.items() if k not in WALL_TIMES}, sort_keys=True)}
+
+
 def compare(before: Path, after: Path) -> int:
     def load(path: Path) -> dict[str, dict[str, object]]:
-        return {row["row"]: row for row in map(json.loads, path.read_text().splitlines())}
+        return {row["row"]: without_wall_times(row) for row in map(json.loads, path.read_text().splitlines())}
 
     a, b = load(before), load(after)
     common = sorted(set(a) & set(b))
