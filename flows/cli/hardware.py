@@ -38,7 +38,8 @@ def calibrate(
     warmup: WarmupOpt = DEFAULT_WARMUP,
 ) -> None:
     """Measure the cost model's calibration on this machine: per-message cost, GPU staging, update rate and compute
-    scale per device kind. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
+    scale per device kind, and, where the ranks want more threads than the host has cores, how much they slow each
+    other computing at once. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
     from flows.cli.common import cluster_library
     from tapp_core.calibrate import calibrate as measure_calibration
     from tapp_core.cluster import load_cluster
