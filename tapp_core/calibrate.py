@@ -5,7 +5,9 @@ For a cluster and the layer libraries of its kinds (``ProfileCache.cluster_libra
 1. runs ``tapp_core.runtime.probe`` on the cluster's ranks (one mpiexec job, one rank per device): per kind,
    the optimiser's step (a fixed part and a part per parameter byte) and, on a GPU, the staging copies to and
    from pinned host memory (fixed part per copy, part per byte each way); per pair of ranks, the one-way time of
-   one message through the runtime's transport, over the cluster's emulated links when it is emulated;
+   one message through the runtime's transport, over the cluster's emulated links when it is emulated; and, on a
+   real cluster whose ranks want more threads than this host has cores, each kind's step of the model while every
+   rank computes at once against its step alone (``KindCalibration.shared_cores_factor``, with ``host_cores``);
 2. measures, on the worker pool with emulation off, three single-device plans on the first device of every kind
    (the batch in 1 and in ``MICRO_BATCHES`` micro-batches, a quarter of it in 1) and fits the kind's compute
    scale against its library, its fixed cost per operation and its fixed cost per step (``fit_compute``);
