@@ -140,11 +140,14 @@ def kind_libraries(model: str, batch_size: int, cluster: Cluster, cache: Path | 
     return library
 
 
-def the_calibration(args: argparse.Namespace, cluster: Cluster, library: LayerLibrary) -> Calibration:
+def given_calibration(args: argparse.Namespace) -> Calibration | None:
+    """``--ideal``'s or ``--calibration``'s; None: measure one per model (``measured_calibration``)."""
     if args.ideal:
         return DEFAULT_CALIBRATION
-    if args.calibration:
-        return Calibration.load(args.calibration)
+    return Calibration.load(args.calibration) if args.calibration else None
+
+
+def measured_calibration(cluster: Cluster, library: LayerLibrary) -> Calibration:
     print(f"calibrating {cluster.name} for {library.model}", flush=True)
     return calibrate(cluster, library)
 
@@ -265,8 +268,7 @@ def main() -> int:
     args = parse_args()
     try:
         cluster = the_cluster(args)
-        if args.calibration:
-            Calibration.load(args.calibration)  # a bad file fails here, before anything is profiled
+        given = given_calibration(args)  # a bad file fails here, before anything is profiled
     except TappError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -279,7 +281,7 @@ def main() -> int:
     with WorkerPool(cluster) as pool:
         for model in args.models:
             library = kind_libraries(model, args.batch_size, cluster, args.cache_dir)
-            calibration = the_calibration(args, cluster, library)
+            calibration = given if given is not None else measured_calibration(cluster, library)
             pool.prepare(model)
             methods = plan_methods(args, library, cluster, calibration, pool)
             distinct = list({m.plan.id: m.plan for m in methods if m.plan is not None}.values())

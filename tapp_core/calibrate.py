@@ -54,6 +54,7 @@ from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS
 from tapp_core.plan import single_stage_plan
 from tapp_core.profiler import PROFILE_VERSION
 from tapp_core.runtime.calibration import ProbeResult, SharingProbe
+from tapp_core.runtime.placement import host_cpus
 from tapp_core.runtime.pool import PROJECT_ROOT, WorkerPool, mpiexec_command
 
 MICRO_BATCHES = 8
@@ -82,11 +83,6 @@ class KindSteps:
     kind: str
     device: str
     points: tuple[StepPoint, ...]
-
-
-def host_cores() -> int:
-    """The cores this process (and the ranks it starts) may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run_probe(
@@ -221,7 +217,7 @@ def calibrate(
     log: Callable[[str], None] = print,
 ) -> Calibration:
     """Measure ``cluster``'s calibration on this machine with ``library`` (one library per kind, as costed)."""
-    cores = host_cores()
+    cores = host_cpus()
     # Emulated ranks sleep most of their slowdown away: how they share the cores is the emulation's business.
     shared = [] if cluster.emulated else shared_hosts(cluster, cores)
     log(f"probing {len(cluster.devices)} rank(s): optimiser, staging, messages" + (", sharing" if shared else ""))
@@ -289,7 +285,6 @@ __all__ = [
     "StepPoint",
     "calibrate",
     "fit_compute",
-    "host_cores",
     "measure_kinds",
     "run_probe",
     "shared_cores_factors",

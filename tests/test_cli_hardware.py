@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tapp_core.calibrate import host_cores, shared_cores_factors
+from tapp_core.calibrate import shared_cores_factors
 from tapp_core.costs import Calibration, MadeFor
 from tapp_core.library import load_libraries
 from tapp_core.profiler import PROFILE_VERSION
 from tapp_core.runtime.calibration import SharingProbe
+from tapp_core.runtime.placement import host_cpus
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 TWO_THREAD_COUNTS = """name: unequal
@@ -98,8 +99,8 @@ def test_calibrate_measures_every_kind_on_the_workers(work_dir: Path, cluster_fi
         assert figures.d2h_s_per_byte == 0.0  # no GPU, nothing staged
     assert calibration.per_message_s >= 0
     # t1 and t2 want 3 threads: on fewer cores, how they slow each other is measured (CI's host has 2).
-    if host_cores() < 3:
-        assert calibration.host_cores == host_cores() and "while every rank computes" in output
+    if host_cpus() < 3:
+        assert calibration.host_cores == host_cpus() and "while every rank computes" in output
         assert all(figures.shared_cores_factor >= 1.0 for figures in calibration.kinds.values())
     else:
         assert calibration.host_cores == 0

@@ -51,6 +51,14 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def host_cpus() -> int:
+    """The cores this process (and the ranks it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class HostCapacity:
     cores: int
@@ -58,8 +66,7 @@ class HostCapacity:
 
     @classmethod
     def here(cls) -> HostCapacity:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return cls(cores, available_memory_bytes())
+        return cls(host_cpus(), available_memory_bytes())
 
     @property
     def max_ranks(self) -> int:

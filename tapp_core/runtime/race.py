@@ -46,7 +46,7 @@ from tapp_core.cluster import Device
 from tapp_core.errors import TappError
 from tapp_core.metrics import Measurement, host_overloaded, step_time_spread
 from tapp_core.plan import Plan
-from tapp_core.runtime.placement import is_local_host
+from tapp_core.runtime.placement import host_cpus, is_local_host
 from tapp_core.stats import DEFAULT_CONFIDENCE, Interval, best_group, best_index, median_interval, paired_ratio_interval
 
 if TYPE_CHECKING:
@@ -223,14 +223,6 @@ def _plan_summary(plan: Plan, measured: Measurement) -> dict[str, object]:
         "rounds": measured.rounds,
         "error": measured.error,
     }
-
-
-def host_cpus() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def load_average() -> float:
