@@ -4,10 +4,13 @@ Everything lands in one MLflow parent run with a nested run per stage (profile, 
 per evaluated method; every stage is a Prefect task (the search one per round). Inputs are checked before any
 run exists, so a typo costs no half-written run.
 
-What a person sees first: the parent run's description (the verdict, the result table, TAPP's plan, links), the
+What a person sees first is one result (``tasks.summary.Result``: the verdict, every method's step time with its
+interval, the BSP/TAPP speedup, what TAPP's search found), computed once at the end and shown everywhere
+(``tasks.views``): the parent run's description, metrics and params, each method run's name and description, the
 evaluation as an MLflow table (``evaluation.json``, for ``mlflow.load_table``), and in Prefect the flow run's log
-lines and its keyed artifacts (``tasks.prefect_ui``). The flow run is named ``MODEL-CLUSTER-bBATCH-MODE``, the
-mode being ``measured`` or ``estimated``.
+lines and its keyed artifacts (``tasks.prefect_ui``); the command line prints it too. The flow run is named
+``MODEL-CLUSTER-bBATCH-MODE``, the mode being ``measured`` or ``estimated``. The report goes to
+``out/<experiment>/<parent run id>/`` unless ``out`` names a folder (one that holds no other experiment's report).
 
 An interrupted experiment resumes: ``resume_from`` names its parent run, whose settings ``resume_parameters``
 reads back; the new experiment run continues TAPP's search from the last checkpoint the old one logged (after every
@@ -25,6 +28,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from reports import runs
+from reports.folders import check_report_folder, run_report_folder
+from reports.numbers import seconds
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
@@ -35,13 +40,14 @@ from tapp_core.plan import Plan
 from tapp_core.runtime.calibration import cluster_calibration
 from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
 from tapp_core.runtime.race import RaceResult
-from tasks import prefect_ui, summary
+from tasks import prefect_ui, summary, views
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import profile_stage
 from tasks.progress import StageProgress
 from tasks.report import ReportRun, report_experiment
-from tasks.search import SearchBudget, fetch_checkpoint, sampling_stage, search_stage
+from tasks.search import SearchBudget, SearchOutcome, fetch_checkpoint, sampling_stage, search_stage
+from tasks.summary import Result
 from tasks.tracking import (
     DEFAULT_EXPERIMENT,
     ExperimentTags,
@@ -56,7 +62,6 @@ from tasks.tracking import (
 from tasks.train import TrainSettings, train_method
 
 DEFAULT_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch", "even", "pipedream", "autoddl", "oracle")
-DEFAULT_OUT = Path("out") / "report"
 DEFAULT_ROUNDS = SearchBudget.rounds + SearchBudget.measured_rounds
 """TAPP's search rounds in all, the measured ones included (as the TAPP planner counts them)."""
 DEFAULT_STEPS = RuntimeSettings.steps - RuntimeSettings.warmup
@@ -93,6 +98,9 @@ class ExperimentResult:
     experiment_id: str = ""
     summary: str = ""
     """The parent run's description: verdict, result table, TAPP's plan, links (Markdown)."""
+    result: Result | None = None
+    """The result every view shows (``tasks.summary``)."""
+    report_files: tuple[Path, ...] = ()
 
 
 def check_inputs(
@@ -103,8 +111,13 @@ def check_inputs(
     data_dir: str | None,
     methods: tuple[str, ...],
     tracking_uri: str | None,
+    experiment: str | None = None,
+    out: str | None = None,
 ) -> tuple[Cluster, str]:
-    """Every input checked, cheapest first; the first bad one raises a ``TappError`` that names it."""
+    """Every input checked, cheapest first; the first bad one raises a ``TappError`` that names it (``out``, a
+    report folder, must not hold another experiment's report)."""
+    if out is not None and experiment is not None:
+        check_report_folder(out, experiment)
     if batch_size <= 0:
         raise TappError(f"batch size must be positive, got {batch_size}")
     check_methods(methods)
@@ -252,7 +265,7 @@ def tapp_experiment(
     train_steps: int | None = None,
     seed: int = 0,
     experiment: str = DEFAULT_EXPERIMENT,
-    out: str = str(DEFAULT_OUT),
+    out: str | None = None,
     tracking_uri: str | None = None,
     sweep_run: str | None = None,
     resume_from: str | None = None,
@@ -264,10 +277,10 @@ def tapp_experiment(
     (step times from the cost model, tagged ``estimated``); ``steps`` timed steps after ``warmup`` warm-up steps
     make each plan's round of the final evaluation's race; ``train_epochs`` > 0 also trains each method's plan on
     ``dataset`` for the accuracy table. ``resume_from`` (an earlier experiment run of the same settings) continues
-    its search.
+    its search. The report goes to ``out`` (default: ``out/<experiment>/<parent run id>``).
     """
     methods = tuple(methods)
-    target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
+    target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri, experiment, out)
     calibration = cluster_calibration(cluster, target)  # measured by `tapp calibrate`, else the ideal one
     tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
     budget = search_budget(search_rounds, samples_per_round, measured_rounds, measured_per_round, measure)
@@ -298,7 +311,7 @@ def tapp_experiment(
         with tracked_run(name, run_tags, experiment=experiment, uri=uri) as parent:
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
-            evaluations, reported, text = _run_stages(parent, tags, work)
+            evaluations, reported, result = _run_stages(parent, tags, work)
     finally:
         close_pools()
     return ExperimentResult(
@@ -309,7 +322,9 @@ def tapp_experiment(
         step_time_table=reported.report.tables.step_time.to_markdown(),
         evaluations=evaluations,
         experiment_id=parent.ref.experiment_id,
-        summary=text,
+        summary=summary.markdown(result),
+        result=result,
+        report_files=(*reported.report.table_files, *reported.report.figure_files),
     )
 
 
@@ -323,18 +338,20 @@ class ExperimentWork:
     budget: SearchBudget
     runtime: RuntimeSettings
     training: TrainSettings | None
-    out: str
+    out: str | None
+    """The report's folder; None: ``out/<experiment>/<parent run id>``."""
     experiment: str
     resume_from: str | None = None
 
 
 def _run_stages(
     parent: TrackedRun, tags: ExperimentTags, work: ExperimentWork
-) -> tuple[dict[str, Evaluation], ReportRun, str]:
+) -> tuple[dict[str, Evaluation], ReportRun, summary.Result]:
     """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
     ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary directory, removed on
     every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are swept first."""
-    target, calibration, budget, out = work.target, work.calibration, work.budget, work.out
+    target, calibration, budget = work.target, work.calibration, work.budget
+    out = work.out or str(run_report_folder(work.experiment, parent.run_id))
     parent.log_dict(target.model_dump(mode="json"), "cluster.json")
     parent.log_dict(calibration.to_dict(), "calibration.json")
     library = profile_stage(parent.ref, tags, target)
@@ -346,18 +363,19 @@ def _run_stages(
             prefect_ui.log(f"resuming the search of run {work.resume_from} from {where}")
         sampling = budget.sampling_runtime(work.runtime)
         search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, workdir)
-        tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
-    prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
+        outcome: SearchOutcome = sampling_task(parent.ref, tags, search, library, target, sampling)
+    tapp_plan = outcome.plan
+    prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}.")
     evaluations, failed, race = _evaluate(
         parent, tags, library, target, work.methods, tapp_plan, work.runtime, calibration
     )
     if work.training is not None:
         failed += _train(parent, tags, target, evaluations, work.training)
     reported = report_experiment(parent.ref, tags, out, work.experiment)
-    text = _summarise(parent, tags, evaluations, reported, failed, race)
+    result = _summarise(parent, tags, evaluations, reported, failed, race, outcome)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
-    return evaluations, reported, text
+    return evaluations, reported, result
 
 
 def _evaluate(
@@ -385,15 +403,15 @@ def _evaluate(
     progress = StageProgress("evaluation", len(methods), "final evaluation")
     for done, method_plan in enumerate(planned, start=1):
         method, plan = method_plan.method, method_plan.plan
-        shared = first_with_plan.setdefault(plan.id, method) if plan is not None and method_plan.ok else method
+        key = plan.execution_id if plan is not None and method_plan.ok else method
+        shared = first_with_plan.setdefault(key, method)  # plans that run the same share one measurement
         source = shared if shared != method else None
         state = evaluate_method(method_plan, parent.ref, tags, race, source, return_state=True)
         if state.is_completed():
             result = evaluations[method] = state.result()
             how = "measured" if result.measured else "estimated"
-            progress.update(
-                done, f"{method} {summary.number(result.step_time_s)} s ({how})", summary.plan_line(result.plan)
-            )
+            text = f"{method} evaluated: {seconds(result.step_time_s)} s ({how})"
+            progress.update(done, text if done < len(planned) else "every method evaluated", text)
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")
@@ -435,16 +453,10 @@ def _summarise(
     reported: ReportRun,
     failed: list[str],
     race: RaceResult | None,
-) -> str:
-    """What a person reads first: headline metrics (the BSP/TAPP speedup with its interval, from the race's
-    per-round ratios, and the race's conditions), the evaluation table and the result text on the parent run,
-    every chosen plan under ``plans/``, and the same result in Prefect (log lines, keyed artifacts)."""
-    _headline(parent, evaluations, race)
-    for method, evaluation in evaluations.items():
-        parent.log_dict(evaluation.plan.to_dict(), f"plans/{method}.json")
-    frame = summary.result_frame(evaluations)
-    if not frame.empty:  # as shown (rounded); also as evaluation.json, the table mlflow.load_table reads
-        parent.log_table(summary.shown_frame(frame), "evaluation.csv")
+    search: SearchOutcome,
+) -> summary.Result:
+    """The result, computed once (``summary.build_result``) and shown everywhere (``tasks.views``): on the parent run
+    and the method runs in MLflow, in Prefect; and the race's conditions on the parent run."""
     ref = parent.ref
     ui = mlflow_ui_url(ref.tracking_uri)
     links = summary.Links(
@@ -454,44 +466,25 @@ def _summarise(
         flow_run=prefect_ui.flow_run_url(prefect_ui.flow_run_id()),
     )
     title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
-    text = summary.result_markdown(title, evaluations, links, failed)
-    parent.set_note(text)
-    prefect_ui.log(text)
-    prefect_ui.markdown_artifact(prefect_ui.RESULT_KEY, text, f"TAPP vs the baselines: {tags.model} on {tags.cluster}")
-    prefect_ui.table_artifact(prefect_ui.EVALUATION_KEY, frame, "one row per method, fastest first")
-    prefect_ui.link_artifact(
-        prefect_ui.MLFLOW_RUN_KEY,
-        run_url(ui, ref.experiment_id, ref.run_id),
-        f"MLflow run {ref.run_id}",
-        f"the experiment's parent run in the MLflow UI at {ui}",
+    result = summary.build_result(title, evaluations, links, race, search.story, failed)
+    _race_conditions(parent, race)
+    views.record_result(parent, result, reported.report.figure_files)
+    views.show_result(result, ui, parent, f"TAPP vs the baselines: {tags.model} on {tags.cluster}")
+    return result
+
+
+def _race_conditions(parent: TrackedRun, race: RaceResult | None) -> None:
+    """The evaluation race's conditions (rounds, plans, the host's load) and its summary (``race.json``)."""
+    if race is None:
+        return
+    parent.log_metrics(
+        {
+            "race_rounds": race.rounds,
+            "race_plans": len(race.plans),
+            runs.LOAD_BEFORE: race.load_before,
+            runs.LOAD_AFTER: race.load_after,
+            runs.HOST_OTHER_CPU: race.other_cpu_share,
+        }
     )
-    return text
-
-
-def _headline(parent: TrackedRun, evaluations: dict[str, Evaluation], race: RaceResult | None) -> None:
-    """Each method's step time, the BSP/TAPP speedup (with its interval when both were raced), the race's
-    conditions and its summary (``race.json``)."""
-    headline: dict[str, float | None] = {
-        f"{method}_step_time_s": evaluation.step_time_s for method, evaluation in evaluations.items()
-    }
-    if "tapp" in evaluations and "bsp" in evaluations:
-        bsp, tapp = evaluations["bsp"], evaluations["tapp"]
-        ratio = race.ratio(bsp.plan.id, tapp.plan.id) if race is not None and bsp.measured and tapp.measured else None
-        if ratio is not None:
-            headline[runs.SPEEDUP] = ratio.median
-            headline[f"{runs.SPEEDUP}_low"], headline[f"{runs.SPEEDUP}_high"] = ratio.low, ratio.high
-        else:
-            headline[runs.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
-    if race is not None:
-        headline.update(
-            {
-                "race_rounds": race.rounds,
-                "race_plans": len(race.plans),
-                runs.LOAD_BEFORE: race.load_before,
-                runs.LOAD_AFTER: race.load_after,
-                runs.HOST_OTHER_CPU: race.other_cpu_share,
-            }
-        )
-        parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
-        parent.log_dict(race.summary(), "race.json")
-    parent.log_metrics(headline)
+    parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
+    parent.log_dict(race.summary(), "race.json")

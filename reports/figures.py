@@ -6,20 +6,20 @@ and drawing works in worker threads and headless processes alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from reports.numbers import seconds, seconds_interval
 from tapp_core.costmodel import NO_MICRO_BATCH, OP_KINDS, TimelineOp
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 KIND_COLOURS = {
     "forward": "#4C72B0",
@@ -128,70 +128,217 @@ def _draw_bar(axes: Axes, op: TimelineOp, row: int, span: float, several_iterati
         axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")
 
 
+# --- One palette for the project ----------------------------------------------------------------------------
+
+METHOD_COLOURS: dict[str, str] = {
+    "tapp": "#d62728",
+    "single-cpu": "#7f7f7f",
+    "single-gpu": "#bcbd22",
+    "single": "#7f7f7f",
+    "bsp": "#1f77b4",
+    "pipetorch": "#ff7f0e",
+    "even": "#8c564b",
+    "pipedream": "#9467bd",
+    "autoddl": "#17becf",
+    "pipeline-cd": "#e377c2",
+    "oracle": "#2ca02c",
+}
+"""One colour per method, distinct, the same in every figure of the report and in MLflow's charts (each method run
+carries its colour as ``mlflow.runColor``). TAPP is red."""
+SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+"""For methods the palette does not name, in the order they are first asked for."""
+_spare: dict[str, str] = {}
+
+
+def method_colour(method: str) -> str:
+    """The colour of ``method`` (a method name, e.g. ``tapp``, ``single-cpu``)."""
+    if method in METHOD_COLOURS:
+        return METHOD_COLOURS[method]
+    if method not in _spare:
+        _spare[method] = SPARE_COLOURS[len(_spare) % len(SPARE_COLOURS)]
+    return _spare[method]
+
+
+SIMULATED_COLOUR = "#7f7f7f"
+MEASURED_COLOUR = "#ff7f0e"
+BEST_COLOUR = "#2ca02c"
+WINNER_COLOUR = METHOD_COLOURS["tapp"]
+
+
 # --- Search and comparison figures (read back from MLflow by reports.paper) ----------------------------------
 
 
-def reward_curve(history: pd.DataFrame, path: str | Path, title: str = "TAPP search") -> Path:
-    """Per search round: the mean reward (left); the best step time so far and the round's best (right).
+def reward_curve(
+    history: pd.DataFrame,
+    path: str | Path,
+    title: str = "TAPP search",
+    samples: pd.DataFrame | None = None,
+    final: Mapping[str, object] | None = None,
+) -> Path:
+    """Every search round, simulated and measured: the mean reward (left); the step times (right): each round's
+    best estimate and the best so far on the cost model, each measured sample's median with its interval at the
+    round it was measured in, and the final race's candidates with their intervals and its verdict.
 
-    ``history`` has a ``round`` column and any of ``reward_mean``, ``best_step_time_s``, ``round_best_step_time_s``.
+    ``history`` has ``round``, ``phase`` (``simulated`` or ``measured``) and any of ``reward_mean``,
+    ``best_step_time_s``, ``round_best_step_time_s``; ``samples`` the measured plans (``measured_round``,
+    ``measured_step_time_s`` and its ``_low_s``/``_high_s``); ``final`` the final race's summary.
     """
-    figure = Figure(figsize=(10, 3.6), layout="constrained")
+    figure = Figure(figsize=(12, 4.4), layout="constrained")
     FigureCanvasAgg(figure)
-    rewards, times = figure.subplots(1, 2)
+    rewards, times = figure.subplots(1, 2, width_ratios=(1, 1.5))
+    measured_rounds = _shade_measured(history, (rewards, times))
     if "reward_mean" in history and history["reward_mean"].notna().any():
-        rewards.plot(history["round"], history["reward_mean"], marker="o", markersize=3)
+        rewards.plot(history["round"], history["reward_mean"], marker="o", markersize=3, color="#1f77b4")
     rewards.set_ylabel("mean reward of the round's samples")
-    if "round_best_step_time_s" in history and history["round_best_step_time_s"].notna().any():
-        times.plot(history["round"], history["round_best_step_time_s"], ".", color="tab:gray", label="round's best")
-    if "best_step_time_s" in history and history["best_step_time_s"].notna().any():
-        times.step(history["round"], history["best_step_time_s"], where="post", color="tab:green", label="best so far")
+    _simulated_times(times, history)
+    _measured_samples(times, samples)
+    verdict = _final_race(times, final, 1 + max(history["round"], default=0))
     times.set_ylabel("step time (s)")
-    if times.lines:
-        times.legend(loc="best")
     for axes in (rewards, times):
         axes.set_xlabel("search round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
-    figure.suptitle(title)
+    if times.lines or times.collections:
+        times.legend(loc="upper right", fontsize=7)
+    subtitle = (
+        f"rounds {measured_rounds} measured on the workers" if measured_rounds else "every round on the cost model"
+    )
+    figure.suptitle(f"{title}\n{subtitle}" + (f"; {verdict}" if verdict else ""), fontsize=10)
     return _save_png(figure, path)
+
+
+def _shade_measured(history: pd.DataFrame, panels: Sequence[Axes]) -> str:
+    """Shade the measured rounds on both panels; returns them as text (``31–33``), empty when none."""
+    if "phase" not in history:
+        return ""
+    rounds = [int(r) for r in history.loc[history["phase"] == "measured", "round"]]
+    if not rounds:
+        return ""
+    for axes in panels:
+        axes.axvspan(min(rounds) - 0.5, max(rounds) + 0.5, color=MEASURED_COLOUR, alpha=0.08, linewidth=0)
+    return str(rounds[0]) if len(rounds) == 1 else f"{min(rounds)}–{max(rounds)}"
+
+
+def _simulated_times(axes: Axes, history: pd.DataFrame) -> None:
+    simulated = history[history["phase"] != "measured"] if "phase" in history else history
+    if "round_best_step_time_s" in simulated and simulated["round_best_step_time_s"].notna().any():
+        axes.plot(
+            simulated["round"], simulated["round_best_step_time_s"], ".", color=SIMULATED_COLOUR,
+            label="round's best estimate",
+        )  # fmt: skip
+    if "best_step_time_s" in simulated and simulated["best_step_time_s"].notna().any():
+        axes.step(
+            simulated["round"], simulated["best_step_time_s"], where="post", color=BEST_COLOUR,
+            label="best estimate so far",
+        )  # fmt: skip
+
+
+def _measured_samples(axes: Axes, samples: pd.DataFrame | None) -> None:
+    """Each measured sample at its round: its median and interval (a little apart when a round has several)."""
+    if samples is None or samples.empty or "measured_round" not in samples:
+        return
+    measured = samples[samples["measured_round"].notna() & samples["measured_step_time_s"].notna()]
+    if measured.empty:
+        return
+    offsets = measured.groupby("measured_round").cumcount()
+    counts = measured.groupby("measured_round")["measured_round"].transform("size")
+    x = measured["measured_round"] + 0.5 * (offsets - (counts - 1) / 2) / counts.clip(lower=1)
+    median = measured["measured_step_time_s"]
+    below = (median - measured["measured_step_time_low_s"]).clip(lower=0).fillna(0)
+    above = (measured["measured_step_time_high_s"] - median).clip(lower=0).fillna(0)
+    axes.errorbar(
+        x, median, yerr=[below, above], fmt="o", markersize=4, color=MEASURED_COLOUR, capsize=2,
+        label="measured sample: median [interval]",
+    )  # fmt: skip
+
+
+def _final_race(axes: Axes, final: Mapping[str, object] | None, x: int) -> str:
+    """The final race's candidates at ``x``, the winner in TAPP's colour; returns the verdict as text."""
+    plans = final.get("plans") if final else None
+    if not isinstance(plans, list) or not final:
+        return ""
+    winner = final.get("winner")
+    done = [p for p in plans if isinstance(p, dict) and isinstance(p.get("median_s"), int | float)]
+    labelled = False
+    for i, plan in enumerate(done):
+        median, low, high = (float(plan.get(k) or plan["median_s"]) for k in ("median_s", "low_s", "high_s"))
+        won = plan.get("plan_id") == winner
+        position = x + 0.5 * (i - (len(done) - 1) / 2) / max(len(done), 1)
+        label = "final race: the winner" if won else (None if labelled else "final race: other candidates")
+        labelled = labelled or not won
+        axes.errorbar(
+            [position], [median], yerr=[[max(median - low, 0)], [max(high - median, 0)]],
+            fmt="*" if won else "s", markersize=11 if won else 5, capsize=3,
+            color=WINNER_COLOUR if won else "#555555", label=label, zorder=3 if won else 2,
+        )  # fmt: skip
+    axes.axvline(x - 0.5, color="#555555", linewidth=0.8, linestyle=":")
+    axes.annotate("final\nrace", (x, 1.0), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7)
+    won_plan = next((p for p in done if p.get("plan_id") == winner), None)
+    if won_plan is None:
+        return "final race: no plan finished"
+    text = seconds_interval(
+        float(won_plan["median_s"]), float(won_plan["low_s"] or "nan"), float(won_plan["high_s"] or "nan")
+    )
+    load = ", overloaded host" if final.get("overloaded") else ""
+    return f"final race: {len(plans)} candidates, {final.get('rounds')} rounds ({final.get('stop')}{load}); winner {text} s"
 
 
 def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step time by method") -> Path:
-    """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order).
+    """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order),
+    each in its ``colour`` (a column; default: the project's palette by ``method``), named under it (and in the
+    legend when there are several groups), its value written above it (4 significant digits).
 
     With ``low_s`` and ``high_s`` columns, each bar that has them carries its confidence interval as an error bar
-    (asymmetric: the interval of a median need not be centred on it).
+    (asymmetric: the interval of a median need not be centred on it), and its label gives the interval too.
     """
+    frame = frame.reset_index(drop=True)
     groups = list(dict.fromkeys(frame["group"]))
     methods = list(dict.fromkeys(frame["method"]))
     width = 0.8 / max(len(methods), 1)
-    figure = Figure(figsize=(max(6.0, 0.5 * len(groups) * len(methods) + 2.5), 4.2), layout="constrained")
+    figure = Figure(figsize=(max(6.5, 0.6 * len(groups) * len(methods) + 3.0), 5.0), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    intervals = "low_s" in frame and "high_s" in frame
+    low = frame["low_s"] if "low_s" in frame else pd.Series(math.nan, index=frame.index)
+    high = frame["high_s"] if "high_s" in frame else pd.Series(math.nan, index=frame.index)
+    with_intervals = bool((low.notna() & high.notna()).any())
+    ticks: list[tuple[float, str]] = []
     for i, method in enumerate(methods):
-        rows = frame[frame["method"] == method].set_index("group")
-        heights = [float(rows["step_time_s"].get(g, float("nan"))) for g in groups]
-        positions = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
-        errors = None
-        if intervals:
-            low = [float(rows["low_s"].get(g, float("nan"))) for g in groups]
-            high = [float(rows["high_s"].get(g, float("nan"))) for g in groups]
-            below = [max(h - lo, 0.0) if lo == lo else 0.0 for h, lo in zip(heights, low, strict=True)]
-            above = [max(hi - h, 0.0) if hi == hi else 0.0 for h, hi in zip(heights, high, strict=True)]
-            errors = [below, above]
-        bars = axes.bar(positions, heights, width=width, label=method, yerr=errors, capsize=2, ecolor="#333333")
-        if errors is None:
-            axes.bar_label(bars, fmt="%.3f", fontsize=7, padding=2, rotation=90)
-        else:  # inside the bar, clear of its error bar
-            axes.bar_label(bars, fmt="%.3f", fontsize=7, label_type="center", rotation=90, color="white")
-    axes.set_xticks(range(len(groups)), groups)
-    axes.set_ylabel("step time (s)" + (", median and its confidence interval" if intervals else ""))
-    axes.set_title(title)
-    axes.margins(y=0.15)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        for g, group in enumerate(groups):
+            chosen = frame[(frame["method"] == method) & (frame["group"] == group)]
+            if chosen.empty or not math.isfinite(float(chosen["step_time_s"].iloc[0])):
+                continue
+            row = chosen.index[0]
+            height, lo, hi = (float(str(series.at[row])) for series in (frame["step_time_s"], low, high))
+            position = g + (i - (len(methods) - 1) / 2) * width
+            colour = str(frame.at[row, "colour"]) if "colour" in frame else method_colour(str(method))
+            known = math.isfinite(lo) and math.isfinite(hi)
+            errors = [[max(height - lo, 0.0)], [max(hi - height, 0.0)]] if known else None
+            axes.bar(
+                [position], [height], width=width * 0.9, color=colour, yerr=errors, capsize=3, ecolor="#333333",
+                label=str(method) if g == 0 else None,
+            )  # fmt: skip
+            text = seconds_interval(height, lo, hi) if known else seconds(height)
+            top = hi if known else height
+            axes.annotate(
+                text, (position, top), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                rotation=90, fontsize=7,
+            )  # fmt: skip
+            ticks.append((position, str(method)))
+    _name_bars(axes, groups, ticks)
+    axes.set_ylabel("step time (s)" + ("; measured: median and its confidence interval" if with_intervals else ""))
+    axes.set_title(title if len(groups) > 1 else f"{title}: {groups[0]}".replace("\n", ", ") if groups else title)
+    axes.set_ylim(0, axes.get_ylim()[1] * 1.35)  # room for the labels above the bars
+    axes.grid(axis="y", alpha=0.3)
     return _save_png(figure, path)
+
+
+def _name_bars(axes: Axes, groups: Sequence[str], ticks: Sequence[tuple[float, str]]) -> None:
+    """One group: each bar named under it. Several: the groups under the axis, the methods in a legend."""
+    if len(groups) == 1:
+        axes.set_xticks([p for p, _ in ticks], [name for _, name in ticks], rotation=30, ha="right")
+    else:
+        axes.set_xticks(range(len(groups)), groups)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
 
 
 def _save_png(figure: Figure, path: str | Path) -> Path:

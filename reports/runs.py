@@ -52,6 +52,9 @@ SWEEP = "sweep"
 
 # Metrics of an evaluation run
 STEP_TIME = "step_time_s"
+"""The step time every view shows: the measured median, else the estimate, rounded as shown (``reports.numbers``)."""
+STEP_TIME_MS = "step_time_ms"
+"""The same in milliseconds, for MLflow's bar chart (its labels keep two decimals)."""
 MEASURED_STEP_TIME = "measured_step_time_s"
 ESTIMATED_STEP_TIME = "estimated_step_time_s"
 COMMUNICATION_SHARE = "communication_share"
@@ -175,7 +178,7 @@ def evaluations(
     rows = latest_per_key(finished_runs(client, experiment, EVALUATION, within, tag), (*KEY_COLUMNS, METHOD))
     return frame(
         rows,
-        (*KEY_COLUMNS, METHOD, STEP_TIME_SOURCE, EXPERIMENT_RUN, RACE_ID, MEASUREMENT_FROM),
+        (*KEY_COLUMNS, METHOD, STEP_TIME_SOURCE, EXPERIMENT_RUN, RACE_ID, MEASUREMENT_FROM, BEST_GROUP),
         (
             STEP_TIME,
             MEASURED_STEP_TIME,
@@ -215,6 +218,16 @@ def search_stages(
     """The latest FINISHED search stage per (model, cluster, batch size)."""
     rows = [r for r in finished_runs(client, experiment, STAGE_RUN, within, tag) if r.tags.get(STAGE) == "search"]
     return sorted(latest_per_key(rows, KEY_COLUMNS), key=lambda r: tuple(r.tags.get(t, "") for t in KEY_COLUMNS))
+
+
+def sampling_stage(client: MlflowClient, experiment: str, search_stage: RunRow) -> RunRow | None:
+    """The FINISHED sampling stage of the experiment run that ``search_stage`` belongs to (its measured rounds, its
+    sampled plans and final race), if there is one."""
+    parent = search_stage.tags.get(EXPERIMENT_RUN)
+    if not parent:
+        return None
+    found = [r for r in finished_runs(client, experiment, STAGE_RUN, parent) if r.tags.get(STAGE) == "sampling"]
+    return max(found, key=lambda r: (r.start_time, r.run_id), default=None)
 
 
 def round_history(client: MlflowClient, run_id: str) -> pd.DataFrame:

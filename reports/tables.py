@@ -2,14 +2,17 @@
 
 - ``step_time``: the TAPP paper's table. Rows: models (AlexNet, VGG-16, Inception-V3 first) on a cluster at a
   batch size; columns: SingleCPU, Pipe-Torch, BSP, TAPP, speedup BSP/TAPP, then the other planners. A measured
-  cell is the median over the evaluation race's rounds ± half its confidence interval; the best method and every
-  method whose interval overlaps it are bold (the best group: no winner is declared inside it). The speedup is
-  the median of BSP/TAPP per-round ratios, with its own interval. CSV holds each interval as ``<column> low`` and
-  ``<column> high`` and the best group as ``<column> best``.
+  cell is the median over the evaluation race's rounds, then its confidence interval ``[low, high]``; the best
+  method and every method whose interval overlaps it are bold (the best group: no winner is declared inside it;
+  read from each evaluation run's ``best_group`` tag, which the experiment's result set). The speedup is the one
+  the experiment's result logged on its parent run: the median of BSP/TAPP per-round ratios, with its own
+  interval. CSV holds each interval as ``<column> low`` and ``<column> high`` and the best group as
+  ``<column> best``.
 - ``communication_share``: the same rows and methods, the share of a step spent waiting on communication.
 - ``accuracy``: test accuracy after training each method's plan, per dataset.
 
-CSV cells hold the MLflow metric values unrounded; Markdown and LaTeX round them for reading. The same runs give
+CSV cells hold the MLflow metric values as logged (step times, intervals and speedups are logged rounded as every
+view shows them, ``reports.numbers``); Markdown and LaTeX show them with ``reports.numbers`` too. The same runs give
 byte-identical files, whoever writes them (``tapp report`` or the paper_table flow).
 """
 
@@ -24,9 +27,9 @@ from typing import SupportsFloat
 import pandas as pd
 from mlflow import MlflowClient
 
-from reports import runs
+from reports import numbers, runs
 from tapp_core.metrics import host_overloaded
-from tapp_core.stats import Interval, best_group, paired_ratio_interval
+from tapp_core.stats import Interval, best_group
 
 PAPER_METHODS: tuple[str, ...] = ("single-cpu", "pipetorch", "bsp", "tapp")
 OTHER_METHODS: tuple[str, ...] = ("single-gpu", "even", "pipedream", "autoddl", "oracle")
@@ -53,23 +56,15 @@ LOW, HIGH, BEST = " low", " high", " best"
 Formatter = Callable[[float], str]
 
 
-def seconds(value: float) -> str:
-    return f"{value:.3f}"
-
-
-def ratio(value: float) -> str:
-    return f"{value:.2f}x"
-
-
-def percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
+seconds = numbers.seconds
+ratio = numbers.ratio
+percent = numbers.percent
 
 
 @dataclass(frozen=True)
 class Markup:
-    """How a text format shows an interval and a mark."""
+    """How a text format shows a mark."""
 
-    plus_minus: str
     bold: str
     escape: Callable[[str], str]
 
@@ -79,7 +74,7 @@ class Table:
     """One table: raw values in ``frame`` (label columns first), a formatter per value column, and notes.
 
     A value column ``c`` may have companions in the frame: ``c low`` and ``c high`` (its interval, shown as
-    ``value ± half-width``) and ``c best`` (true: shown bold). Markdown and LaTeX show them in the cell; the CSV
+    ``value [low, high]``) and ``c best`` (true: shown bold). Markdown and LaTeX show them in the cell; the CSV
     keeps every column apart, unrounded.
     """
 
@@ -103,12 +98,13 @@ class Table:
             return markup.escape(str(value))
         if _missing(value):
             return markup.escape(MISSING)
-        text = markup.escape(self.formats[column](_number(value)))
+        text = self.formats[column](_number(value))
         row = row or {}
         low, high = row.get(f"{column}{LOW}"), row.get(f"{column}{HIGH}")
         if not (_missing(low) or _missing(high)):
-            half = (_number(high) - _number(low)) / 2
-            text += markup.plus_minus + markup.escape(self.formats[column](half))
+            digits = numbers.RATIO_DIGITS if self.formats[column] is ratio else numbers.SIGNIFICANT_DIGITS
+            text = numbers.with_interval(text, _number(low), _number(high), digits)
+        text = markup.escape(text)
         if row.get(f"{column}{BEST}") is True:
             text = markup.bold.format(text)
         return text
@@ -198,8 +194,8 @@ def _tex(text: str) -> str:
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-MARKDOWN = Markup(plus_minus=" ± ", bold="**{}**", escape=str)
-LATEX = Markup(plus_minus=" $\\pm$ ", bold="\\textbf{{{}}}", escape=_tex)
+MARKDOWN = Markup(bold="**{}**", escape=str)
+LATEX = Markup(bold="\\textbf{{{}}}", escape=_tex)
 
 
 def model_label(model: str) -> str:
@@ -260,10 +256,32 @@ def _raced(evaluations: pd.DataFrame) -> bool:
     return runs.STEP_TIME_LOW in evaluations and bool(evaluations[runs.STEP_TIME_LOW].notna().any())
 
 
-def _mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
-    """Add ``<method> best`` columns: true for the methods of the row's best group (``tapp_core.stats.best_group``)."""
+def _best_tags(evaluations: pd.DataFrame) -> dict[tuple[str, str, int], dict[str, str]]:
+    """(model label, cluster, batch size) -> method -> its ``best_group`` tag (``true``/``false``; absent on runs made
+    before the experiment's result tagged it)."""
+    tags: dict[tuple[str, str, int], dict[str, str]] = {}
+    if runs.BEST_GROUP not in evaluations:
+        return tags
+    for r in evaluations.itertuples(index=False):
+        tag = str(getattr(r, runs.BEST_GROUP) or "")
+        if tag:
+            tags.setdefault((model_label(str(r.model)), str(r.cluster), int(str(r.batch_size))), {})[str(r.method)] = (
+                tag
+            )
+    return tags
+
+
+def _mark_best(wide: pd.DataFrame, methods: Sequence[str], tagged: dict[tuple[str, str, int], dict[str, str]]) -> None:
+    """Add ``<method> best`` columns: true for the methods of the row's best group, as the experiment's result tagged
+    them (``tagged``, ``_best_tags``); for runs made before that tag, by ``tapp_core.stats.best_group`` over the
+    intervals."""
     marks = {m: [False] * len(wide) for m in methods}
     for row in range(len(wide)):
+        key = (str(wide.at[row, "model"]), str(wide.at[row, "cluster"]), int(str(wide.at[row, "batch_size"])))
+        if key in tagged:
+            for method in methods:
+                marks[method][row] = tagged[key].get(method) == "true"
+            continue
         intervals: list[Interval | None] = []
         for method in methods:
             median, low, high = (_number(wide.at[row, f"{method}{s}"]) for s in ("", LOW, HIGH))
@@ -276,8 +294,8 @@ def _mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
 
 
 def _insert_speedup(wide: pd.DataFrame, speedups: pd.DataFrame | None) -> None:
-    """The BSP/TAPP column after TAPP's: the paired per-round ratio where the race gave one, else the ratio of the
-    step times."""
+    """The BSP/TAPP column after TAPP's: the speedup the experiment logged (``paired_speedups``) where there is one,
+    else the ratio of the step times."""
     value = wide["bsp"] / wide["tapp"]
     low = pd.Series(float("nan"), index=wide.index)
     high = low.copy()
@@ -301,9 +319,9 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
         span = f"{int(rounds.min())}" if rounds.min() == rounds.max() else f"{int(rounds.min())}–{int(rounds.max())}"
         return [
             "Step times measured on the MPI runtime, in seconds: every method's plan raced in one race of interleaved"
-            f" rounds ({span} rounds per plan), each cell the median over its rounds ± half its confidence interval"
-            " (order statistics over the rounds, at least 90 % coverage). Bold: the fastest method and every method"
-            " whose interval overlaps it; no winner is declared among them."
+            f" rounds ({span} rounds per plan), each cell the median over its rounds with its confidence interval"
+            " (order statistics over the rounds, at least 90 % coverage) after it in brackets. Bold: the fastest method"
+            " and every method whose interval overlaps it; no winner is declared among them."
         ]
     estimated = evaluations[evaluations[runs.STEP_TIME_SOURCE] == "estimated"]
     if not estimated.empty:
@@ -326,11 +344,13 @@ def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> lis
     for r in shared.itertuples(index=False):
         source = str(getattr(r, runs.MEASUREMENT_FROM))
         notes.append(
-            f"{model_label(str(r.model))}: {method_label(str(r.method))} chose the same plan as "
-            f"{method_label(source)}; it was raced once and both show its figure."
+            f"{model_label(str(r.model))}: {method_label(str(r.method))} chose a plan that runs the same as "
+            f"{method_label(source)}'s; it was raced once and both show its figure."
         )
-    if speedups is not None and not speedups.empty:
-        notes.append(f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, ± half its interval.")
+    if speedups is not None and bool(speedups["low"].notna().any()):
+        notes.append(
+            f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, then its interval [low, high]."
+        )
     for key, group in evaluations.groupby(list(runs.KEY_COLUMNS), sort=False):
         columns = [runs.HOST_OTHER_CPU, runs.LOAD_BEFORE, runs.LOAD_AFTER, runs.HOST_CPUS, runs.HOST_RANKS]
         loads = group[columns].dropna(subset=[runs.LOAD_BEFORE, runs.HOST_CPUS])
@@ -355,8 +375,8 @@ def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = N
     companions = {LOW: runs.STEP_TIME_LOW, HIGH: runs.STEP_TIME_HIGH} if raced else {}
     wide, methods = _pivot(evaluations, keys, runs.STEP_TIME, companions)
     if raced:
-        _mark_best(wide, methods)
-    _insert_speedup(wide, speedups if raced else None)
+        _mark_best(wide, methods, _best_tags(evaluations))
+    _insert_speedup(wide, speedups)
     if not raced:
         wide = wide.drop(columns=[SPEEDUP + LOW, SPEEDUP + HIGH])
     formats: dict[str, Formatter] = {method_label(m): seconds for m in methods}
@@ -372,20 +392,28 @@ def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = N
 
 
 def paired_speedups(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, cluster, batch size) whose BSP and TAPP evaluations came from one race: the median and interval
-    of their per-round step-time ratios (``tapp_core.stats.paired_ratio_interval``)."""
+    """Per (model, cluster, batch size) whose BSP and TAPP evaluations came from one experiment: the BSP/TAPP speedup
+    its result logged on its parent run (``speedup_bsp_over_tapp``: the median of per-round step-time ratios, with
+    its interval as ``_low``/``_high``, when both were raced; else the ratio of their step times; ``tasks.summary``),
+    so that the report shows the number every other view shows."""
     rows = []
-    measured = evaluations[evaluations[runs.RACE_ID].fillna("") != ""]
-    for key, group in measured.groupby(list(runs.KEY_COLUMNS), sort=False):
+    for key, group in evaluations.groupby(list(runs.KEY_COLUMNS), sort=False):
         by_method = {str(r.method): r for r in group.itertuples(index=False)}
         bsp, tapp = by_method.get("bsp"), by_method.get("tapp")
-        if bsp is None or tapp is None or getattr(bsp, runs.RACE_ID) != getattr(tapp, runs.RACE_ID):
+        parent = str(getattr(tapp, runs.EXPERIMENT_RUN) or "") if tapp is not None else ""
+        if bsp is None or not parent or getattr(bsp, runs.EXPERIMENT_RUN) != parent:
             continue
-        ratio = paired_ratio_interval(
-            runs.round_step_times(client, str(bsp.run_id)), runs.round_step_times(client, str(tapp.run_id))
-        )
-        if ratio is not None:
-            rows.append({**dict(zip(runs.KEY_COLUMNS, key, strict=True)), **_interval_columns(ratio)})
+        logged = client.get_run(parent).data.metrics
+        if runs.SPEEDUP in logged:
+            low, high = (logged.get(f"{runs.SPEEDUP}{end}", math.nan) for end in ("_low", "_high"))
+            rows.append(
+                {
+                    **dict(zip(runs.KEY_COLUMNS, key, strict=True)),
+                    "median": logged[runs.SPEEDUP],
+                    "low": low,
+                    "high": high,
+                }
+            )
     return pd.DataFrame(rows, columns=[*runs.KEY_COLUMNS, "median", "low", "high"])
 
 

@@ -95,6 +95,11 @@ class Plan:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    @property
+    def execution_id(self) -> str:
+        """The id of what runs (``plan_execution_id``): equal for plans that differ only where nothing differs."""
+        return plan_execution_id(self)
+
     def to_dict(self) -> dict[str, object]:
         return {"id": self.id, **self.canonical(), "planner": self.planner, "notes": self.notes}
 
@@ -356,3 +361,32 @@ def single_stage_plan(
         stage_devices=(tuple(devices),),
         planner=planner,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plans that run the same
+
+
+def execution_content(plan: Plan) -> dict[str, object]:
+    """What decides how ``plan`` runs: its content (``Plan.canonical``), less what cannot matter for it.
+
+    One stage and one micro-batch run one forward, one backward and one update per step, whatever the schedule:
+    every schedule orders the same three operations the same way, and no weight is ever stale. Such a plan's
+    schedule label (and staleness) is dropped: SingleCPU's ``gpipe`` plan and TAPP's ``1f1b`` plan of the same
+    one device run the same."""
+    content = dict(plan.canonical())
+    if plan.n_stages == 1 and plan.micro_batches == 1:
+        content.pop("schedule", None)
+        content.pop("staleness", None)
+    return content
+
+
+def plan_execution_id(plan: Plan) -> str:
+    """The hash of ``execution_content``: two plans with the same execution id run the same."""
+    blob = json.dumps(execution_content(plan), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def same_execution(a: Plan, b: Plan) -> bool:
+    """Whether ``a`` and ``b`` run the same (``execution_content``): raced once, shown as one."""
+    return plan_execution_id(a) == plan_execution_id(b)

@@ -5,8 +5,9 @@ of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, au
 
 1. ``plan_method``: plan, check and estimate each method (what goes wrong is kept, not raised);
 2. ``race_methods``: race every distinct plan together (``tasks.measure.race_plans``): the same conditions for
-   every method, each a median over rounds with its interval. Two methods with the same plan (SingleCPU and the
-   oracle, often) share one measurement;
+   every method, each a median over rounds with its interval. Two methods whose plans run the same
+   (``tapp_core.plan.same_execution``: the same plan, or one stage and one micro-batch under another schedule
+   label; SingleCPU and the oracle, often) are raced once and share that measurement;
 3. ``evaluate_method``: each method's nested MLflow run with its plan, estimate and measurement. Anything that
    went wrong for the method (the planner raised, the plan does not fit, it failed in the race) ends that run
    FAILED and fails the task, and the flow goes on with the other methods.
@@ -15,6 +16,7 @@ of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, au
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from reports import runs
+from reports.numbers import rounded
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import Estimate, estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
@@ -98,6 +101,8 @@ class Evaluation:
     plan: Plan
     estimate: Estimate
     measurement: Measurement | None
+    planning_wall_s: float = math.nan
+    """How long the method took to plan (TAPP: its whole search)."""
 
     @property
     def ok_measurement(self) -> Measurement | None:
@@ -139,14 +144,14 @@ def estimate_metrics(predicted: Estimate) -> dict[str, float]:
 
 
 def measurement_metrics(measured: Measurement) -> dict[str, float]:
-    """The measurement's numbers, the race's interval and rounds, and the host's load around the race."""
+    """The measurement's numbers (``measured_step_time_s`` unrounded), the race's interval (rounded as shown: the
+    runs list shows it raw) and rounds, and the host's load around the race."""
     return {
         runs.MEASURED_STEP_TIME: measured.step_time_s,
-        runs.STEP_TIME_LOW: measured.interval_low_s,
-        runs.STEP_TIME_HIGH: measured.interval_high_s,
+        runs.STEP_TIME_LOW: rounded(measured.interval_low_s),
+        runs.STEP_TIME_HIGH: rounded(measured.interval_high_s),
         runs.STEP_TIME_COVERAGE: measured.coverage,
         runs.RACE_ROUNDS: measured.rounds,
-        "measured_step_time_spread_s": measured.step_time_spread_s,
         runs.MEASURED_COMMUNICATION_SHARE: measured.communication_share,
         "measured_peak_memory_mib": max(measured.peak_memory_bytes.values(), default=0) / 2**20,
         "loss": measured.loss,
@@ -160,8 +165,17 @@ def measurement_metrics(measured: Measurement) -> dict[str, float]:
 
 def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str, float] | None = None) -> None:
     """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete), and
-    before the ``details`` (MLflow's compare page plots the metric a run logged first)."""
-    run.log_metrics({runs.STEP_TIME: result.step_time_s, runs.COMMUNICATION_SHARE: result.communication_share})
+    before the ``details`` (MLflow's compare page plots the metric a run logged first). The step time and share
+    are rounded as every view shows them (MLflow's runs list shows metrics raw); ``step_time_ms`` is the same step
+    time for MLflow's bar chart, whose labels keep two decimals."""
+    step_time = rounded(result.step_time_s)
+    run.log_metrics(
+        {
+            runs.STEP_TIME: step_time,
+            runs.COMMUNICATION_SHARE: rounded(result.communication_share),
+            runs.STEP_TIME_MS: rounded(1000 * step_time),
+        }
+    )
     run.log_metrics(details or {})
     run.set_tags({runs.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
 
@@ -190,12 +204,24 @@ def plan_method(
     return PlannedMethod(method, chosen, predicted, float(planning_wall_s))
 
 
+def raced_plan(race: RaceResult | None, plan: Plan) -> Plan | None:
+    """The plan of ``race`` that runs the same as ``plan`` (``tapp_core.plan.same_execution``), if it ran one."""
+    if race is None:
+        return None
+    return next((p for p in race.plans if p.execution_id == plan.execution_id), None)
+
+
 def race_methods(
     planned: Sequence[PlannedMethod], cluster: Cluster, model: str, runtime: RuntimeSettings
 ) -> tuple[list[PlannedMethod], RaceResult | None]:
-    """One race of every distinct plan the methods chose (``race_plans``; a method without a plan is left out).
-    When the race itself fails (the pool would not start), every method that was to be raced carries that failure."""
-    plans = [p.plan for p in planned if p.ok and p.plan is not None]
+    """One race of the plans the methods chose, each way of running once (``same_execution``: the first method's
+    plan stands for the others'; a method without a plan is left out). When the race itself fails (the pool would
+    not start), every method that was to be raced carries that failure."""
+    distinct: dict[str, Plan] = {}
+    for p in planned:
+        if p.ok and p.plan is not None:
+            distinct.setdefault(p.plan.execution_id, p.plan)
+    plans = list(distinct.values())
     if not plans:
         return list(planned), None
     state = race_plans(plans, cluster, model, runtime, return_state=True)
@@ -219,7 +245,8 @@ def evaluate_method(
 ) -> Evaluation:
     """One nested MLflow run for a planned method: its plan, estimate and (when ``race`` ran it) measurement.
 
-    ``measurement_from`` names an earlier method with the same plan, whose measurement this one shares.
+    ``measurement_from`` names an earlier method whose plan runs the same (``same_execution``), whose measurement
+    this one shares.
     """
     method = planned.method
     with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
@@ -235,8 +262,11 @@ def evaluate_method(
         run.log_dict(planned.estimate.to_dict(), runs.ESTIMATE_ARTIFACT)
         details.update(estimate_metrics(planned.estimate))
         measured = None
+        raced = raced_plan(race, chosen)
         if race is not None:
-            measured = race.measurement(chosen.id)
+            if raced is None:
+                raise EvaluationFailed(f"{method}: plan {chosen.id} was not in the evaluation race")
+            measured = race.measurement(raced.id)
             if measurement_from is not None:
                 run.set_tags({MEASUREMENT_FROM: measurement_from})
             run.log_text(measured.to_json(), "measurement.json")
@@ -244,7 +274,7 @@ def evaluate_method(
                 run.log_metrics(details)
                 raise EvaluationFailed(f"{method}: plan {chosen.id} failed on the runtime: {measured.error}")
             details.update(measurement_metrics(measured))
-        result = Evaluation(method, run.run_id, chosen, planned.estimate, measured)
+        result = Evaluation(method, run.run_id, chosen, planned.estimate, measured, planned.planning_wall_s)
         record_evaluation(run, result, details)
         if race is not None and measured is not None:
             record_race(run, race, measured)
@@ -252,17 +282,10 @@ def evaluate_method(
 
 
 def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> None:
-    """Each round's step time (step = the race's round number, so two methods' runs pair round by round), the race
-    the measurement came from and whether the method is in the race's best group."""
+    """Each round's step time (step = the race's round number, so two methods' runs pair round by round) and the
+    race the measurement came from. Whether the method is in the best group is the experiment's result's to say
+    (``tasks.summary``), once every method is evaluated."""
     now = int(time.time() * 1000)
     rounds = [Metric(runs.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
     run.client.log_batch(run.run_id, metrics=rounds, synchronous=True)
-    best = any(p.id == measured.plan_id for p in race.best_group())
-    run.set_tags(
-        {
-            runs.RACE_ID: race.id,
-            runs.RACE_STOP: race.stop,
-            runs.HOST_OVERLOADED: str(race.overloaded).lower(),
-            runs.BEST_GROUP: str(best).lower(),
-        }
-    )
+    run.set_tags({runs.RACE_ID: race.id, runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})

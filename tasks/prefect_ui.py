@@ -23,16 +23,19 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging import get_run_logger
 
+from reports import numbers
+
 RESULT_KEY = "tapp-result"
-"""Markdown: the verdict, the result table, the chosen plan and the links (the parent run's description)."""
+"""Markdown: the verdict, the search, the result table, the chosen plan and the links (the parent run's
+description)."""
 EVALUATION_KEY = "tapp-evaluation"
-"""Table: one row per evaluated method."""
+"""Table: one row per evaluated method (``tasks.summary.table_records``)."""
 SAMPLED_PLANS_KEY = "tapp-sampled-plans"
 """Table: every plan the search sampled, with its estimate and measurement."""
 MLFLOW_RUN_KEY = "tapp-mlflow-run"
 """Link: the experiment's parent run in the MLflow UI (Prefect stores a link artifact as type ``markdown``)."""
-SIGNIFICANT_DIGITS = 4
-"""Numbers shown in tables and log lines; MLflow's metrics and the report's CSV files keep every digit."""
+SIGNIFICANT_DIGITS = numbers.SIGNIFICANT_DIGITS
+"""Numbers shown in tables and log lines (``reports.numbers``)."""
 
 _fallback = logging.getLogger("tapp")
 _temporary_apis: set[str] = set()
@@ -44,7 +47,8 @@ def in_prefect_run() -> bool:
 
 
 def log(message: str) -> None:
-    """One line (or a Markdown block) in the current flow or task run's log; the ``tapp`` logger outside a run."""
+    """One plain line in the current flow or task run's log (tables go to artifacts); the ``tapp`` logger outside a
+    run."""
     if in_prefect_run():
         get_run_logger().info(message)
     else:
@@ -52,9 +56,9 @@ def log(message: str) -> None:
 
 
 def shown(value: object) -> object:
-    """``value`` rounded to ``SIGNIFICANT_DIGITS`` when it is a float (NaN and infinity as they are)."""
+    """``value`` rounded as shown (``reports.numbers.rounded``) when it is a float (NaN and infinity as they are)."""
     if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+        return numbers.rounded(value)
     return value
 
 

@@ -10,7 +10,9 @@ Two stages share one search (and one checkpoint file):
 
 Each stage has its own nested MLflow run: per-round metrics (mean reward, best step time, entropy), the policy
 checkpoint (``policy/search.pt``, logged after every round), and every sampled plan with its estimate and, if
-measured, its measurement.
+measured, its measurement and the round it was first measured in. The sampling stage also tells what the search
+found (``tasks.summary.SearchStory``: its best plans by the cost model and by measurement, the final race, and why
+TAPP split or did not), which the experiment's result shows everywhere.
 
 An interrupted experiment resumes from its last logged checkpoint (``fetch_checkpoint`` puts it where the search
 keeps its checkpoint; ``search_stage`` then goes on from the round after it): ``tapp run --resume RUN_ID``.
@@ -23,7 +25,7 @@ import math
 import shutil
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
@@ -34,13 +36,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from reports import runs
+from reports.numbers import rounded, seconds
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan
+from tapp_core.plan import Plan, single_stage_plan, validate
 from tapp_core.planners import PlannerError
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp import (
@@ -56,6 +59,7 @@ from tapp_core.planners.tapp import (
 from tasks.measure import RuntimeSettings, pool_failed, pool_for
 from tasks.prefect_ui import SAMPLED_PLANS_KEY, table_artifact
 from tasks.progress import StageProgress
+from tasks.summary import FinalRace, PlanTime, SearchStory, plan_shape
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 CHECKPOINT_ARTIFACT = "policy"
@@ -195,6 +199,9 @@ class _Opened:
     simulated: RecordingReward
     """The search's cost-model reward source, which keeps every distinct plan it was asked about."""
     measured: MeasuredReward | None
+    first_measured: dict[str, int] = field(default_factory=dict)
+    """Plan id -> the round it was first measured in (by this process: a resumed search's earlier plans count from
+    the round it resumed at)."""
 
 
 _live: dict[Path, _Opened] = {}
@@ -241,11 +248,15 @@ def _forget(checkpoint: Path) -> None:
 def search_round(round_number: int, state: SearchState, setting: SearchSetting) -> RoundReport:
     """One policy-gradient round, resumed from ``state.checkpoint`` (or a new search), saved back to it. Retried
     when the worker pool failed; the round restarts from the last checkpoint."""
-    search = _open_search(state, setting, round_number - 1).search
+    opened = _open_search(state, setting, round_number - 1)
+    search = opened.search
     if search.round != round_number - 1:
         raise RuntimeError(f"checkpoint {state.checkpoint} is at round {search.round}, not {round_number - 1}")
     try:
-        return search.run_round()
+        report = search.run_round()
+        for plan_id in opened.measured.measurements if opened.measured is not None else ():
+            opened.first_measured.setdefault(plan_id, round_number)
+        return report
     except BaseException:
         _forget(state.checkpoint)  # half a round may have changed it: a retry resumes from the last checkpoint
         raise
@@ -270,7 +281,8 @@ def _run_rounds(run: TrackedRun, state: SearchState, rounds: range, stage: str, 
         history.append(report)
         run.log_metrics(round_metrics(report), step=number)
         run.log_file(state.checkpoint, CHECKPOINT_ARTIFACT)  # every round: an interrupted experiment resumes from it
-        progress.update(done, f"best {report.best_step_time_s:.4f} s ({report.phase})")
+        how = "estimated" if report.phase == "simulated" else "measured, one race round each"
+        progress.update(done, f"round {number}: its fastest sample {seconds(report.round_best_step_time_s)} s ({how})")
     return SearchState(state.checkpoint, state.config, state.calibration, tuple(history))
 
 
@@ -327,6 +339,14 @@ def fetch_checkpoint(uri: str, experiment_run: str, workdir: Path) -> int | None
     return None
 
 
+@dataclass(frozen=True)
+class SearchOutcome:
+    """TAPP's chosen plan and what its search found."""
+
+    plan: Plan
+    story: SearchStory
+
+
 def sampling_stage(
     parent: RunRef,
     tags: ExperimentTags,
@@ -334,13 +354,15 @@ def sampling_stage(
     library: LayerLibrary,
     cluster: Cluster,
     runtime: RuntimeSettings,
-) -> Plan:
-    """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan.
+) -> SearchOutcome:
+    """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan and the search's story.
 
     The chosen plan is the search's (``TappSearch.finish``, as the TAPP planner's): when anything was measured, the
     winner of a race among the best candidates by estimate and by measurement (``search/final_race.json``), else the
-    best by the cost model after the polish (a local search from the population's best plans).
-    Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``).
+    best by the cost model after the polish (a local search from the population's best plans). Its notes carry the
+    whole search's time (``search_wall_s``: rounds, warm start, polish and final race), which is TAPP's planning time.
+    Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``), and
+    the story (``search/story.json``).
     """
     config = state.config
     setting = SearchSetting(library, cluster, tags.model, runtime)
@@ -352,33 +374,125 @@ def sampling_stage(
         opened = _open_search(state, setting)
         _forget(state.checkpoint)
         chosen = opened.search.finish()
-        if opened.search.polish_gain is not None:
-            run.log_metrics({"polish_gain": opened.search.polish_gain})
+        final = opened.search.final_race
+        search_s = opened.search.elapsed_s + (final.elapsed_s if final is not None else 0.0)
+        chosen = dataclasses.replace(chosen, notes={**chosen.notes, "search_wall_s": search_s})
         measurements = opened.measured.measurements if opened.measured is not None else {}
         table = sampled_plans(
-            opened.simulated.plans.values(), measurements, library, cluster, chosen, state.calibration
-        )
-        run.log_table(table, "search/sampled_plans.csv")
-        table_artifact(SAMPLED_PLANS_KEY, table, "every plan the search sampled: estimate, and measurement if taken")
-        run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
-        final = opened.search.final_race
-        if final is not None:
-            run.log_dict(final.summary(), "search/final_race.json")
-            run.log_metrics({"final_race_rounds": final.rounds, "final_race_candidates": len(final.plans)})
-        run.set_tags({"chosen_by": str(chosen.notes.get("chosen_by", ""))})
-        measured_ok = table["measured_step_time_s"].notna()
-        run.log_metrics(
-            {
-                "sampled_plans": len(table),
-                "measured_plans": int(table["measured"].sum()),
-                "best_measured_step_time_s": table.loc[measured_ok, "measured_step_time_s"].min()
-                if measured_ok.any()
-                else None,
-                "best_estimated_step_time_s": table["estimated_step_time_s"].min(),
-            }
-        )
-        run.set_tags({"chosen_plan": chosen.id})
-    return chosen
+            opened.simulated.plans.values(), measurements, library, cluster, chosen, state.calibration,
+            opened.first_measured,
+        )  # fmt: skip
+        story = search_story(opened.search, chosen, table, measurements, setting, state.calibration)
+        _record_sampling(run, opened.search, chosen, table, story)
+    return SearchOutcome(chosen, story)
+
+
+def _record_sampling(
+    run: TrackedRun, search: TappSearch, chosen: Plan, table: pd.DataFrame, story: SearchStory
+) -> None:
+    """The sampling stage's run: the sampled plans, the chosen plan, the final race, the story and its numbers."""
+    if search.polish_gain is not None:
+        run.log_metrics({"polish_gain": search.polish_gain})
+    run.log_table(table, "search/sampled_plans.csv")
+    table_artifact(SAMPLED_PLANS_KEY, table, "every plan the search sampled: estimate, and measurement if taken")
+    run.log_dict(chosen.to_dict(), "search/chosen_plan.json")
+    final = search.final_race
+    if final is not None:
+        run.log_dict(final.summary(), "search/final_race.json")
+        run.log_metrics({"final_race_rounds": final.rounds, "final_race_candidates": len(final.plans)})
+    run.log_dict(dataclasses.asdict(story), "search/story.json")
+    best_measured, best_simulated = story.best_measured, story.best_simulated
+    run.log_metrics(
+        {
+            "sampled_plans": len(table),
+            "measured_plans": int(table["measured"].sum()),
+            "search_s": rounded(story.search_s),
+            "best_measured_step_time_s": rounded(best_measured.step_time_s) if best_measured else None,
+            "best_measured_step_time_low_s": rounded(best_measured.low_s) if best_measured else None,
+            "best_measured_step_time_high_s": rounded(best_measured.high_s) if best_measured else None,
+            "best_estimated_step_time_s": rounded(best_simulated.step_time_s) if best_simulated else None,
+        }
+    )
+    run.set_tags({"chosen_plan": chosen.id, "chosen_by": str(chosen.notes.get("chosen_by", ""))})
+
+
+def search_story(
+    search: TappSearch,
+    chosen: Plan,
+    table: pd.DataFrame,
+    measurements: Mapping[str, Measurement],
+    setting: SearchSetting,
+    calibration: Calibration,
+) -> SearchStory:
+    """What the search found: its best plans by estimate and by measurement (``table``, ``measurements``), the final
+    race, and the best plan over several devices beside the best single device (both estimated)."""
+    estimated = table[table["estimated_step_time_s"] < math.inf]
+    best_simulated = _row_time(estimated.nsmallest(1, "estimated_step_time_s"), "estimated_step_time_s")
+    measured_ok = {k: m for k, m in measurements.items() if m.ok and m.interval is not None}
+    best_measured = None
+    if measured_ok:
+        plan_id, measured = min(measured_ok.items(), key=lambda item: item[1].step_time_s)
+        row = table[table["plan_id"] == plan_id]
+        shape, devices = (str(row["shape"].iloc[0]), int(row["devices"].iloc[0])) if len(row) else (plan_id, 0)
+        best_measured = PlanTime(
+            plan_id, shape, devices, measured.step_time_s, measured.interval_low_s, measured.interval_high_s,
+            measured.rounds,
+        )  # fmt: skip
+    pipelines = estimated[estimated["devices"] > 1]
+    predicted = estimate(chosen, setting.library, setting.cluster, calibration).step_time
+    return SearchStory(
+        rounds=search.round,
+        measured_rounds=sum(1 for r in search.history if r.phase == "measured"),
+        search_s=_number(chosen.notes.get("search_wall_s"), search.elapsed_s),
+        chosen=PlanTime.of(chosen, predicted),
+        chosen_by=str(chosen.notes.get("chosen_by", "")),
+        best_simulated=best_simulated,
+        best_measured=best_measured,
+        sampling_overloaded=any(m.overloaded for m in measured_ok.values()),
+        final_race=_final_race(search, table),
+        best_pipeline=_row_time(pipelines.nsmallest(1, "estimated_step_time_s"), "estimated_step_time_s"),
+        best_single=best_single_device(setting.library, setting.cluster, calibration),
+    )
+
+
+def _number(value: object, default: float) -> float:
+    return float(value) if isinstance(value, int | float) else default
+
+
+def _row_time(rows: pd.DataFrame, column: str) -> PlanTime | None:
+    """The first row of a sampled-plans table as a ``PlanTime`` (its estimate), None when there is none."""
+    if rows.empty:
+        return None
+    row = rows.iloc[0]
+    return PlanTime(str(row["plan_id"]), str(row["shape"]), int(row["devices"]), float(row[column]))
+
+
+def _final_race(search: TappSearch, table: pd.DataFrame) -> FinalRace | None:
+    race = search.final_race
+    if race is None:
+        return None
+    winner = race.winner()
+    won = None
+    if winner is not None:
+        measured = race.measurement(winner.id)
+        won = PlanTime.of(winner, measured.step_time_s, measured.interval, measured.rounds)
+    return FinalRace(len(race.plans), race.rounds, race.stop, race.overloaded, won, len(race.best_group()))
+
+
+def best_single_device(library: LayerLibrary, cluster: Cluster, calibration: Calibration) -> PlanTime | None:
+    """The fastest plan of the whole model on one device of ``cluster``, by estimate (devices it does not fit are
+    skipped); None when it fits none."""
+    best: PlanTime | None = None
+    for device in cluster.devices:
+        plan = single_stage_plan(library, [device.name], planner="single")
+        try:
+            validate(plan, library, cluster)
+            predicted = estimate(plan, library, cluster, calibration).step_time
+        except TappError:
+            continue
+        if best is None or predicted < best.step_time_s:
+            best = PlanTime.of(plan, predicted)
+    return best
 
 
 def sampled_plans(
@@ -388,21 +502,27 @@ def sampled_plans(
     cluster: Cluster,
     chosen: Plan,
     calibration: Calibration = DEFAULT_CALIBRATION,
+    first_measured: Mapping[str, int] | None = None,
 ) -> pd.DataFrame:
     """Every distinct plan the search sampled (``plans``): shape, the cost model's estimate, the measurement if
-    taken (``measurements``, by plan id)."""
+    taken (``measurements``, by plan id: its median over every round it ran, and the interval) and the search round
+    it was first measured in (``first_measured``; empty for a plan measured only in the final race)."""
+    first_measured = first_measured or {}
     rows = []
     for plan in plans:
         try:
+            validate(plan, library, cluster)
             predicted = estimate(plan, library, cluster, calibration)
             estimated, share, estimate_error = predicted.step_time, predicted.communication_share, ""
-        except TappError as exc:  # a sampled plan that does not fit: it was penalised, not estimated
+        except TappError as exc:  # a sampled plan that cannot run: the search penalised it, it has no estimate
             estimated, share, estimate_error = math.inf, math.nan, str(exc)
         result = measurements.get(plan.id)
         rows.append(
             {
                 "plan_id": plan.id,
                 "chosen": plan.id == chosen.id,
+                "shape": plan_shape(plan),
+                "devices": len(plan.devices),
                 "stages": plan.n_stages,
                 "stage_devices": " | ".join("+".join(d) for d in plan.stage_devices),
                 "micro_batches": plan.micro_batches,
@@ -414,7 +534,7 @@ def sampled_plans(
                 "measured_step_time_low_s": result.interval_low_s if result is not None else math.nan,
                 "measured_step_time_high_s": result.interval_high_s if result is not None else math.nan,
                 "measured_rounds": result.rounds if result is not None else 0,
-                "measured_step_time_spread_s": result.step_time_spread_s if result is not None else math.nan,
+                "measured_round": first_measured.get(plan.id, math.nan),
                 "measured_communication_share": result.communication_share if result is not None else math.nan,
                 "error": estimate_error or ((result.error or "") if result is not None else ""),
             }

@@ -1,40 +1,40 @@
-"""An experiment's result as people read it: a verdict first, the table of methods, TAPP's chosen plan, the links.
+"""An experiment's result, computed once, and every view of it.
 
-One text for every place that shows it: the parent run's description in MLflow, the ``tapp-result`` markdown
-artifact and the log in Prefect. Numbers are rounded here, for reading (``tasks.prefect_ui.SIGNIFICANT_DIGITS``);
-the MLflow metrics and the report's CSV files keep every digit.
+``build_result`` computes each fact once: the verdict (the best group of a race, or the fastest estimate), every
+method's step time with its interval, the BSP/TAPP speedup (the median of per-round ratios when both were raced),
+which methods chose plans that run the same (``tapp_core.plan.same_execution``: raced once, shown as one), what
+TAPP's search found (``SearchStory``) and how long it took. The views only render that ``Result``:
+
+- ``markdown``: the parent run's description in MLflow and the ``tapp-result`` artifact in Prefect;
+- ``sentences``: plain sentences for the terminal and Prefect's log (no Markdown markup);
+- ``markdown_table`` / ``table_records``: the table of methods (the terminal, the description; Prefect's
+  ``tapp-evaluation`` table and MLflow's ``evaluation.json``);
+- ``parent_metrics`` and ``method_view``: what MLflow shows raw (metrics, run names, run descriptions), rounded
+  as everywhere else (``reports.numbers``).
+
+Every number is shown through ``reports.numbers``: step times with 4 significant digits, a median with its
+interval as ``0.1948 [0.1946, 0.1994]`` (never a symmetric ``±``), ratios with 3.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-import pandas as pd
-
+from reports import numbers
+from reports.numbers import percent, ratio, ratio_interval, rounded, seconds, seconds_interval
 from tapp_core.plan import Plan
-from tapp_core.stats import best_group
-from tasks.evaluate import Evaluation
-from tasks.prefect_ui import SIGNIFICANT_DIGITS, shown
+from tapp_core.runtime.race import RaceResult
+from tapp_core.stats import Interval, best_group
+from tasks.evaluate import Evaluation, raced_plan
 
-COLUMNS = (
-    "method",
-    "step_time_s",
-    "step_time_low_s",
-    "step_time_high_s",
-    "best_group",
-    "step_time_spread_s",
-    "step_time_source",
-    "relative_to_tapp",
-    "communication_share",
-    "stages",
-    "stage_devices",
-    "micro_batches",
-    "schedule",
-    "plan_id",
-    "run_id",
+STEP_TIME_MEANING = (
+    "Step time: one training step of the whole mini-batch, in seconds. Measured: the median over the rounds of one"
+    " race of every method's plan, then its confidence interval [low, high] (order statistics over the rounds, at"
+    " least 90 % coverage); the best group is the fastest method and every method whose interval overlaps it, and"
+    " no winner is declared inside it. Estimated: the cost model's figure, which has no interval. vs TAPP: the"
+    " method's step time over TAPP's (the median of per-round ratios when both were raced)."
 )
 
 
@@ -51,174 +51,456 @@ class Links:
     """The Prefect flow run's page."""
 
 
-def result_frame(evaluations: Mapping[str, Evaluation]) -> pd.DataFrame:
-    """One row per evaluated method, fastest first (TAPP first among equals): step time (measured median, else the
-    estimate), its interval when raced and whether it is in the best group (``tapp_core.stats.best_group``), its
-    spread and source, its ratio to TAPP's, communication share, and the plan's shape. Values unrounded."""
-    tapp = evaluations.get("tapp")
-    intervals = [e.ok_measurement.interval if e.ok_measurement is not None else None for e in evaluations.values()]
-    group = {list(evaluations)[i] for i in best_group(intervals)}
-    rows = []
-    for (method, evaluation), interval in zip(evaluations.items(), intervals, strict=True):
-        plan, measured = evaluation.plan, evaluation.ok_measurement
-        rows.append(
-            {
-                "method": method,
-                "step_time_s": evaluation.step_time_s,
-                "step_time_low_s": interval.low if interval is not None else math.nan,
-                "step_time_high_s": interval.high if interval is not None else math.nan,
-                "best_group": method in group,
-                "step_time_spread_s": measured.step_time_spread_s if measured is not None else math.nan,
-                "step_time_source": "measured" if measured is not None else "estimated",
-                "relative_to_tapp": evaluation.step_time_s / tapp.step_time_s if tapp is not None else math.nan,
-                "communication_share": evaluation.communication_share,
-                "stages": plan.n_stages,
-                "stage_devices": plan_devices(plan),
-                "micro_batches": plan.micro_batches,
-                "schedule": plan.schedule,
-                "plan_id": plan.id,
-                "run_id": evaluation.run_id,
-            }
-        )
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    frame["_not_tapp"] = frame["method"] != "tapp"  # TAPP first among equal times
-    ordered = frame.sort_values(["step_time_s", "_not_tapp", "method"], kind="stable")
-    return ordered.drop(columns="_not_tapp").reset_index(drop=True)
-
-
 def plan_devices(plan: Plan) -> str:
     """Stages in pipeline order, ``→`` between them, ``+`` between the replicas of one stage (no ``|``: it would
     split a Markdown table's cell)."""
     return " → ".join("+".join(devices) for devices in plan.stage_devices)
 
 
-def number(value: float) -> str:
-    return "–" if not math.isfinite(value) else f"{value:.{SIGNIFICANT_DIGITS}g}"
-
-
-def ratio(value: float) -> str:
-    return "–" if not math.isfinite(value) else f"{value:.2f}x"
-
-
-def shown_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its floats rounded as they are shown (the MLflow metrics keep every digit)."""
-    rounded = frame.copy()
-    for column in rounded.columns:
-        if rounded[column].dtype.kind == "f":
-            rounded[column] = rounded[column].map(shown)
-    return rounded
-
-
-def verdict(frame: pd.DataFrame, failed: Sequence[str] = ()) -> str:
-    """One line: when the methods were raced, the best group (every method whose interval overlaps the fastest's:
-    no winner is declared among them) and whether TAPP is in it; else the method(s) with the shortest step time
-    (methods whose times are equal share a place) and where TAPP stands. Then BSP/TAPP and what failed."""
-    if frame.empty:
-        return "No method finished." + (f" Failed: {', '.join(failed)}." if failed else "")
-    times = dict(zip(frame["method"], frame["step_time_s"].astype(float), strict=True))
-    text = _raced_verdict(frame, times) if frame["best_group"].any() else _fastest_verdict(frame, times)
-    if "tapp" in times and "bsp" in times:
-        text += f"; BSP/TAPP {ratio(times['bsp'] / times['tapp'])}"
-    text += "."
-    if failed:
-        text += f" Failed: {', '.join(failed)} (see their runs)."
-    return text
-
-
-def _fastest_verdict(frame: pd.DataFrame, times: dict[str, float]) -> str:
-    best = min(times.values())
-    fastest = [method for method, time in times.items() if time == best]
-    source = frame.loc[frame["method"] == fastest[0], "step_time_source"].iloc[0]
-    how = "measured median" if source == "measured" else "estimated by the cost model"
-    tied = " (equal)" if len(fastest) > 1 else ""
-    text = f"**Fastest: {', '.join(fastest)}**{tied}, {number(best)} s per step ({how})"
-    if "tapp" in times and "tapp" not in fastest:
-        rank = 1 + sum(time < times["tapp"] for time in times.values())
-        text += f"; TAPP {number(times['tapp'])} s, place {rank} of {len(times)}"
-    return text
-
-
-def _raced_verdict(frame: pd.DataFrame, times: dict[str, float]) -> str:
-    group = [str(m) for m in frame.loc[frame["best_group"], "method"]]
-    span = [times[m] for m in group]
-    medians = number(span[0]) if len(group) == 1 else f"{number(min(span))}–{number(max(span))}"
-    if len(group) == 1:
-        text = f"**Fastest: {group[0]}**, {medians} s per step, its interval clear of every other's (raced)"
-    else:
-        text = (
-            f"**Best group: {', '.join(group)}**, medians {medians} s per step, within the noise of each other (raced)"
-        )
-    if "tapp" in times:
-        where = "in the best group" if "tapp" in group else "not in the best group"
-        text += f"; TAPP {number(times['tapp'])} s, {where}"
-    return text
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """The result table in Markdown, rounded: method, step time, spread, source, vs TAPP, communication, plan."""
-    columns = [
-        ("method", "---"),
-        ("step time (s)", "---:"),
-        ("spread (s)", "---:"),
-        ("source", "---"),
-        ("vs TAPP", "---:"),
-        ("communication", "---:"),
-        ("stages", "---:"),
-        ("devices", "---"),
-        ("micro-batches", "---:"),
-        ("schedule", "---"),
-    ]
-    lines = ["| " + " | ".join(name for name, _ in columns) + " |", "| " + " | ".join(a for _, a in columns) + " |"]
-    for row in frame.to_dict("records"):
-        share = float(row["communication_share"])
-        cells = [
-            str(row["method"]),
-            _time_cell(row),
-            number(float(row["step_time_spread_s"])),
-            str(row["step_time_source"]),
-            ratio(float(row["relative_to_tapp"])),
-            f"{100 * share:.1f}%" if math.isfinite(share) else "–",
-            str(row["stages"]),
-            str(row["stage_devices"]),
-            str(row["micro_batches"]),
-            str(row["schedule"]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _time_cell(row: Mapping[Any, object]) -> str:
-    """The step time, ``± half its interval`` when raced, bold in the best group."""
-    text = number(float(str(row["step_time_s"])))
-    low, high = float(str(row["step_time_low_s"])), float(str(row["step_time_high_s"]))
-    if math.isfinite(low) and math.isfinite(high):
-        text += f" ± {number((high - low) / 2)}"
-    return f"**{text}**" if row["best_group"] is True else text
+def plan_shape(plan: Plan) -> str:
+    """A plan in words: ``2 stages on cpu0 → cpu1, 4 micro-batches, 1f1b``; one device: ``cpu0 alone (not
+    split), 1 micro-batch``."""
+    batches = f"{plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''}"
+    schedule = "" if plan.n_stages == 1 and plan.micro_batches == 1 else f", {plan.schedule}"  # same_execution
+    if len(plan.devices) == 1:
+        return f"{plan.devices[0]} alone (not split), {batches}{schedule}"
+    if plan.n_stages == 1:
+        return f"1 stage replicated on {plan_devices(plan)} (data parallel), {batches}{schedule}"
+    return f"{plan.n_stages} stages on {plan_devices(plan)}, {batches}{schedule}"
 
 
 def plan_line(plan: Plan, estimated_step_time_s: float | None = None) -> str:
-    """TAPP's chosen plan in one line."""
-    text = (
-        f"plan `{plan.id}`: {plan.n_stages} stage(s) on {plan_devices(plan)}, {plan.micro_batches} micro-batches, "
-        f"{plan.schedule} schedule"
-    )
+    """A plan in one line, with its id (and its estimate)."""
+    text = f"plan {plan.id}: {plan_shape(plan)}"
     if estimated_step_time_s is not None:
-        text += f"; estimated {number(estimated_step_time_s)} s per step"
+        text += f"; estimated {seconds(estimated_step_time_s)} s per step"
     return text
 
 
-def result_markdown(title: str, evaluations: Mapping[str, Evaluation], links: Links, failed: Sequence[str] = ()) -> str:
-    """The whole text: title, verdict, table, TAPP's plan, links."""
-    frame = result_frame(evaluations)
-    parts = [f"### {title}", "", verdict(frame, failed), "", markdown_table(frame), ""]
-    tapp = evaluations.get("tapp")
-    if tapp is not None:
-        parts += [f"TAPP's {plan_line(tapp.plan, tapp.estimate.step_time)}.", ""]
-    parts.append(
-        "Step time: one training step of the whole mini-batch; when measured, the median over the rounds of one race"
-        " of every method's plan ± half its confidence interval, bold for the best group (intervals overlapping the"
-        " fastest's); vs TAPP: step time / TAPP's."
+@dataclass(frozen=True)
+class PlanTime:
+    """A plan and its step time: the cost model's estimate (``rounds`` 0), or a measured median over ``rounds``
+    race rounds with its interval."""
+
+    plan_id: str
+    shape: str
+    devices: int
+    step_time_s: float
+    low_s: float = math.nan
+    high_s: float = math.nan
+    rounds: int = 0
+
+    @classmethod
+    def of(cls, plan: Plan, step_time_s: float, interval: Interval | None = None, rounds: int = 0) -> PlanTime:
+        low, high = (interval.low, interval.high) if interval is not None else (math.nan, math.nan)
+        return cls(plan.id, plan_shape(plan), len(plan.devices), step_time_s, low, high, rounds)
+
+    @property
+    def measured(self) -> bool:
+        return self.rounds > 0
+
+    def time_text(self) -> str:
+        """``0.1948 [0.1946, 0.1994] s measured over 6 rounds`` or ``0.1816 s estimated``."""
+        if self.measured:
+            rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
+            return f"{seconds_interval(self.step_time_s, self.low_s, self.high_s)} s measured over {rounds}"
+        return f"{seconds(self.step_time_s)} s estimated"
+
+
+@dataclass(frozen=True)
+class FinalRace:
+    """The race among the search's best candidates that chose TAPP's plan."""
+
+    candidates: int
+    rounds: int
+    stop: str
+    overloaded: bool
+    winner: PlanTime | None
+    tied: int
+    """Plans in the race's best group (the winner is the one with fewest devices among them)."""
+
+
+@dataclass(frozen=True)
+class SearchStory:
+    """What TAPP's search did and found (``tasks.search.sampling_stage`` tells it)."""
+
+    rounds: int
+    measured_rounds: int
+    search_s: float
+    """The whole search: its rounds (measured ones included), warm start, polish and final race."""
+    chosen: PlanTime
+    """TAPP's chosen plan, by the cost model's estimate."""
+    chosen_by: str
+    best_simulated: PlanTime | None
+    best_measured: PlanTime | None
+    """The measured sample with the lowest median (every round it ran pooled), with its interval."""
+    sampling_overloaded: bool
+    """Whether any measurement while sampling ran on an overloaded host (its times run high)."""
+    final_race: FinalRace | None
+    best_pipeline: PlanTime | None
+    """The best plan over more than one device the search sampled, by estimate."""
+    best_single: PlanTime | None
+    """The best single-device plan of the cluster, by estimate."""
+
+    @property
+    def split(self) -> bool:
+        return self.chosen.devices > 1
+
+
+def search_sentences(story: SearchStory) -> list[str]:
+    """The search in a few plain sentences: how long, its best plans, the final race, and TAPP's answer."""
+    simulated = story.rounds - story.measured_rounds
+    sentences = [
+        f"TAPP's search took {story.search_s:.1f} s: {story.rounds} rounds, {simulated} on the cost model and "
+        f"{story.measured_rounds} measured on the workers."
+    ]
+    if story.best_simulated is not None:
+        best = story.best_simulated
+        sentences.append(f"Its best plan by the cost model: {best.shape}, {best.time_text()}.")
+    if story.best_measured is not None:
+        best = story.best_measured
+        load = " (on an overloaded host: its times run high)" if story.sampling_overloaded else ""
+        sentences.append(f"Its best plan measured while sampling: {best.shape}, {best.time_text()}{load}.")
+    race = story.final_race
+    if race is not None and race.winner is not None:
+        load = ", on an overloaded host" if race.overloaded else ""
+        tied = f"; {race.tied} tied within the noise and the one with fewest devices was taken" if race.tied > 1 else ""
+        sentences.append(
+            f"The final race of {race.candidates} candidates ({race.rounds} rounds, stopped: {race.stop}{load}) chose "
+            f"{race.winner.shape}, {race.winner.time_text()}{tied}."
+        )
+    sentences.append(_answer(story))
+    return sentences
+
+
+def _answer(story: SearchStory) -> str:
+    pipeline, single = story.best_pipeline, story.best_single
+    beside = f" against {seconds(single.step_time_s)} s on the best single device ({single.shape})" if single else ""
+    if story.split:
+        return f"TAPP's answer: split, {story.chosen.shape}, estimated {seconds(story.chosen.step_time_s)} s{beside}."
+    if pipeline is None:
+        return "TAPP's answer: do not split; no plan over several devices fitted the cluster."
+    single_text = f"{seconds(single.step_time_s)} s ({single.shape})" if single else "–"
+    return (
+        f"TAPP's answer: do not split ({story.chosen.shape}). The best plan over several devices it found was "
+        f"estimated at {seconds(pipeline.step_time_s)} s ({pipeline.shape}), the best single device at {single_text}."
     )
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """One evaluated method as every view shows it (values unrounded; the views round them)."""
+
+    method: str
+    step_time_s: float
+    low_s: float
+    high_s: float
+    """The measured median's interval; NaN for an estimate (it has none)."""
+    measured: bool
+    best: bool
+    """In the best group: the race's (intervals overlapping the fastest's), else the fastest estimate(s)."""
+    relative_to_tapp: float
+    communication_share: float
+    plan: Plan
+    same_as: str | None
+    """An earlier method whose plan runs the same (``same_execution``): raced once, one figure."""
+    run_id: str
+    planning_s: float
+
+    @property
+    def source(self) -> str:
+        return "measured" if self.measured else "estimated"
+
+    @property
+    def time_text(self) -> str:
+        """``0.1948 [0.1946, 0.1994]`` when measured, ``0.1948`` for an estimate."""
+        return seconds_interval(self.step_time_s, self.low_s, self.high_s)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """BSP's step time over TAPP's: the median of per-round ratios with its interval when both were raced (``paired``),
+    else the ratio of their step times."""
+
+    median: float
+    low: float = math.nan
+    high: float = math.nan
+    paired: bool = False
+
+    @property
+    def text(self) -> str:
+        return ratio_interval(self.median, self.low, self.high)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One experiment's result: every fact every view shows, computed once (``build_result``)."""
+
+    title: str
+    methods: tuple[MethodResult, ...]
+    """Fastest first (TAPP first among equals)."""
+    speedup: Speedup | None
+    search: SearchStory | None
+    links: Links
+    failed: tuple[str, ...] = ()
+    race_rounds: int = 0
+    race_overloaded: bool = False
+    verdict: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", _verdict(self))
+
+    @property
+    def raced(self) -> bool:
+        return any(m.measured for m in self.methods)
+
+    def method(self, name: str) -> MethodResult | None:
+        return next((m for m in self.methods if m.method == name), None)
+
+    @property
+    def best_group(self) -> list[str]:
+        return [m.method for m in self.methods if m.best]
+
+
+# --- Computing it once -------------------------------------------------------------------------------------------
+
+
+def build_result(
+    title: str,
+    evaluations: Mapping[str, Evaluation],
+    links: Links,
+    race: RaceResult | None = None,
+    search: SearchStory | None = None,
+    failed: Sequence[str] = (),
+) -> Result:
+    """The result of an experiment whose methods ended as ``evaluations`` (in evaluation order), measured in
+    ``race`` (None: estimated), with TAPP's ``search``."""
+    intervals = [e.ok_measurement.interval if e.ok_measurement is not None else None for e in evaluations.values()]
+    if any(i is not None for i in intervals):
+        best = {list(evaluations)[i] for i in best_group(intervals)}
+    else:
+        fastest = min((e.step_time_s for e in evaluations.values()), default=math.nan)
+        best = {m for m, e in evaluations.items() if e.step_time_s == fastest}
+    first_of: dict[str, str] = {}
+    rows = []
+    for (method, evaluation), interval in zip(evaluations.items(), intervals, strict=True):
+        first = first_of.setdefault(evaluation.plan.execution_id, method)
+        rows.append(
+            MethodResult(
+                method=method,
+                step_time_s=evaluation.step_time_s,
+                low_s=interval.low if interval is not None else math.nan,
+                high_s=interval.high if interval is not None else math.nan,
+                measured=evaluation.measured,
+                best=method in best,
+                relative_to_tapp=_relative(evaluation, evaluations.get("tapp"), race).median,
+                communication_share=evaluation.communication_share,
+                plan=evaluation.plan,
+                same_as=first if first != method else None,
+                run_id=evaluation.run_id,
+                planning_s=evaluation.planning_wall_s,
+            )
+        )
+    ordered = sorted(rows, key=lambda r: (r.step_time_s, r.method != "tapp", r.method))
+    speedup = _relative(evaluations["bsp"], evaluations["tapp"], race) if {"bsp", "tapp"} <= set(evaluations) else None
+    return Result(
+        title,
+        tuple(ordered),
+        speedup,
+        search,
+        links,
+        tuple(failed),
+        race_rounds=race.rounds if race is not None else 0,
+        race_overloaded=race.overloaded if race is not None else False,
+    )
+
+
+def _relative(evaluation: Evaluation, tapp: Evaluation | None, race: RaceResult | None) -> Speedup:
+    """``evaluation``'s step time over TAPP's: paired round by round when the race ran both."""
+    if tapp is None:
+        return Speedup(math.nan)
+    mine, theirs = raced_plan(race, evaluation.plan), raced_plan(race, tapp.plan)
+    if race is not None and mine is not None and theirs is not None and evaluation.measured and tapp.measured:
+        paired = race.ratio(mine.id, theirs.id)
+        if paired is not None:
+            return Speedup(paired.median, paired.low, paired.high, paired=True)
+    return Speedup(evaluation.step_time_s / tapp.step_time_s)
+
+
+# --- The verdict -------------------------------------------------------------------------------------------------
+
+
+def _verdict(result: Result) -> str:
+    """One plain sentence or two: the best group (raced) or the fastest (estimated), where TAPP stands, BSP/TAPP,
+    and what failed."""
+    methods = result.methods
+    if not methods:
+        return "No method finished." + (f" Failed: {', '.join(result.failed)}." if result.failed else "")
+    text = _raced_verdict(result) if result.raced else _estimated_verdict(result)
+    if result.speedup is not None:
+        text += f" BSP/TAPP: {result.speedup.text}."
+    if result.failed:
+        text += f" Failed: {', '.join(result.failed)} (see their runs)."
+    return text
+
+
+def _group_text(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _plans_of(methods: Sequence[MethodResult]) -> list[list[MethodResult]]:
+    """``methods`` by the plan they run (``same_execution``), in order: one entry per plan."""
+    plans: dict[str, list[MethodResult]] = {}
+    for m in methods:
+        plans.setdefault(m.plan.execution_id, []).append(m)
+    return list(plans.values())
+
+
+def _names(methods: Sequence[MethodResult]) -> str:
+    """``tapp``; ``tapp = single-cpu`` for methods whose plans run the same."""
+    return " = ".join(m.method for m in methods)
+
+
+def _raced_verdict(result: Result) -> str:
+    group = [m for m in result.methods if m.best]
+    plans = _plans_of(group)
+    names = _group_text([_names(p) for p in plans])
+    if len(plans) == 1:
+        one = " (one plan, raced once)" if len(group) > 1 else ""
+        text = f"Fastest: {names}{one}, {group[0].time_text} s per step, its interval clear of every other's (raced)."
+    else:
+        span = [m.step_time_s for m in group]
+        text = (
+            f"Best group: {names}, medians {seconds(min(span))}–{seconds(max(span))} s per step, within the noise "
+            "of each other (raced): no winner among them."
+        )
+    return text + _tapp_place(result, group)
+
+
+def _estimated_verdict(result: Result) -> str:
+    group = [m for m in result.methods if m.best]
+    plans = _plans_of(group)
+    names = _group_text([_names(p) for p in plans])
+    tied = " (equal estimates)" if len(plans) > 1 else (" (one plan)" if len(group) > 1 else "")
+    text = f"Fastest: {names}{tied}, {seconds(group[0].step_time_s)} s per step (estimated by the cost model)."
+    return text + _tapp_place(result, group)
+
+
+def _tapp_place(result: Result, group: Sequence[MethodResult]) -> str:
+    tapp = result.method("tapp")
+    if tapp is None or (len(_plans_of(group)) == 1 and tapp.best):
+        return ""
+    if tapp.best:
+        return " TAPP is in the best group." if result.raced else ""
+    place = 1 + sum(m.step_time_s < tapp.step_time_s for m in result.methods)
+    where = "not in the best group, " if result.raced else ""
+    return f" TAPP: {tapp.time_text} s, {where}place {place} of {len(result.methods)}."
+
+
+# --- Views -------------------------------------------------------------------------------------------------------
+
+
+def same_plan_sentences(result: Result) -> list[str]:
+    """Which methods chose plans that run the same as an earlier method's."""
+    sentences = []
+    for m in result.methods:
+        if m.same_as is None:
+            continue
+        original = result.method(m.same_as)
+        how = "the same plan" if original is not None and original.plan.id == m.plan.id else "a plan that runs the same"
+        detail = f" ({plan_shape(m.plan)}; only the schedule label differs)" if how != "the same plan" else ""
+        raced = "it was raced once and both show its figure" if m.measured else "both show its estimate"
+        sentences.append(f"{m.method} chose {how} as {m.same_as}{detail}: {raced}.")
+    return sentences
+
+
+def sentences(result: Result) -> list[str]:
+    """The result in plain sentences (terminal, Prefect's log): the verdict, the search, shared plans, the host."""
+    lines = [result.verdict]
+    if result.search is not None:
+        lines += search_sentences(result.search)
+    lines += same_plan_sentences(result)
+    if result.race_overloaded:
+        lines.append("WARNING: the evaluation race ran on an overloaded host: its intervals are wider and its medians")
+        lines[-1] += " higher than on a quiet host."
+    return lines
+
+
+TABLE_COLUMNS = (
+    ("method", "---"),
+    ("step time (s)", "---:"),
+    ("source", "---"),
+    ("best group", "---"),
+    ("vs TAPP", "---:"),
+    ("communication", "---:"),
+    ("plan", "---"),
+    ("same as", "---"),
+)
+
+
+def markdown_table(result: Result) -> str:
+    """The table of methods in Markdown: step time (median [low, high] when raced), bold in the best group."""
+    lines = [_md_row([name for name, _ in TABLE_COLUMNS]), _md_row([align for _, align in TABLE_COLUMNS])]
+    for m in result.methods:
+        time = f"**{m.time_text}**" if m.best else m.time_text
+        cells = [
+            m.method,
+            time,
+            m.source,
+            "yes" if m.best else "",
+            ratio(m.relative_to_tapp),
+            percent(m.communication_share),
+            plan_shape(m.plan),
+            m.same_as or "",
+        ]
+        lines.append(_md_row(cells))
+    return "\n".join(lines)
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def table_records(result: Result) -> list[dict[str, object]]:
+    """One record per method, fastest first, as shown (rounded); the interval as text and as numbers."""
+    records: list[dict[str, object]] = []
+    for m in result.methods:
+        records.append(
+            {
+                "method": m.method,
+                "step time (s)": m.time_text,
+                "step_time_s": rounded(m.step_time_s),
+                "step_time_low_s": rounded(m.low_s),
+                "step_time_high_s": rounded(m.high_s),
+                "source": m.source,
+                "best_group": m.best,
+                "vs_tapp": rounded(m.relative_to_tapp, numbers.RATIO_DIGITS),
+                "communication_share": rounded(m.communication_share),
+                "plan": plan_shape(m.plan),
+                "same_as": m.same_as or "",
+                "planning_s": rounded(m.planning_s),
+                "plan_id": m.plan.id,
+                "run_id": m.run_id,
+            }
+        )
+    return records
+
+
+def markdown(result: Result) -> str:
+    """The whole text (the parent run's description, Prefect's ``tapp-result``): title, verdict, the search, the
+    table, shared plans, what the numbers mean, links."""
+    parts = [f"### {result.title}", "", f"**{result.verdict}**", ""]
+    if result.search is not None:
+        parts += [" ".join(search_sentences(result.search)), ""]
+    parts += [markdown_table(result), ""]
+    extra = same_plan_sentences(result) + (sentences(result)[-1:] if result.race_overloaded else [])
+    if extra:
+        parts += [" ".join(extra), ""]
+    tapp = result.method("tapp")
+    if tapp is not None:
+        parts += [f"TAPP's {plan_line(tapp.plan)}.", ""]
+    parts.append(STEP_TIME_MEANING)
+    links = result.links
     report = f"[tables and figures]({links.report_run})" if links.report_run else "tables and figures"
     parts += ["", f"Report: {report}, also written to `{links.report_folder}`."]
     if links.runs_view:
@@ -226,3 +508,41 @@ def result_markdown(title: str, evaluations: Mapping[str, Evaluation], links: Li
     if links.flow_run:
         parts.append(f"Prefect flow run: [{links.flow_run}]({links.flow_run}).")
     return "\n".join(parts) + "\n"
+
+
+def parent_metrics(result: Result) -> dict[str, float]:
+    """The headline numbers for the parent run, rounded as shown (MLflow shows metrics raw)."""
+    metrics = {f"{m.method}_step_time_s": rounded(m.step_time_s) for m in result.methods}
+    if result.speedup is not None:
+        metrics["speedup_bsp_over_tapp"] = rounded(result.speedup.median, numbers.RATIO_DIGITS)
+        if result.speedup.paired:
+            metrics["speedup_bsp_over_tapp_low"] = rounded(result.speedup.low, numbers.RATIO_DIGITS)
+            metrics["speedup_bsp_over_tapp_high"] = rounded(result.speedup.high, numbers.RATIO_DIGITS)
+    story = result.search
+    if story is not None:
+        metrics["tapp_search_s"] = rounded(story.search_s)
+        if story.best_simulated is not None:
+            metrics["search_best_estimated_step_time_s"] = rounded(story.best_simulated.step_time_s)
+        if story.best_measured is not None:
+            best = story.best_measured
+            metrics["search_best_measured_step_time_s"] = rounded(best.step_time_s)
+            metrics["search_best_measured_step_time_low_s"] = rounded(best.low_s)
+            metrics["search_best_measured_step_time_high_s"] = rounded(best.high_s)
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
+def method_view(result: Result, method: MethodResult) -> tuple[str, str]:
+    """(run name, run description) of a method's MLflow run: the name carries its step time, so that MLflow's
+    default columns and its charts' legends show it."""
+    name = f"{method.method} {method.time_text} s" + ("" if method.measured else " (estimated)")
+    lines = [f"**{method.method}**: {method.time_text} s per step ({method.source})."]
+    if method.best:
+        lines.append("In the best group." if result.raced else "Fastest estimate.")
+    lines.append(f"Plan {method.plan.id}: {plan_shape(method.plan)}.")
+    if method.same_as is not None:
+        lines.append(f"It runs the same as {method.same_as}'s plan: one measurement for both.")
+    if math.isfinite(method.planning_s):
+        scope = " (the whole search)" if method.method == "tapp" else ""
+        lines.append(f"Planned in {method.planning_s:.3g} s{scope}.")
+    lines.append(f"Verdict of the experiment: {result.verdict}")
+    return name, "\n\n".join(lines) + "\n"

@@ -173,7 +173,7 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
         "tracking_uri",
     ):
         assert len(defaults[name]) == 1, f"--{name} defaults differ between commands: {defaults[name]}"
-    assert defaults["run out"] == defaults["report out"] == {"out/report"}
+    assert defaults["run out"] == defaults["report out"] == {"None"}  # out/EXPERIMENT/RUN_ID, out/EXPERIMENT/report
     assert defaults["profile model"] == {"alexnet"}
 
 

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from reports import runs
 from reports.tables import build_tables
+from tapp_core.stats import paired_ratio_interval
 from tasks.tracking import ExperimentTags, RunRef, tracked_run
 
 PAPER = {  # the TAPP paper's table, used here only as round numbers to log
@@ -65,13 +66,13 @@ def test_step_time_table_holds_the_logged_metrics_in_paper_order(tracking_uri: s
     csv = pd.read_csv(io.StringIO(tables.step_time.to_csv()))
     assert csv.loc[1, "SingleCPU"] == 1.972  # exact: CSV keeps the metric unrounded
 
-    markdown = tables.step_time.to_markdown()
-    assert "| AlexNet | local | 64 | 0.811 | 0.675 | 0.803 | 0.602 | 1.33x | 0.610 |" in markdown
+    markdown = tables.step_time.to_markdown()  # 4 significant digits, as every view shows a step time
+    assert "| AlexNet | local | 64 | 0.8110 | 0.6750 | 0.8030 | 0.6020 | 1.33x | 0.6100 |" in markdown
     assert "| VGG-16 | local | 64 | 1.972 | 1.634 | 1.865 | 1.432 | 1.30x | – |" in markdown
     assert "measured on the MPI runtime" in markdown
 
     latex = tables.step_time.to_latex()
-    assert "AlexNet & local & 64 & 0.811 & 0.675 & 0.803 & 0.602 & 1.33x & 0.610 \\\\" in latex
+    assert "AlexNet & local & 64 & 0.8110 & 0.6750 & 0.8030 & 0.6020 & 1.33x & 0.6100 \\\\" in latex
     assert "\\begin{tabular}{lllrrrrrr}" in latex
 
     share = tables.communication_share.to_markdown()
@@ -133,12 +134,23 @@ RACE = {  # method: per-round step times of one race (rounds 1-5); the oracle sh
 }
 
 
-def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1)) -> RunRef:
-    """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load."""
+def log_race(
+    experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1), best: dict[str, str] | None = None
+) -> RunRef:
+    """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load, and
+    what the experiment's result logs: the paired BSP/TAPP speedup on the parent run and, given ``best``, each
+    method's ``best_group`` tag."""
     tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
     with tracked_run("alexnet", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+        speedup = paired_ratio_interval(dict(enumerate(RACE["bsp"])), dict(enumerate(RACE["tapp"])))
+        assert speedup is not None
+        parent.log_metrics(
+            {runs.SPEEDUP: speedup.median, f"{runs.SPEEDUP}_low": speedup.low, f"{runs.SPEEDUP}_high": speedup.high}
+        )
         for method, rounds in RACE.items():
             extra = {runs.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
+            if best is not None:
+                extra[runs.BEST_GROUP] = best.get(method, "false")
             child_tags = tags.as_tags(
                 **{
                     runs.KIND: runs.EVALUATION,
@@ -177,16 +189,19 @@ def test_raced_cells_show_the_interval_and_mark_the_best_group(tracking_uri: str
 
     # SingleCPU 0.35 [0.33, 0.36], TAPP 0.36 [0.34, 0.38]: they overlap, so both are the best group; the oracle ran
     # SingleCPU's plan and shows the same figure; Pipe-Torch [0.45, 0.48] and BSP are out.
-    row = "| AlexNet | local | 64 | **0.350 ± 0.015** | 0.460 ± 0.015 | 1.450 ± 0.050 | **0.360 ± 0.020** |"
+    row = (
+        "| AlexNet | local | 64 | **0.3500 [0.3300, 0.3600]** | 0.4600 [0.4500, 0.4800] | 1.450 [1.400, 1.500] | "
+        "**0.3600 [0.3400, 0.3800]** |"
+    )
     assert row in markdown
-    assert markdown.count("**0.350 ± 0.015**") == 2  # SingleCPU and the oracle: one plan, one figure
-    assert "Oracle chose the same plan as SingleCPU; it was raced once" in markdown
-    assert "\\textbf{0.350 $\\pm$ 0.015}" in latex and "0.460 $\\pm$ 0.015 &" in latex
+    assert markdown.count("**0.3500 [0.3300, 0.3600]**") == 2  # SingleCPU and the oracle: one plan, one figure
+    assert "Oracle chose a plan that runs the same as SingleCPU's; it was raced once" in markdown
+    assert "\\textbf{0.3500 [0.3300, 0.3600]}" in latex and "0.4600 [0.4500, 0.4800] &" in latex
     # BSP/TAPP from the rounds paired: 1.40/0.36, 1.45/0.37, 1.50/0.34, 1.42/0.38, 1.46/0.36; median 4.06.
     ratios = sorted(b / t for b, t in zip(RACE["bsp"], RACE["tapp"], strict=True))
     assert table.frame.loc[0, "speedup BSP/TAPP"] == pytest.approx(ratios[2])
     assert table.frame.loc[0, "speedup BSP/TAPP low"] == pytest.approx(ratios[0])
-    assert f"{ratios[2]:.2f}x ± {(ratios[-1] - ratios[0]) / 2:.2f}x" in markdown
+    assert f"{ratios[2]:.3g}x [{ratios[0]:.3g}, {ratios[-1]:.3g}]" in markdown
     assert "WARNING" not in markdown
 
     csv = pd.read_csv(io.StringIO(table.to_csv()))
@@ -196,6 +211,14 @@ def test_raced_cells_show_the_interval_and_mark_the_best_group(tracking_uri: str
     ]  # fmt: skip
     assert (csv.loc[0, "TAPP"], csv.loc[0, "TAPP low"], csv.loc[0, "TAPP high"]) == (0.36, 0.34, 0.38)
     assert csv.loc[0, "TAPP best"] and not csv.loc[0, "BSP best"]
+
+
+def test_the_best_group_is_the_one_the_experiment_tagged(tracking_uri: str, experiment_name: str) -> None:
+    """The report bolds what each evaluation run's ``best_group`` tag says (the experiment's result computed it
+    once), not a group of its own."""
+    log_race(experiment_name, best={"tapp": "true"})
+    csv = pd.read_csv(io.StringIO(build_tables(experiment_name).step_time.to_csv()))
+    assert csv.loc[0, "TAPP best"] and not csv.loc[0, "SingleCPU best"] and not csv.loc[0, "Oracle best"]
 
 
 def test_a_race_on_an_overloaded_host_is_a_warning_in_the_table(tracking_uri: str, experiment_name: str) -> None:

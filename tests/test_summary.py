@@ -1,101 +1,212 @@
-"""The experiment's result as people read it (tasks.summary): the verdict, the rounded table, the plan line."""
+"""The experiment's result (tasks.summary): each fact computed once, every view showing the same numbers."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from types import SimpleNamespace
 from typing import Any
 
+from reports.numbers import ratio_interval, rounded, seconds, seconds_interval
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, single_stage_plan
+from tapp_core.runtime.race import RaceOptions, run_race
 from tasks.evaluate import Evaluation
-from tasks.summary import Links, markdown_table, result_frame, result_markdown, shown_frame, verdict
+from tasks.summary import (
+    Links,
+    PlanTime,
+    Result,
+    SearchStory,
+    build_result,
+    markdown,
+    markdown_table,
+    method_view,
+    parent_metrics,
+    search_sentences,
+    sentences,
+    table_records,
+)
 from tests.factories import chain_library
 
 LIBRARY = chain_library(4)
+LINKS = Links(report_folder="/out/tapp/RUN", report_run="http://ui/#/r", runs_view="http://ui/#/v", flow_run=None)
 
 
 def evaluation(
-    method: str, step_time_s: float, devices: tuple[str, ...] = ("cpu0",), measured: bool = True
+    method: str,
+    step_time_s: float,
+    devices: tuple[str, ...] = ("cpu0",),
+    measured: bool = True,
+    schedule: str = "gpipe",
 ) -> Evaluation:
-    plan = single_stage_plan(LIBRARY, list(devices), planner=method)
-    estimate: Any = SimpleNamespace(step_time=step_time_s * 1.1, communication_share=0.25)
-    measurement = Measurement(
-        plan.id, step_time_s=step_time_s, step_time_spread_s=0.001234567, communication_share=0.125
+    plan = dataclasses.replace(single_stage_plan(LIBRARY, list(devices), planner=method), schedule=schedule)
+    estimate: Any = SimpleNamespace(
+        step_time=step_time_s if not measured else step_time_s * 1.1, communication_share=0.25
     )
-    return Evaluation(method, f"run-{method}", plan, estimate, measurement if measured else None)
+    measurement = Measurement(plan.id, step_time_s=step_time_s, communication_share=0.125)
+    return Evaluation(method, f"run-{method}", plan, estimate, measurement if measured else None, 0.5)
 
 
-def test_verdict_names_the_fastest_and_where_tapp_stands() -> None:
-    evaluations = {e.method: e for e in (evaluation("tapp", 0.3), evaluation("bsp", 0.6), evaluation("even", 0.2))}
-    frame = result_frame(evaluations)
-    assert list(frame["method"]) == ["even", "tapp", "bsp"]
-    assert (
-        verdict(frame)
-        == "**Fastest: even**, 0.2 s per step (measured median); TAPP 0.3 s, place 2 of 3; BSP/TAPP 2.00x."
-    )
-    assert verdict(frame, ["evaluation of oracle"]).endswith("Failed: evaluation of oracle (see their runs).")
+def estimated(*pairs: tuple[str, float]) -> dict[str, Evaluation]:
+    return {m: evaluation(m, t, measured=False) for m, t in pairs}
 
 
-def test_equal_times_share_the_first_place_and_tapp_leads_them() -> None:
-    evaluations = {e.method: e for e in (evaluation("oracle", 0.5), evaluation("tapp", 0.5), evaluation("bsp", 0.7))}
-    frame = result_frame(evaluations)
-    assert list(frame["method"]) == ["tapp", "oracle", "bsp"]
-    assert verdict(frame).startswith("**Fastest: tapp, oracle** (equal), 0.5 s per step")
-    assert "place" not in verdict(frame)
-
-
-def test_the_table_is_rounded_and_keeps_its_cells() -> None:
+def test_the_fastest_estimate_and_where_tapp_stands() -> None:
     evaluations = {
-        "tapp": evaluation("tapp", 0.123456789, ("cpu0", "cpu1")),
-        "bsp": evaluation("bsp", 0.3, measured=False),
+        "tapp": evaluation("tapp", 0.3, ("cpu0", "cpu1"), measured=False),
+        "bsp": evaluation("bsp", 0.6, ("cpu0", "cpu2"), measured=False),
+        "even": evaluation("even", 0.2, ("cpu1",), measured=False),
     }
-    frame = result_frame(evaluations)
-    lines = markdown_table(frame).splitlines()
-    assert lines[0].startswith("| method | step time (s) | spread (s) | source | vs TAPP |")
-    assert lines[2] == "| tapp | 0.1235 | 0.001235 | measured | 1.00x | 12.5% | 1 | cpu0+cpu1 | 1 | gpipe |"
-    assert lines[3].startswith("| bsp | 0.33 | – | estimated | 2.67x | 25.0% |")
-    assert all(line.count("|") == 11 for line in lines)  # no cell splits the table
-    assert shown_frame(frame).loc[0, "step_time_s"] == 0.1235 and frame.loc[0, "step_time_s"] == 0.123456789
-    assert math.isnan(shown_frame(frame).loc[1, "step_time_spread_s"])
+    result = build_result("m on c", evaluations, LINKS, failed=["evaluation of oracle"])
+    assert [m.method for m in result.methods] == ["even", "tapp", "bsp"]
+    assert result.verdict == (
+        "Fastest: even, 0.2000 s per step (estimated by the cost model). TAPP: 0.3000 s, place 2 of 3. "
+        "BSP/TAPP: 2.00x. Failed: evaluation of oracle (see their runs)."
+    )
+    assert result.best_group == ["even"]  # an estimate-only run has a best group too: the fastest estimate(s)
 
 
-def test_the_text_has_the_verdict_first_then_the_table_plan_and_links() -> None:
-    links = Links(report_folder="/out/report", report_run="http://ui/#/r", runs_view="http://ui/#/v", flow_run=None)
-    text = result_markdown("m on c", {"tapp": evaluation("tapp", 0.2)}, links)
-    lines = text.splitlines()
-    assert lines[0] == "### m on c" and lines[2].startswith("**Fastest: tapp**")
-    plan: Plan = single_stage_plan(LIBRARY, ["cpu0"])
-    assert f"TAPP's plan `{plan.id}`: 1 stage(s) on cpu0, 1 micro-batches, gpipe schedule; estimated 0.22 s" in text
-    assert "Report: [tables and figures](http://ui/#/r), also written to `/out/report`." in text
-    assert "[runs view](http://ui/#/v)" in text and "Prefect" not in text
+def test_equal_estimates_share_the_first_place_and_tapp_leads_them() -> None:
+    evaluations = {
+        "oracle": evaluation("oracle", 0.5, ("cpu1",), measured=False),
+        "tapp": evaluation("tapp", 0.5, measured=False),
+        "bsp": evaluation("bsp", 0.7, ("cpu0", "cpu1"), measured=False),
+    }
+    result = build_result("m", evaluations, LINKS)
+    assert [m.method for m in result.methods] == ["tapp", "oracle", "bsp"]
+    assert result.verdict.startswith("Fastest: tapp and oracle (equal estimates), 0.5000 s per step")
+    assert "place" not in result.verdict and result.best_group == ["tapp", "oracle"]
+    records = table_records(result)
+    assert [r["best_group"] for r in records] == [True, True, False]
+    assert all(math.isnan(float(str(r["step_time_low_s"]))) for r in records)  # an estimate has no interval
+    assert records[0]["step time (s)"] == "0.5000" and records[0]["source"] == "estimated"
 
 
-def raced(method: str, median: float, low: float, high: float, devices: tuple[str, ...] = ("cpu0",)) -> Evaluation:
-    """An evaluation measured in a race of 5 rounds, with its interval."""
-    plain = evaluation(method, median, devices)
-    assert plain.measurement is not None
-    measured = dataclasses.replace(plain.measurement, rounds=5, interval_low_s=low, interval_high_s=high, coverage=0.94)
-    return dataclasses.replace(plain, measurement=measured)
+def test_plans_that_run_the_same_are_said_to_be_one() -> None:
+    """SingleCPU's gpipe plan and TAPP's 1f1b plan of the one device run the same; the oracle's is SingleCPU's."""
+    evaluations = {
+        "single-cpu": evaluation("single-cpu", 0.19, measured=False),
+        "tapp": evaluation("tapp", 0.19, measured=False, schedule="1f1b"),
+        "oracle": evaluation("oracle", 0.19, measured=False),
+    }
+    result = build_result("m", evaluations, LINKS)
+    assert {m.method: m.same_as for m in result.methods} == {
+        "tapp": "single-cpu",
+        "single-cpu": None,
+        "oracle": "single-cpu",
+    }
+    said = sentences(result)
+    assert any(s.startswith("tapp chose a plan that runs the same as single-cpu (") for s in said)
+    assert "oracle chose the same plan as single-cpu: both show its estimate." in said
+
+
+def raced_result() -> tuple[Result, SearchStory]:
+    """Four plans raced for real (``run_race``) on made-up rounds; TAPP's plan runs the same as SingleCPU's."""
+    rounds = {"cpu0": [0.195, 0.194, 0.199, 0.1946, 0.1948, 0.21], "bsp": [1.06, 1.07, 1.1, 1.05, 1.068, 1.2]}
+    rounds["pipe"] = [0.199, 0.2, 0.198, 0.21, 0.196, 0.19]
+    plans = {
+        "single-cpu": single_stage_plan(LIBRARY, ["cpu0"], planner="single-cpu"),
+        "bsp": single_stage_plan(LIBRARY, ["cpu0", "cpu1"], planner="bsp"),
+        "pipetorch": Plan("toy", 8, 2, "1f1b", (0, 0, 1, 1), (("cpu0",), ("cpu1",)), planner="pipetorch"),
+    }
+    plans["tapp"] = dataclasses.replace(plans["single-cpu"], schedule="1f1b", planner="tapp")
+    which = {plans["single-cpu"].id: "cpu0", plans["bsp"].id: "bsp", plans["pipetorch"].id: "pipe"}
+    count: dict[str, int] = {}
+
+    def run_round(plan: Plan) -> Measurement:
+        n = count[plan.id] = count.get(plan.id, 0) + 1
+        return Measurement(plan.id, step_time_s=rounds[which[plan.id]][n - 1], communication_share=0.1, emulated=True)
+
+    race = run_race(run_round, [plans["single-cpu"], plans["bsp"], plans["pipetorch"]], RaceOptions(max_rounds=6))
+    evaluations = {}
+    for method in ("tapp", "single-cpu", "bsp", "pipetorch"):
+        raced = next(p for p in race.plans if p.execution_id == plans[method].execution_id)
+        estimate: Any = SimpleNamespace(step_time=0.18, communication_share=0.0)
+        evaluations[method] = Evaluation(
+            method, f"run-{method}", plans[method], estimate, race.measurement(raced.id), 1.5
+        )
+    story = SearchStory(
+        rounds=33,
+        measured_rounds=3,
+        search_s=33.14,
+        chosen=PlanTime.of(plans["tapp"], 0.1816),
+        chosen_by="race of 4 candidates",
+        best_simulated=PlanTime.of(plans["tapp"], 0.1816),
+        best_measured=PlanTime("p1", "2 stages on cpu0 → cpu1, 4 micro-batches, 1f1b", 2, 0.3052, 0.2013, 0.3481, 4),
+        sampling_overloaded=True,
+        final_race=None,
+        best_pipeline=PlanTime("p2", "2 stages on cpu0 → cpu1, 2 micro-batches, 1f1b", 2, 0.2474),
+        best_single=PlanTime.of(plans["single-cpu"], 0.1816),
+    )
+    return build_result("toy on c, batch 8", evaluations, LINKS, race, story), story
+
+
+def test_the_views_of_one_result_carry_the_same_numbers() -> None:
+    """Markdown (MLflow's description, Prefect's tapp-result), plain sentences (terminal, Prefect's log), the table
+    records (Prefect's tapp-evaluation, MLflow's evaluation.json), the parent's metrics and each method run's name
+    and description: the same verdict, step times, intervals, speedup and search best in all."""
+    result, story = raced_result()
+    assert result.speedup is not None and result.speedup.paired
+    text, plain, records, metrics = markdown(result), sentences(result), table_records(result), parent_metrics(result)
+    terminal = "\n".join(plain) + "\n" + markdown_table(result)
+
+    assert plain[0] == result.verdict and f"**{result.verdict}**" in text
+    speedup = ratio_interval(result.speedup.median, result.speedup.low, result.speedup.high)
+    assert f"BSP/TAPP: {speedup}." in result.verdict
+    assert metrics["speedup_bsp_over_tapp"] == float(speedup.split("x")[0])
+    low, high = re.findall(r"\[(\S+), (\S+)\]", speedup)[0]
+    assert (metrics["speedup_bsp_over_tapp_low"], metrics["speedup_bsp_over_tapp_high"]) == (float(low), float(high))
+    bsp_row = next(r for r in records if r["method"] == "bsp")
+    assert bsp_row["vs_tapp"] == metrics["speedup_bsp_over_tapp"]  # "vs TAPP" is the paired speedup too
+    assert f"| {speedup.split(' ')[0]} |" in markdown_table(result)
+
+    for method in result.methods:
+        shown = seconds_interval(method.step_time_s, method.low_s, method.high_s)
+        assert shown in text and shown in terminal
+        row = next(r for r in records if r["method"] == method.method)
+        assert row["step time (s)"] == shown and row["step_time_s"] == rounded(method.step_time_s)
+        assert metrics[f"{method.method}_step_time_s"] == float(shown.split(" ")[0])
+        name, note = method_view(result, method)
+        assert name == f"{method.method} {shown} s" and result.verdict in note
+
+    best = story.best_measured
+    assert best is not None
+    best_text = f"{seconds_interval(best.step_time_s, best.low_s, best.high_s)} s measured over 4 rounds"
+    for view in (text, terminal):
+        assert best_text in view and "on an overloaded host" in view
+        assert f"{seconds(story.best_simulated.step_time_s)} s estimated" in view  # type: ignore[union-attr]
+        assert "TAPP's search took 33.1 s: 33 rounds, 30 on the cost model and 3 measured" in view
+        assert "TAPP's answer: do not split" in view and "estimated at 0.2474 s" in view
+    assert metrics["search_best_measured_step_time_s"] == 0.3052 and metrics["tapp_search_s"] == 33.14
+    assert (metrics["search_best_measured_step_time_low_s"], metrics["search_best_measured_step_time_high_s"]) == (
+        0.2013,
+        0.3481,
+    )
 
 
 def test_raced_methods_inside_the_noise_are_a_best_group_not_a_winner() -> None:
-    evaluations = {
-        e.method: e
-        for e in (
-            raced("single-cpu", 0.371, 0.36, 0.39),
-            raced("tapp", 0.382, 0.378, 0.40),
-            raced("bsp", 1.68, 1.6, 1.8),
-        )
-    }
-    frame = result_frame(evaluations)
-    assert list(frame["best_group"]) == [True, True, False]
-    assert verdict(frame) == (
-        "**Best group: single-cpu, tapp**, medians 0.371–0.382 s per step, within the noise of each other (raced); "
-        "TAPP 0.382 s, in the best group; BSP/TAPP 4.40x."
+    result, _ = raced_result()
+    group = result.best_group
+    assert group == ["tapp", "single-cpu", "pipetorch"]
+    assert result.verdict.startswith("Best group: tapp = single-cpu and pipetorch, medians 0.1949–0.1985 s per step")
+    assert "within the noise of each other (raced): no winner among them." in result.verdict
+    lines = markdown_table(result).splitlines()
+    assert lines[0].startswith("| method | step time (s) | source | best group | vs TAPP |")
+    assert all(line.count("|") == 9 for line in lines)  # no cell splits the table
+    single = result.method("single-cpu")
+    assert single is not None and single.same_as == "tapp" and single.measured  # TAPP's came first
+    assert "±" not in markdown(result)  # intervals are [low, high], never a symmetric ±
+
+
+def test_the_search_in_sentences() -> None:
+    _, story = raced_result()
+    said = search_sentences(story)
+    assert said[0] == "TAPP's search took 33.1 s: 33 rounds, 30 on the cost model and 3 measured on the workers."
+    assert said[-1] == (
+        "TAPP's answer: do not split (cpu0 alone (not split), 1 micro-batch). The best plan over several devices it "
+        "found was estimated at 0.2474 s (2 stages on cpu0 → cpu1, 2 micro-batches, 1f1b), the best single device at "
+        "0.1816 s (cpu0 alone (not split), 1 micro-batch)."
     )
-    lines = markdown_table(frame).splitlines()
-    assert lines[2].startswith("| single-cpu | **0.371 ± 0.015** |") and lines[4].startswith("| bsp | 1.68 ± 0.1 |")
-    alone = result_frame({"tapp": raced("tapp", 0.3, 0.29, 0.31), "bsp": raced("bsp", 0.6, 0.5, 0.7)})
-    assert verdict(alone).startswith("**Fastest: tapp**, 0.3 s per step, its interval clear of every other's (raced)")
+    split = dataclasses.replace(story, chosen=PlanTime("p2", "2 stages on cpu0 → cpu1", 2, 0.15))
+    assert search_sentences(split)[-1].startswith("TAPP's answer: split, 2 stages on cpu0 → cpu1, estimated 0.1500 s")

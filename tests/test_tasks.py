@@ -5,22 +5,32 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow import MlflowClient
 
 from flows.server import free_port
 from reports import runs
+from reports.numbers import rounded
 from tapp_core.cluster import load_cluster, parse_cluster
 from tapp_core.costs import DEFAULT_CALIBRATION
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, PlanError, single_stage_plan
+from tapp_core.plan import Plan, PlanError, same_execution, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
 from tapp_core.runtime.race import run_race
-from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, methods_for, plan_method
+from tasks.evaluate import (
+    MEASUREMENT_FROM,
+    baseline_plan,
+    evaluate_method,
+    methods_for,
+    plan_method,
+    race_methods,
+)
+from tasks.measure import RuntimeSettings
 from tasks.profile import record_library
 from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
@@ -101,8 +111,10 @@ def test_evaluation_logs_plan_and_estimate(tracking_uri: str, experiment_name: s
     stored = MlflowClient().get_run(result.run_id)
     assert stored.info.status == "FINISHED"
     assert stored.data.tags[runs.STEP_TIME_SOURCE] == "estimated"
-    assert stored.data.metrics[runs.STEP_TIME] == result.estimate.step_time == result.step_time_s
-    assert stored.data.metrics[runs.ESTIMATED_STEP_TIME] == result.estimate.step_time
+    assert result.estimate.step_time == result.step_time_s
+    assert stored.data.metrics[runs.STEP_TIME] == rounded(result.step_time_s)  # as every view shows it
+    assert stored.data.metrics[runs.STEP_TIME_MS] == rounded(1000 * rounded(result.step_time_s))
+    assert stored.data.metrics[runs.ESTIMATED_STEP_TIME] == result.estimate.step_time  # every digit
     assert stored.data.params["plan_id"] == result.plan.id
     plan_file = MlflowClient().download_artifacts(result.run_id, runs.PLAN_ARTIFACT)
     assert json.loads(Path(plan_file).read_text())["id"] == result.plan.id
@@ -148,28 +160,43 @@ def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None
     )  # fmt: skip
 
 
-def test_two_methods_with_one_plan_are_raced_once_and_share_its_figure(
+def test_methods_whose_plans_run_the_same_are_raced_once_and_share_its_figure(
     tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
 ) -> None:
+    """The oracle's plan is SingleCPU's; TAPP's is SingleCPU's under another schedule label (one stage, one
+    micro-batch: it runs the same). ``race_methods`` races one of them."""
     cluster = load_cluster("local")
     tags = experiment_tags()
     single = plan_method.fn("single-cpu", tiny_library, cluster, tags)
     oracle = dataclasses.replace(single, method="oracle", plan=dataclasses.replace(single.plan, planner="oracle"))
+    relabelled = dataclasses.replace(single.plan, planner="tapp", schedule="1f1b")
+    tapp = dataclasses.replace(single, method="tapp", plan=relabelled)
+    assert relabelled.id != single.plan.id and same_execution(relabelled, single.plan)
     bsp = plan_method.fn("bsp", tiny_library, cluster, tags)
-    race = run_race(FixedRounds({single.plan.id: 0.25, bsp.plan.id: 0.5}), [single.plan, oracle.plan, bsp.plan])
-    assert len(race.plans) == 2  # the oracle's plan is SingleCPU's: raced once
+    raced: list[list[str]] = []
+
+    def race_plans(plans: list[Plan], *args: object, **kwargs: object) -> object:
+        raced.append([p.id for p in plans])
+        seconds = {single.plan.id: 0.25, bsp.plan.id: 0.5}
+        return SimpleNamespace(is_completed=lambda: True, result=lambda: run_race(FixedRounds(seconds), plans))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tasks.evaluate.race_plans", race_plans)
+        _, race = race_methods([single, oracle, tapp, bsp], cluster, "tiny_cnn", RuntimeSettings())
+    assert raced == [[single.plan.id, bsp.plan.id]] and race is not None
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
         results = [
             evaluate_method.fn(single, parent.ref, tags, race),
             evaluate_method.fn(oracle, parent.ref, tags, race, measurement_from="single-cpu"),
+            evaluate_method.fn(tapp, parent.ref, tags, race, measurement_from="single-cpu"),
         ]
     stored = [MlflowClient().get_run(r.run_id).data for r in results]
     assert MEASUREMENT_FROM not in stored[0].tags and stored[1].tags[MEASUREMENT_FROM] == "single-cpu"
+    assert stored[2].tags[MEASUREMENT_FROM] == "single-cpu"
     for data in stored:
         assert data.metrics[runs.STEP_TIME] == data.metrics[runs.MEASURED_STEP_TIME] == 0.25
         assert (data.metrics[runs.STEP_TIME_LOW], data.metrics[runs.STEP_TIME_HIGH]) == (0.25, 0.25)
         assert data.metrics[runs.RACE_ROUNDS] == race.rounds and data.tags[runs.RACE_ID] == race.id
-        assert data.tags[runs.BEST_GROUP] == "true"  # 0.25 s against BSP's 0.5 s
     rounds = MlflowClient().get_metric_history(results[1].run_id, runs.ROUND_STEP_TIME)
     assert [m.step for m in rounds] == list(range(1, race.rounds + 1))
 

@@ -14,7 +14,6 @@ from flows.cli.common import (
     DEFAULT_BATCH,
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
-    DEFAULT_REPORT,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
     METHODS,
@@ -24,7 +23,6 @@ from flows.cli.common import (
     DatasetOpt,
     ExperimentOpt,
     ModelOpt,
-    ReportOutOpt,
     SeedOpt,
     StepsOpt,
     TrackingUriOpt,
@@ -39,6 +37,8 @@ from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
+
+    from flows.experiment import ExperimentResult
 
 DEFAULT_ROUNDS = 33
 """TAPP's search rounds in all (``flows.experiment.DEFAULT_ROUNDS``; here so that ``--help`` imports no flow)."""
@@ -70,6 +70,27 @@ MethodsOpt = Annotated[
 ]
 EstimateOnlyOpt = Annotated[bool, typer.Option("--estimate-only", help="no MPI runtime: cost-model step times")]
 TrainEpochsOpt = Annotated[int, typer.Option(min=0, help="also train each plan for the accuracy table")]
+TrainStepsOpt = Annotated[
+    int | None, typer.Option(min=1, help="with --train-epochs: at most this many steps per epoch (a quick check)")
+]
+RunOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="folder for the report's tables and figures (default: out/EXPERIMENT/RUN_ID); one that holds another "
+        "experiment's report is refused",
+    ),
+]
+ReportOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="folder for the report's tables and figures (default: out/EXPERIMENT/report); one that holds another "
+        "experiment's report is refused",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's log lines")]
 
 
@@ -98,9 +119,10 @@ def run(
     steps: StepsOpt = DEFAULT_STEPS,
     warmup: WarmupOpt = DEFAULT_WARMUP,
     train_epochs: TrainEpochsOpt = 0,
+    train_steps: TrainStepsOpt = None,
     seed: SeedOpt = 0,
     experiment: ExperimentOpt = "tapp",
-    out: ReportOutOpt = DEFAULT_REPORT,
+    out: RunOutOpt = None,
     tracking_uri: TrackingUriOpt = None,
     resume: ResumeOpt = None,
     verbose: VerboseOpt = False,
@@ -111,9 +133,12 @@ def run(
     # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from flows.server import prefect_api, sigterm_exits
+    from reports.folders import check_report_folder
     from tapp_core.paths import check_output_folder
 
-    check_output_folder(out, "--out")
+    if out is not None:
+        check_output_folder(out, "--out")
+        check_report_folder(out, experiment)
     # SIGTERM ends the command as Ctrl-C does (runs KILLED, server and workers stopped, temporary folders removed).
     # The server starts first, so that its start overlaps the imports, the input checks and the MLflow store.
     with sigterm_exits(), prefect_api() as prefect_ready:
@@ -124,13 +149,18 @@ def run(
                 model, cluster, batch_size, data_dir, dataset, rounds, samples_per_round, measured_rounds,
                 methods, estimate_only, steps, warmup, train_epochs, seed, tracking_uri,
             )  # fmt: skip
+            parameters["train_steps"] = train_steps
+        if out is not None:
+            check_report_folder(out, experiment)  # a resumed experiment's name is known only now
         _announce(parameters, uri, experiment, resume)
         prefect_ready()
         with _stage_progress(verbose):
             state = _run_flow(parameters, experiment, out, uri, resume)
         flow_run = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
         failure = _failure(state)
-        _print_report(out, uri, experiment, flow_run)  # in the block: a temporary Prefect server gets no link
+        _print_result(state.result() if failure is None else None)
+        _print_links(uri, experiment, flow_run)  # in the block: a temporary Prefect server gets no link
+        _print_report(state.result() if failure is None else None, out)
     if failure:
         error_console.print(f"[bold red]the experiment failed:[/] {failure}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -214,11 +244,14 @@ def _announce(parameters: dict[str, Any], uri: str, experiment: str, resume: str
     )
 
 
-def _run_flow(parameters: dict[str, Any], experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
+def _run_flow(
+    parameters: dict[str, Any], experiment: str, out: Path | None, uri: str, resume: str | None
+) -> State[Any]:
     from flows.experiment import tapp_experiment
 
+    folder = str(out) if out is not None else None
     state: State[Any] = tapp_experiment(
-        **parameters, experiment=experiment, out=str(out), tracking_uri=uri, resume_from=resume, return_state=True
+        **parameters, experiment=experiment, out=folder, tracking_uri=uri, resume_from=resume, return_state=True
     )
     return state
 
@@ -238,15 +271,18 @@ def _failure(state: State[Any]) -> str | None:
 
 def report(
     experiment: ExperimentOpt = "tapp",
-    out: ReportOutOpt = DEFAULT_REPORT,
+    out: ReportOutOpt = None,
     tracking_uri: TrackingUriOpt = None,
 ) -> None:
     """Rebuild the paper's tables (Markdown, CSV, LaTeX) and figures (PNG) from an MLflow experiment alone."""
+    from reports.folders import check_report_folder, experiment_report_folder
     from reports.paper import write_report
     from tapp_core.paths import check_output_folder
     from tasks.tracking import check_tracking, open_store
 
+    out = out if out is not None else experiment_report_folder(experiment)
     check_output_folder(out, "--out")
+    check_report_folder(out, experiment)
     uri = check_tracking(tracking_uri, existing=True)  # reading a store must not create an empty one
     open_store(uri)
     with console.status(f"reading experiment {experiment!r} from {uri}"):
@@ -281,15 +317,27 @@ def _stage_progress(verbose: bool) -> Iterator[None]:
             yield
 
 
-def _print_report(out: Path, uri: str, experiment: str, flow_run: str | None) -> None:
-    """The tables, then where to look: the MLflow UI (how to start it, the runs view, this experiment's run), the
-    Prefect flow run when a lasting Prefect server holds it, and the report folder."""
+def _print_result(result: ExperimentResult | None) -> None:
+    """The experiment's result as the other views show it (``tasks.summary``): its plain sentences, the table of
+    methods, what a step time means."""
+    from tasks import summary
+
+    if result is None or result.result is None:
+        return
+    shown = result.result
+    console.print(f"[bold]{shown.title}[/]", highlight=False)
+    for sentence in summary.sentences(shown):
+        console.print(sentence, highlight=False, markup=False)
+    print_markdown("\n" + summary.markdown_table(shown) + "\n")
+    console.print(summary.STEP_TIME_MEANING, highlight=False, markup=False, style="dim")
+
+
+def _print_links(uri: str, experiment: str, flow_run: str | None) -> None:
+    """Where to look: the MLflow UI (how to start it, the runs view, this experiment's run), and the Prefect flow
+    run when a lasting Prefect server holds it."""
     from tasks.prefect_ui import flow_run_url
     from tasks.tracking import mlflow_ui_url, run_url, runs_view_url
 
-    for name in ("step_time.md", "communication_share.md"):
-        if (out / name).is_file():
-            print_markdown((out / name).read_text())
     ui = mlflow_ui_url(uri)
     console.print(f"MLflow:  experiment {experiment!r} in {uri}", highlight=False, soft_wrap=True)
     if not uri.startswith(("http://", "https://")):
@@ -302,7 +350,24 @@ def _print_report(out: Path, uri: str, experiment: str, flow_run: str | None) ->
     prefect_page = flow_run_url(flow_run)
     if prefect_page:
         console.print(f"Prefect: {prefect_page}", highlight=False, soft_wrap=True)
-    console.print(f"Report:  {out}/ (step_time, communication_share, accuracy as .md/.csv/.tex; figures .png)")
+
+
+def _print_report(result: ExperimentResult | None, out: Path | None) -> None:
+    """The report's folder and what it holds: the tables that have rows (a table with none, such as the accuracy of
+    an experiment that trained nothing, is not listed) and the figures."""
+    if result is not None:
+        folder, files = result.report_dir, [Path(f) for f in result.report_files]
+    elif out is not None and out.is_dir():
+        folder, files = out, sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".tex", ".png"))
+    else:
+        return
+    tables = sorted({f.stem for f in files if f.suffix == ".csv" and len(f.read_text().splitlines()) > 1})
+    figures = [f.name for f in files if f.suffix == ".png"]
+    console.print(
+        f"Report:  {folder}/ (tables {', '.join(tables) or 'none'} as .md/.csv/.tex; figures {', '.join(figures) or 'none'})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _parent_run(uri: str, experiment: str, flow_run: str | None) -> tuple[str, str] | None:
