@@ -4,7 +4,8 @@
                                        [--view-key KEY] [--browser /usr/bin/chromium] [--strict]
                                        [--tapp-args "--model tiny_cnn --rounds 4"]
 
-Without ``--tracking-uri`` it first runs ``tapp run --estimate-only`` (with ``--tapp-args``) in a temporary folder
+Without ``--tracking-uri`` it first runs ``tapp run --estimate-only`` (``--measure``: measured on the workers; with
+``--tapp-args``) in a temporary folder
 (its own MLflow SQLite store and Prefect home, a few minutes here) and checks that, opening the runs link that
 ``tapp run`` printed (its host rebased onto the MLflow server this script starts). With an ``http(s)`` URI it browses that server; with
 any other store URI (``sqlite:///...``, ``postgresql://...``) it starts ``mlflow server`` on a free loopback port.
@@ -16,10 +17,16 @@ a fresh browser profile:
    ``workflowType=machine_learning``;
 2. the runs list: the experiment's saved view (an experiment tag ``mlflow.sharedViewState.KEY``, opened with
    ``?viewStateShareKey=KEY``) when there is one, else the parent's children filtered, sorted by ``step_time_s``;
-   are the ``method`` and ``step_time_s`` columns there, and who comes first;
+   are the ``method``, ``step_time_s`` and interval (``step_time_low_s``, ``step_time_high_s``) columns there, and
+   who comes first;
+2b. the same link reloaded, as a user who comes back (``02b-reload``): MLflow 3.17 writes the view's filter and
+   sort into the address and then no longer applies the view, so the reloaded page shows its default columns
+   (a LIMIT; the check looks for the step time and interval in the run names there instead); then, as the README
+   says, a click on **Override saved view** and a reload: the columns must be back, and a bookmark of that address
+   opened in a new tab of the same browser must show them too;
 3. the parent run's page: does its description (``mlflow.note.content``) show the result table; and the report
    its description links to (``07-report``);
-4. the chart view of the same runs: which metric the first chart plots;
+4. the chart view of the same runs: which metric the first chart plots, and whether its legend names every method;
 5. the compare page of the method runs: which metric the parallel-coordinates plot starts with;
 6. a table logged with ``log_table`` (listed in the run's ``mlflow.loggedArtifacts`` tag), in the artifact view.
 
@@ -59,7 +66,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STEP_METRIC = "step_time_s"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-WANTED_COLUMNS = ("tags.`method`", "tags.`model`", "tags.`cluster`", f"metrics.`{STEP_METRIC}`")
+CHART_METRIC = "step_time_ms"
+INTERVAL_COLUMNS = ("metrics.`step_time_low_s`", "metrics.`step_time_high_s`")
+WANTED_COLUMNS = ("tags.`method`", "tags.`model`", "tags.`cluster`", f"metrics.`{STEP_METRIC}`", *INTERVAL_COLUMNS)
+SIGNIFICANT_DIGITS = 4
+OVERRIDE_BUTTON = "Override saved view"
 # Debian's chromium as root on this closed network: without the background-networking flags it stalls on
 # connections the network refuses. Playwright adds a fresh --user-data-dir of its own.
 CHROMIUM_FLAGS = [
@@ -86,9 +97,10 @@ class CheckError(Exception):
 
 @dataclass
 class Report:
-    """What was checked, one line each: (status, subject, detail)."""
+    """What was checked, one line each: (status, subject, detail); screenshots go to ``out``."""
 
     lines: list[tuple[str, str, str]] = field(default_factory=list)
+    out: Path = Path("out/ui_check")
 
     def add(self, status: str, subject: str, detail: str) -> None:
         self.lines.append((status, subject, detail))
@@ -163,18 +175,16 @@ def stop_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_tapp(workdir: Path, timeout_s: float, extra: list[str]) -> tuple[str, str | None]:
-    """``tapp run --estimate-only`` in ``workdir`` with its own store and Prefect home; return the store's URI and
+    """``tapp run EXTRA`` in ``workdir`` with its own store and Prefect home; return the store's URI and
     the runs link it printed (None if it printed none)."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     environment = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_HOME": str(workdir / "prefect-home")}
     environment.pop("PREFECT_API_URL", None)
     tapp = Path(sys.executable).with_name("tapp")
     command = [str(tapp)] if tapp.exists() else [sys.executable, "-m", "flows.cli"]
-    print(f"running {' '.join(command)} run --estimate-only in {workdir} ...", flush=True)
+    print(f"running {' '.join(command)} run {' '.join(extra)} in {workdir} ...", flush=True)
     environment["COLUMNS"] = "400"  # its links on one line each
-    with process_group(
-        [*command, "run", "--estimate-only", *extra], workdir / "tapp-run.log", cwd=workdir, env=environment
-    ) as process:
+    with process_group([*command, "run", *extra], workdir / "tapp-run.log", cwd=workdir, env=environment) as process:
         try:
             status = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
@@ -370,7 +380,7 @@ def check_store(experiment: Experiment, view_key: str | None, report: Report) ->
 def check_description_numbers(note: str, report: Report) -> None:
     """The description's table shows rounded numbers (at most 4 significant digits)."""
     cells = [cell.strip() for line in note.splitlines() if line.startswith("| ") for cell in line.split("|")]
-    numbers = [cell for cell in cells if re.fullmatch(r"\d+\.\d+", cell)]
+    numbers = [number for cell in cells for number in re.findall(r"\d+\.\d+", cell)]
     long = [cell for cell in numbers if len(cell.replace(".", "").lstrip("0")) > 4]
     report.check(
         bool(numbers) and not long,
@@ -378,6 +388,16 @@ def check_description_numbers(note: str, report: Report) -> None:
         f"the description's {len(numbers)} numbers have at most 4 significant digits",
         f"unrounded numbers in the description: {long[:5] or 'no numbers at all'}",
     )
+
+
+NAMED_TIME = re.compile(r"\s\d+(\.\d+)?(e-\d+)?( \[[^]]+\])? s")
+"""A method run's name: ``tapp 0.1948 [0.1946, 0.1994] s`` (measured) or ``tapp 0.0004815 s (estimated)``."""
+
+
+def significant_digits(value: float) -> int:
+    """Significant digits of ``value`` as ``repr`` writes it (``0.1948`` -> 4, ``0.19481234`` -> 8)."""
+    mantissa = repr(float(value)).lower().split("e")[0].replace("-", "").replace(".", "")
+    return len(mantissa.lstrip("0").rstrip("0")) or 1
 
 
 def check_params(experiment: Experiment, report: Report) -> None:
@@ -408,13 +428,32 @@ def check_metrics(experiment: Experiment, report: Report) -> None:
         f"{STEP_METRIC} is logged first (the compare page plots the first shared metric)",
         f"the first metric logged is {first[0] if first else None!r}; the compare page plots that one",
     )
-    digits = [
-        len(repr(run.data.metrics[STEP_METRIC]).split(".")[-1]) for run in methods if STEP_METRIC in run.data.metrics
+    long = [
+        f"{run.data.tags.get('method')}: {key}={run.data.metrics[key]!r}"
+        for run in methods
+        for key in (STEP_METRIC, "step_time_low_s", "step_time_high_s")
+        if key in run.data.metrics and significant_digits(run.data.metrics[key]) > SIGNIFICANT_DIGITS
     ]
-    report.add(
-        "INFO",
+    report.check(
+        not long,
         "rounding",
-        f"{STEP_METRIC} carries up to {max(digits, default=0)} decimals; the UI shows metric values as logged",
+        f"{STEP_METRIC} and its interval are logged with at most {SIGNIFICANT_DIGITS} significant digits (the UI "
+        "shows metric values as logged)",
+        f"metrics the runs list shows raw with more than {SIGNIFICANT_DIGITS} significant digits: {long[:4]}",
+    )
+    colours = {run.data.tags.get("method"): run.data.tags.get("mlflow.runColor") for run in methods}
+    report.check(
+        all(colours.values()) and len(set(colours.values())) == len(colours),
+        "run colours",
+        f"every method run has its own colour (mlflow.runColor): {colours}",
+        f"method runs' colours (mlflow.runColor) missing or shared: {colours}",
+    )
+    unnamed = [run.info.run_name for run in methods if not NAMED_TIME.search(run.info.run_name or "")]
+    report.check(
+        not unnamed,
+        "run names",
+        "every method run's name carries its step time (what MLflow's default columns and chart legends show)",
+        f"method runs whose name carries no step time: {unnamed}",
     )
     expands = any(run.data.tags.get("mlflow.runType") == "evaluation" for run in experiment.children)
     report.add(
@@ -473,6 +512,7 @@ def urls(base: str, experiment: Experiment, view_key: str | None, printed: str |
     pages = {
         "01-landing": f"{base}/#/experiments/{eid}",
         "02-runs": runs,
+        "02b-reload": runs,
         "03-parent": f"{base}/#/experiments/{eid}/runs/{parent_id}?workflowType=machine_learning",
         "04-charts": runs + "&compareRunsMode=CHART",
         "05-compare": f"{base}/#/compare-runs?"
@@ -539,20 +579,20 @@ def look_landing(page: Any, experiment: Experiment, report: Report) -> None:
 
 
 def look_runs(page: Any, experiment: Experiment, report: Report) -> None:
-    if not settle(page, "[role=columnheader][col-id]"):
+    columns = shown_columns(page)
+    if columns is None:
         report.add("MISSING", "runs list", "no runs table appeared")
         return
-    columns = page.eval_on_selector_all("[role=columnheader][col-id]", "els => els.map(e => e.getAttribute('col-id'))")
     shown = [column for column in WANTED_COLUMNS if column in columns]
     report.check(
-        len(shown) == len(WANTED_COLUMNS),
+        in_view_order(columns),
         "runs columns",
-        f"{', '.join(shown)} are columns",
-        f"columns shown: {shown or 'none'} of {list(WANTED_COLUMNS)}; all columns: {columns}",
+        f"{', '.join(shown)} are columns, in that order",
+        f"columns shown: {shown or 'none'} of {list(WANTED_COLUMNS)}; all columns, left to right: {columns}",
     )
     body = page.inner_text("body")
     names = [run.info.run_name for run in experiment.methods]
-    visible = [name for name in names if re.search(rf"(^|\s){re.escape(name)}(\s|$)", body)]
+    visible = [name for name in names if name in body]
     report.check(
         len(visible) == len(names),
         "runs rows",
@@ -564,13 +604,96 @@ def look_runs(page: Any, experiment: Experiment, report: Report) -> None:
     report.add("INFO", "runs first row", " | ".join(w for w in words if w and not w.startswith("#")) or "(none)")
 
 
+def shown_columns(page: Any) -> list[str] | None:
+    """The runs table's column ids once it is drawn, left to right as the browser shows them (the grid's DOM order
+    is not its visual order); None when no table came."""
+    if not settle(page, "[role=columnheader][col-id]"):
+        return None
+    cells = page.eval_on_selector_all(
+        "[role=columnheader][col-id]",
+        "els => els.map(e => [e.getBoundingClientRect().left, e.getAttribute('col-id')])",
+    )
+    return [str(column) for _, column in sorted(cells, key=lambda cell: float(cell[0]))]
+
+
+def in_view_order(columns: list[str]) -> bool:
+    """Whether ``WANTED_COLUMNS`` are all shown, in the saved view's order."""
+    positions = [columns.index(c) for c in WANTED_COLUMNS if c in columns]
+    return len(positions) == len(WANTED_COLUMNS) and positions == sorted(positions)
+
+
+def look_reload(page: Any, experiment: Experiment, report: Report) -> None:
+    """The printed link, then reloaded (MLflow 3.17: default columns, the run names carrying the step times); then,
+    in a fresh browser, the printed link, the README's click on Override saved view, a reload and the address
+    opened as a bookmark in a new tab: are the step time and interval columns there each time?"""
+    url = page.url
+    report.check(column_check(page, report, "1-opened"), "before reload", "step time and interval columns", "missing")
+    page.reload(wait_until="load")
+    if column_check(page, report, "2-reloaded"):
+        report.add("OK", "after reload", "the reloaded link keeps the step time and interval columns")
+    else:
+        body = page.inner_text("body")
+        named = [run.info.run_name for run in experiment.methods if run.info.run_name in body]
+        report.add(
+            "LIMIT",
+            "after reload",
+            "MLflow 3.17 wrote the view's filter and sort into the address and then no longer applies the view: "
+            f"default columns; the run names there carry the step time and interval for {len(named)} of "
+            f"{len(experiment.methods)} methods",
+        )
+    context = page.context.browser.new_context(viewport={"width": 1600, "height": 1000})
+    context.add_init_script(CLOSE_ASSISTANT)
+    try:
+        fresh = context.new_page()
+        fresh.goto(url, wait_until="load", timeout=PAGE_TIMEOUT_S * 1000)
+        report.check(column_check(fresh, report, "3-opened"), "override", "columns before the click", "missing")
+        clicked = click_override(fresh)
+        report.check(clicked, "override", f"clicked {OVERRIDE_BUTTON!r}", f"no {OVERRIDE_BUTTON!r} button")
+        fresh.reload(wait_until="load")
+        report.check(
+            column_check(fresh, report, "4-overridden-reloaded"),
+            "after reload",
+            f"after {OVERRIDE_BUTTON!r}, the reloaded link keeps the step time and interval columns",
+            f"after {OVERRIDE_BUTTON!r}, the reloaded link lost the step time or interval columns",
+        )
+        bookmark = context.new_page()
+        bookmark.goto(fresh.url, wait_until="load", timeout=PAGE_TIMEOUT_S * 1000)
+        report.check(
+            column_check(bookmark, report, "5-bookmark"),
+            "bookmark",
+            "the reloaded address, opened in a new tab, shows the step time and interval columns",
+            "the reloaded address, opened in a new tab, lost the step time or interval columns",
+        )
+    finally:
+        context.close()
+
+
+def column_check(page: Any, report: Report, step: str) -> bool:
+    """Whether the runs table shows the view's columns (the step time and its interval among them) in the view's
+    order; a screenshot and the address, as INFO."""
+    columns = shown_columns(page) or []
+    page.screenshot(path=str(report.out / f"02b-{step}.png"))
+    report.add("INFO", f"reload {step}", f"{page.url} -> columns {[c for c in columns if '`' in c]}")
+    return in_view_order(columns)
+
+
+def click_override(page: Any) -> bool:
+    """Click the shared view's Override saved view button (it keeps the view in the browser's local storage)."""
+    try:
+        page.get_by_role("button", name=OVERRIDE_BUTTON).click(timeout=10_000)
+    except Exception:  # playwright's TimeoutError: the banner is not there
+        return False
+    time.sleep(2.0)
+    return True
+
+
 def look_parent(page: Any, experiment: Experiment, report: Report) -> None:
     settle(page, "text=About this run")
     with contextlib.suppress(Exception):  # no "Show more" when the description is short
         page.get_by_text("Show more", exact=True).first.click(timeout=3000)
         time.sleep(1.0)
     tables = page.eval_on_selector_all("table", "els => els.map(e => e.innerText)")
-    names = [run.info.run_name for run in experiment.methods]
+    names = [run.data.tags.get("method", "") for run in experiment.methods]
     result = [text for text in tables if sum(name in text for name in names) >= max(1, len(names) // 2)]
     report.check(
         bool(result),
@@ -584,14 +707,25 @@ def look_charts(page: Any, experiment: Experiment, report: Report) -> None:
     if not settle(page, "[data-testid=draggable-chart-cards-grid]"):
         report.add("MISSING", "charts", "no chart appeared")
         return
-    titles = page.eval_on_selector_all(
-        "[data-testid=draggable-chart-cards-grid] > *", "els => els.map(e => e.innerText.split('\\n')[0])"
+    cards = page.eval_on_selector_all(
+        "[data-testid=draggable-chart-cards-grid] > *", "els => els.map(e => e.innerText)"
     )
+    titles = [card.split("\n")[0] for card in cards]
     report.check(
-        bool(titles) and titles[0] == STEP_METRIC,
+        bool(titles) and titles[0] == CHART_METRIC,
         "charts",
-        f"the first chart plots {STEP_METRIC}",
+        f"the first chart plots {CHART_METRIC} (its bars labelled with two decimals: 4 digits of a step time)",
         f"the first charts plot {titles[:4]} (alphabetical unless a saved view orders them)",
+    )
+    names = [run.info.run_name for run in experiment.methods]
+    seen = page.evaluate(VISIBLE_TEXTS, {"selector": "[data-testid=draggable-chart-cards-grid] > *", "texts": names})
+    beside = page.evaluate(VISIBLE_TEXTS, {"selector": "body", "texts": names})
+    report.check(
+        len(beside) == len(names),
+        "chart names",
+        f"the run list beside the charts names all {len(names)} method runs (each with its step time and the "
+        f"colour of its bars); the first chart's legend shows {len(seen)} of them (it keeps two lines)",
+        f"the run list beside the charts names {len(beside)} of {len(names)} method runs",
     )
 
 
@@ -631,9 +765,36 @@ def look_table(page: Any, experiment: Experiment, report: Report) -> None:
     )
 
 
+VISIBLE_TEXTS = """({selector, texts}) => {
+  const root = document.querySelector(selector);
+  if (!root) return [];
+  const clipped = (e) => {
+    const box = e.getBoundingClientRect();
+    if (box.width === 0 || box.height === 0) return true;
+    for (let a = e.parentElement; a; a = a.parentElement) {
+      const style = getComputedStyle(a);
+      if (/(hidden|auto|scroll|clip)/.test(style.overflow + style.overflowY + style.overflowX)) {
+        const limit = a.getBoundingClientRect();
+        if (box.top >= limit.bottom - 1 || box.bottom <= limit.top + 1) return true;
+      }
+    }
+    return false;
+  };
+  const found = new Set();
+  for (const e of root.querySelectorAll('*')) {
+    const own = Array.from(e.childNodes).filter(n => n.nodeType === 3).map(n => n.textContent).join('').trim();
+    if (texts.some(t => own.startsWith(t.slice(0, 24))) && !clipped(e)) found.add(texts.find(t => own.startsWith(t.slice(0, 24))));
+  }
+  return Array.from(found);
+}"""
+"""The texts of ``texts`` drawn unclipped (by their first characters: long names are cut with an ellipsis) under
+``selector``."""
+
+
 LOOKS = {
     "01-landing": look_landing,
     "02-runs": look_runs,
+    "02b-reload": look_reload,
     "03-parent": look_parent,
     "04-charts": look_charts,
     "05-compare": look_compare,
@@ -655,6 +816,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--require-browser", action="store_true", help="fail when no browser is found")
     parser.add_argument("--strict", action="store_true", help="exit 1 when something is MISSING")
     parser.add_argument("--tapp-timeout", type=float, default=900.0, help="seconds allowed for tapp run")
+    parser.add_argument("--measure", action="store_true", help="tapp run measures on the workers (not --estimate-only)")
     parser.add_argument("--tapp-args", default="", help="more arguments for tapp run, e.g. '--model tiny_cnn'")
     return parser.parse_args()
 
@@ -663,7 +825,9 @@ def check(arguments: argparse.Namespace, workdir: Path, report: Report) -> None:
     printed = None
     tracking_uri = arguments.tracking_uri
     if not tracking_uri:
-        tracking_uri, printed = run_tapp(workdir, arguments.tapp_timeout, arguments.tapp_args.split())
+        extra = ([] if arguments.measure else ["--estimate-only"]) + arguments.tapp_args.split()
+        tracking_uri, printed = run_tapp(workdir, arguments.tapp_timeout, extra)
+        shutil.copy(workdir / "tapp-run.log", arguments.out / "tapp-run.log")  # what the terminal showed
         report.check(bool(printed), "printed link", f"tapp run printed {printed}", "tapp run printed no runs link")
     experiment = open_experiment(tracking_uri, arguments.experiment)
     view_key = pick_view(experiment, arguments.view_key)
@@ -686,7 +850,7 @@ def main() -> int:
     arguments = parse_arguments()
     arguments.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that every `finally` below stops its process
-    report = Report()
+    report = Report(out=arguments.out)
     with tempfile.TemporaryDirectory(prefix="tapp-ui-check-") as workdir:
         try:
             check(arguments, Path(workdir), report)

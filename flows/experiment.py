@@ -19,6 +19,7 @@ round) and then evaluates and reports as usual (``tapp run --resume RUN_ID``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,8 +372,12 @@ def _run_stages(
     )
     if work.training is not None:
         failed += _train(parent, tags, target, evaluations, work.training)
+    title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
+    result = summary.build_result(title, evaluations, summary.Links(out), race, outcome.story, failed)
+    _race_conditions(parent, race)
+    views.record_numbers(parent, result)  # before the report, which reads them back from MLflow
     reported = report_experiment(parent.ref, tags, out, work.experiment)
-    result = _summarise(parent, tags, evaluations, reported, failed, race, outcome)
+    result = _show(parent, tags, result, reported)
     if failed:
         raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
     return evaluations, reported, result
@@ -446,17 +451,9 @@ def _train(
     return failed
 
 
-def _summarise(
-    parent: TrackedRun,
-    tags: ExperimentTags,
-    evaluations: dict[str, Evaluation],
-    reported: ReportRun,
-    failed: list[str],
-    race: RaceResult | None,
-    search: SearchOutcome,
-) -> summary.Result:
-    """The result, computed once (``summary.build_result``) and shown everywhere (``tasks.views``): on the parent run
-    and the method runs in MLflow, in Prefect; and the race's conditions on the parent run."""
+def _show(parent: TrackedRun, tags: ExperimentTags, result: summary.Result, reported: ReportRun) -> summary.Result:
+    """The result with its links (the report, the runs view, the Prefect flow run) as the parent run's description
+    in MLflow and in Prefect (``tasks.views``)."""
     ref = parent.ref
     ui = mlflow_ui_url(ref.tracking_uri)
     links = summary.Links(
@@ -465,10 +462,8 @@ def _summarise(
         runs_view=runs_view_url(ui, ref.experiment_id),
         flow_run=prefect_ui.flow_run_url(prefect_ui.flow_run_id()),
     )
-    title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
-    result = summary.build_result(title, evaluations, links, race, search.story, failed)
-    _race_conditions(parent, race)
-    views.record_result(parent, result, reported.report.figure_files)
+    result = dataclasses.replace(result, links=links)
+    views.record_text(parent, result, reported.report.figure_files)
     views.show_result(result, ui, parent, f"TAPP vs the baselines: {tags.model} on {tags.cluster}")
     return result
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from reports.folders import experiment_report_folder
 from reports.paper import Report
 from tasks.report import paper_report
 from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking
@@ -15,7 +16,9 @@ from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking
 
 @flow(name="paper-table", flow_run_name="paper-table-{experiment}")
 def paper_table(
-    experiment: str = DEFAULT_EXPERIMENT, out: str = "out/report", tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT, out: str | None = None, tracking_uri: str | None = None
 ) -> Report:
-    """Tables (Markdown, CSV, LaTeX) and figures (PNG) of every finished evaluation in ``experiment``."""
-    return paper_report(experiment, out, check_tracking(tracking_uri))
+    """Tables (Markdown, CSV, LaTeX) and figures (PNG) of every finished evaluation in ``experiment``, in ``out``
+    (default: ``out/<experiment>/report``, as ``tapp report``)."""
+    folder = out if out is not None else str(experiment_report_folder(experiment))
+    return paper_report(experiment, folder, check_tracking(tracking_uri))

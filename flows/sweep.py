@@ -103,7 +103,9 @@ def benchmark_sweep(
         table = report.tables.step_time.to_markdown()
         failures = f"\n\nFailed experiments: {'; '.join(failed)}." if failed else ""
         sweep.set_note(f"### Benchmark sweep: {len(combinations)} experiments\n\n{table}{failures}\n")
-        prefect_ui.log(table)
+        prefect_ui.log(
+            f"{len(combinations)} experiments reported; the step-time table is the artifact tapp-sweep-result."
+        )
         prefect_ui.markdown_artifact("tapp-sweep-result", table + failures, "the sweep's step-time table")
         if failed:
             raise SweepIncomplete(f"failed experiments: {'; '.join(failed)}; report of the others in {out}")

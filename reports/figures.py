@@ -183,7 +183,7 @@ def reward_curve(
     ``best_step_time_s``, ``round_best_step_time_s``; ``samples`` the measured plans (``measured_round``,
     ``measured_step_time_s`` and its ``_low_s``/``_high_s``); ``final`` the final race's summary.
     """
-    figure = Figure(figsize=(12, 4.4), layout="constrained")
+    figure = Figure(figsize=(12, 5.0), layout="constrained")
     FigureCanvasAgg(figure)
     rewards, times = figure.subplots(1, 2, width_ratios=(1, 1.5))
     measured_rounds = _shade_measured(history, (rewards, times))
@@ -198,8 +198,13 @@ def reward_curve(
         axes.set_xlabel("search round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
-    if times.lines or times.collections:
-        times.legend(loc="upper right", fontsize=7)
+    if verdict:  # the final race's column is named, not numbered
+        last = int(max(history["round"], default=0)) + 1
+        ticks = [t for t in times.get_xticks() if 1 <= t < last]
+        times.set_xticks([*ticks, last], [str(int(t)) for t in ticks] + ["final\nrace"])
+    handles, labels = times.get_legend_handles_labels()
+    if handles:  # under the panels, clear of the data
+        figure.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     subtitle = (
         f"rounds {measured_rounds} measured on the workers" if measured_rounds else "every round on the cost model"
     )
@@ -248,7 +253,7 @@ def _measured_samples(axes: Axes, samples: pd.DataFrame | None) -> None:
     above = (measured["measured_step_time_high_s"] - median).clip(lower=0).fillna(0)
     axes.errorbar(
         x, median, yerr=[below, above], fmt="o", markersize=4, color=MEASURED_COLOUR, capsize=2,
-        label="measured sample: median [interval]",
+        label="measured sample: median [interval] (one round: none)",
     )  # fmt: skip
 
 
@@ -272,7 +277,6 @@ def _final_race(axes: Axes, final: Mapping[str, object] | None, x: int) -> str:
             color=WINNER_COLOUR if won else "#555555", label=label, zorder=3 if won else 2,
         )  # fmt: skip
     axes.axvline(x - 0.5, color="#555555", linewidth=0.8, linestyle=":")
-    axes.annotate("final\nrace", (x, 1.0), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7)
     won_plan = next((p for p in done if p.get("plan_id") == winner), None)
     if won_plan is None:
         return "final race: no plan finished"

@@ -491,7 +491,7 @@ def markdown(result: Result) -> str:
     table, shared plans, what the numbers mean, links."""
     parts = [f"### {result.title}", "", f"**{result.verdict}**", ""]
     if result.search is not None:
-        parts += [" ".join(search_sentences(result.search)), ""]
+        parts += [*(f"- {sentence}" for sentence in search_sentences(result.search)), ""]
     parts += [markdown_table(result), ""]
     extra = same_plan_sentences(result) + (sentences(result)[-1:] if result.race_overloaded else [])
     if extra:

@@ -502,8 +502,8 @@ def runs_view_state() -> dict[str, object]:
                 "isReordered": True,
                 "deleted": False,
                 "isGenerated": True,
-                "columns": 2,
-                "cardHeight": 520,
+                "columns": 1,
+                "cardHeight": 460,
             }
         ],
     }

@@ -27,9 +27,9 @@ from tasks.tracking import RUN_COLOR_TAG, RunRef, TrackedRun, run_url
 FIGURES_ARTIFACT = "figures"
 
 
-def record_result(parent: TrackedRun, result: summary.Result, figures: Iterable[Path] = ()) -> None:
-    """The result on the parent run and on each method's run (see the module's docstring)."""
-    parent.set_note(summary.markdown(result))
+def record_numbers(parent: TrackedRun, result: summary.Result) -> None:
+    """The result's numbers on the parent run (metrics, params, the table of methods, the plans) and on each
+    method's run (name, description, ``best_group`` tag, colour): what the report then reads back."""
     parent.log_metrics(summary.parent_metrics(result))
     tapp = result.method("tapp")
     parent.log_params(
@@ -47,6 +47,11 @@ def record_result(parent: TrackedRun, result: summary.Result, figures: Iterable[
         run.client.update_run(method.run_id, name=name)
         run.set_note(note)
         run.set_tags({runs.BEST_GROUP: str(method.best).lower(), RUN_COLOR_TAG: method_colour(method.method)})
+
+
+def record_text(parent: TrackedRun, result: summary.Result, figures: Iterable[Path] = ()) -> None:
+    """The parent run's description (the whole result, with its links) and the report's figures."""
+    parent.set_note(summary.markdown(result))
     for figure in figures:
         parent.log_file(figure, FIGURES_ARTIFACT)
 

@@ -325,11 +325,11 @@ def _print_result(result: ExperimentResult | None) -> None:
     if result is None or result.result is None:
         return
     shown = result.result
-    console.print(f"[bold]{shown.title}[/]", highlight=False)
-    for sentence in summary.sentences(shown):
-        console.print(sentence, highlight=False, markup=False)
+    console.print(shown.title, highlight=False, markup=False, style="bold", soft_wrap=True)
+    for sentence in summary.sentences(shown):  # one line each: they paste and grep as they are
+        console.print(sentence, highlight=False, markup=False, soft_wrap=True)
     print_markdown("\n" + summary.markdown_table(shown) + "\n")
-    console.print(summary.STEP_TIME_MEANING, highlight=False, markup=False, style="dim")
+    console.print(summary.STEP_TIME_MEANING, highlight=False, markup=False, style="dim", soft_wrap=True)
 
 
 def _print_links(uri: str, experiment: str, flow_run: str | None) -> None:
