@@ -51,22 +51,14 @@ class Links:
     """The Prefect flow run's page."""
 
 
-def plan_devices(plan: Plan) -> str:
-    """Stages in pipeline order, ``→`` between them, ``+`` between the replicas of one stage (no ``|``: it would
-    split a Markdown table's cell)."""
-    return " → ".join("+".join(devices) for devices in plan.stage_devices)
-
-
 def plan_shape(plan: Plan) -> str:
-    """A plan in words: ``2 stages on cpu0 → cpu1, 4 micro-batches, 1f1b``; one device: ``cpu0 alone (not
-    split), 1 micro-batch``."""
-    batches = f"{plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''}"
-    schedule = "" if plan.n_stages == 1 and plan.micro_batches == 1 else f", {plan.schedule}"  # same_execution
-    if len(plan.devices) == 1:
-        return f"{plan.devices[0]} alone (not split), {batches}{schedule}"
-    if plan.n_stages == 1:
-        return f"1 stage replicated on {plan_devices(plan)} (data parallel), {batches}{schedule}"
-    return f"{plan.n_stages} stages on {plan_devices(plan)}, {batches}{schedule}"
+    """A plan in one line, as every command says it (``Plan.describe``): ``cpu0 | cpu1+cpu2, m=2, 1f1b``."""
+    return plan.describe()
+
+
+def _cell(text: str) -> str:
+    """``text`` in a Markdown table's cell: a ``|`` (between a plan's stages) escaped, so it splits no cell."""
+    return text.replace("|", "\\|")
 
 
 def plan_line(plan: Plan, estimated_step_time_s: float | None = None) -> str:
@@ -408,7 +400,8 @@ def same_plan_sentences(result: Result) -> list[str]:
             continue
         original = result.method(m.same_as)
         how = "the same plan" if original is not None and original.plan.id == m.plan.id else "a plan that runs the same"
-        detail = f" ({plan_shape(m.plan)}; only the schedule label differs)" if how != "the same plan" else ""
+        detail = f" ({plan_shape(m.plan)}: one stage, one micro-batch, only the schedule label differs)"
+        detail = detail if how != "the same plan" else ""
         raced = "it was raced once and both show its figure" if m.measured else "both show its estimate"
         sentences.append(f"{m.method} chose {how} as {m.same_as}{detail}: {raced}.")
     return sentences
@@ -450,7 +443,7 @@ def markdown_table(result: Result) -> str:
             "yes" if m.best else "",
             ratio(m.relative_to_tapp),
             percent(m.communication_share),
-            plan_shape(m.plan),
+            _cell(plan_shape(m.plan)),
             m.same_as or "",
         ]
         lines.append(_md_row(cells))
