@@ -84,7 +84,15 @@ RESUMED_PARAMETERS = (
 
 
 class ExperimentIncomplete(RuntimeError):
-    """Some methods failed; the report holds the others and the parent run is marked FAILED."""
+    """Some methods failed; the report holds the others and the parent run is marked FAILED. ``result`` is what the
+    others gave (the command line shows it as for a complete experiment)."""
+
+    def __init__(self, message: str, result: ExperimentResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a Prefect state pickles it
+        return (ExperimentIncomplete, (str(self), self.result))
 
 
 @dataclass
@@ -313,20 +321,26 @@ def tapp_experiment(
             parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
             parent.log_params(params)
             evaluations, reported, result = _run_stages(parent, tags, work)
+            done = ExperimentResult(
+                experiment=experiment,
+                tracking_uri=uri,
+                run_id=parent.run_id,
+                report_dir=reported.report.folder,
+                step_time_table=reported.report.tables.step_time.to_markdown(),
+                evaluations=evaluations,
+                experiment_id=parent.ref.experiment_id,
+                summary=summary.markdown(result),
+                result=result,
+                report_files=(*reported.report.table_files, *reported.report.figure_files),
+            )
+            if result.failed:  # the parent run ends FAILED
+                failed = ", ".join(result.failed)
+                raise ExperimentIncomplete(
+                    f"failed: {failed} (see their MLflow runs); report in {done.report_dir}", done
+                )
     finally:
         close_pools()
-    return ExperimentResult(
-        experiment=experiment,
-        tracking_uri=uri,
-        run_id=parent.run_id,
-        report_dir=reported.report.folder,
-        step_time_table=reported.report.tables.step_time.to_markdown(),
-        evaluations=evaluations,
-        experiment_id=parent.ref.experiment_id,
-        summary=summary.markdown(result),
-        result=result,
-        report_files=(*reported.report.table_files, *reported.report.figure_files),
-    )
+    return done
 
 
 @dataclass(frozen=True)
@@ -378,8 +392,6 @@ def _run_stages(
     views.record_numbers(parent, result)  # before the report, which reads them back from MLflow
     reported = report_experiment(parent.ref, tags, out, work.experiment)
     result = _show(parent, tags, result, reported)
-    if failed:
-        raise ExperimentIncomplete(f"failed: {', '.join(failed)} (see their MLflow runs); report in {out}")
     return evaluations, reported, result
 
 

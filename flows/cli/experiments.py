@@ -158,9 +158,10 @@ def run(
             state = _run_flow(parameters, experiment, out, uri, resume)
         flow_run = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
         failure = _failure(state)
-        _print_result(state.result() if failure is None else None)
+        shown = _result_of(state)
+        _print_result(shown)
         _print_links(uri, experiment, flow_run)  # in the block: a temporary Prefect server gets no link
-        _print_report(state.result() if failure is None else None, out)
+        _print_report(shown, out)
     if failure:
         error_console.print(f"[bold red]the experiment failed:[/] {failure}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -254,6 +255,20 @@ def _run_flow(
         **parameters, experiment=experiment, out=folder, tracking_uri=uri, resume_from=resume, return_state=True
     )
     return state
+
+
+def _result_of(state: State[Any]) -> ExperimentResult | None:
+    """The flow's result: a complete experiment's, else what the methods that did not fail gave (None when the flow
+    ended before it had one)."""
+    from flows.experiment import ExperimentIncomplete
+
+    try:
+        result: ExperimentResult = state.result()
+    except ExperimentIncomplete as incomplete:
+        return incomplete.result
+    except Exception:
+        return None
+    return result
 
 
 def _failure(state: State[Any]) -> str | None:
