@@ -428,7 +428,10 @@ def _evaluate(
             result = evaluations[method] = state.result()
             how = "measured" if result.measured else "estimated"
             text = f"{method} evaluated: {seconds(result.step_time_s)} s ({how})"
-            progress.update(done, text if done < len(planned) else "every method evaluated", text)
+            if done < len(planned):
+                progress.update(done, text)
+            else:  # the bar's last words are not the last method's, which a reader would take for the winner
+                progress.update(done, "every method evaluated", text)
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")

@@ -72,7 +72,7 @@ def tapp_run(uri: str, experiment: str, *args: str) -> Seen:
         logs = prefect.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC
         )
-    report = Path("out") / experiment / parent.info.run_id  # the default: out/EXPERIMENT/RUN_ID
+    report = Path.cwd() / "out" / experiment / parent.info.run_id  # the default: out/EXPERIMENT/RUN_ID
     return Seen(
         terminal=done.output,
         note=parent.data.tags[NOTE_TAG],
