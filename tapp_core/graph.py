@@ -7,12 +7,17 @@ modules are leaves; user containers are traced through) plus every function and 
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch.fx
 from torch import nn
 
 from tapp_core.errors import TappError
 
-LAYER_OPS = ("call_module", "call_function", "call_method", "get_attr")
+LAYER_OPS = ("call_module", "call_function", "call_method")
+"""The node kinds that are layers. A ``get_attr`` node is not one: it computes nothing, it only reads a tensor the
+model holds itself (a ViT's class token, a position embedding), and that tensor belongs to the layers that use its
+value (``parameter_users``), wherever a plan cuts."""
 
 
 class ModelError(TappError):
@@ -42,6 +47,32 @@ def layer_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def layer_index(graph_module: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
     return {node: i for i, node in enumerate(layer_nodes(graph_module))}
+
+
+def parameter_users(graph_module: torch.fx.GraphModule) -> dict[str, tuple[int, ...]]:
+    """Every parameter a layer uses, by its name in the model, with the layers that use it, in layer order.
+
+    A leaf module's parameters are used by the layers that call it; a parameter the model reads itself (a
+    ``get_attr`` node) by the layers that take its value. A parameter used by several layers is one tensor: the
+    stages of a plan must not split those layers (``tapp_core.runtime.stage.check_stage_assignment``).
+    """
+    names = {id(param): name for name, param in graph_module.named_parameters()}
+    users: dict[str, set[int]] = {}
+
+    def use(params: list[torch.Tensor], layers: list[int]) -> None:
+        for param in params:
+            if id(param) in names:
+                users.setdefault(names[id(param)], set()).update(layers)
+
+    index = layer_index(graph_module)
+    for node in graph_module.graph.nodes:
+        if node.op == "call_module":
+            use(list(graph_module.get_submodule(str(node.target)).parameters()), [index[node]])
+        elif node.op == "get_attr":
+            value = attrgetter(str(node.target))(graph_module)
+            if isinstance(value, nn.Parameter):
+                use([value], [index[user] for user in node.users if user in index])
+    return {name: tuple(sorted(layers)) for name, layers in users.items() if layers}
 
 
 def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
