@@ -42,7 +42,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="alexnet | vgg16 | inception_v3 | mlp | tiny_cnn | tiny_branchy | module:callable | file.py:callable",
+        help="alexnet | vgg16 | inception_v3 | vit | mlp | tiny_cnn | tiny_branchy | tiny_vit | module:callable | file.py:callable",
     ),
 ]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
