@@ -56,7 +56,8 @@ def parameter_users(graph_module: torch.fx.GraphModule) -> dict[str, tuple[int, 
     ``get_attr`` node) by the layers that take its value. A parameter used by several layers is one tensor: the
     stages of a plan must not split those layers (``tapp_core.runtime.stage.check_stage_assignment``).
     """
-    names = {id(param): name for name, param in graph_module.named_parameters()}
+    # The last of a shared parameter's names, as in the state dict the runtime names parameters by.
+    names = {id(param): name for name, param in graph_module.named_parameters(remove_duplicate=False)}
     users: dict[str, set[int]] = {}
 
     def use(params: list[torch.Tensor], layers: list[int]) -> None:
@@ -83,3 +84,23 @@ def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
         return "get_attr"
     target = node.target
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def layer_edges(graph_module: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    """(producer, consumer) layer indices of every edge between layers: the library's ``edges()``."""
+    index = layer_index(graph_module)
+    return [(index[node], index[user]) for node in index for user in node.users if user in index]
+
+
+def layer_parameters(graph_module: torch.fx.GraphModule) -> list[dict[str, nn.Parameter]]:
+    """Per layer, the parameters it uses by their names in the model, each charged once, to the first layer that
+    uses it (``parameter_users``: a leaf module's own, or one the model reads itself with ``get_attr``)."""
+    result: list[dict[str, nn.Parameter]] = [{} for _ in layer_nodes(graph_module)]
+    for name, layers in parameter_users(graph_module).items():
+        result[layers[0]][name] = graph_module.get_parameter(name)
+    return result
+
+
+def layer_param_bytes(graph_module: torch.fx.GraphModule) -> list[int]:
+    """Bytes of the parameters each layer uses (``layer_parameters``)."""
+    return [sum(p.numel() * p.element_size() for p in own.values()) for own in layer_parameters(graph_module)]

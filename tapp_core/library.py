@@ -64,6 +64,13 @@ class Layer:
     backward_fixed_s: float = 0.0
     """The part of ``forward_s`` / ``backward_s`` that one call costs whatever its number of samples."""
 
+    @property
+    def outputs_tensor(self) -> bool:
+        """Whether the output holds a tensor (a 0-dimensional one has bytes). A layer that reads a shape (``x.shape``,
+        ``x.size(0)``, arithmetic on those) outputs numbers: nothing of it crosses a cut, the consuming stage
+        rebuilds it from its own micro-batch (``tapp_core.runtime.stage``)."""
+        return bool(self.output_shape) or self.activation_bytes > 0
+
 
 @dataclass
 class LayerLibrary:
@@ -121,6 +128,11 @@ class LayerLibrary:
 
     def edges(self) -> list[tuple[int, int]]:
         return [(layer.index, succ) for layer in self.layers for succ in layer.successors]
+
+    def tensor_edges(self) -> list[tuple[int, int]]:
+        """The edges whose value is a tensor: those a cut value crosses when their ends are on two stages
+        (``tapp_core.program``); the runtime finds the same by running the model (``ModelGraph``)."""
+        return [(layer.index, succ) for layer in self.layers if layer.outputs_tensor for succ in layer.successors]
 
     def to_frame(self) -> pd.DataFrame:
         rows = []

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
-from tapp_core.graph import ModelError, layer_index, op_type, parameter_users
+from tapp_core.graph import ModelError, layer_index, layer_param_bytes, op_type
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.runtime import gpu
 
@@ -148,16 +148,6 @@ class _FactsInterpreter(torch.fx.Interpreter):
             output_shape=tuple(tensors[0].shape) if tensors else (),
         )
         return out
-
-
-def _param_bytes_per_layer(graph_module: torch.fx.GraphModule, n_layers: int) -> list[int]:
-    """Bytes of the parameters each layer uses, every parameter charged once, to the first layer that uses it (a
-    parameter the model reads itself, through a ``get_attr`` node, to the first layer that takes its value)."""
-    result = [0] * n_layers
-    for name, layers in parameter_users(graph_module).items():
-        param = graph_module.get_parameter(name)
-        result[layers[0]] += param.numel() * param.element_size()
-    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -401,7 +391,7 @@ def _layer_times(run: _Run, steps: Sequence[_StepTimes], batch_size: int) -> _La
 def _layers(
     graph_module: torch.fx.GraphModule, index: dict[torch.fx.Node, int], facts: _FactsInterpreter, times: _LayerTimes
 ) -> list[Layer]:
-    param_bytes = _param_bytes_per_layer(graph_module, len(index))
+    param_bytes = layer_param_bytes(graph_module)
     layers = []
     for node, i in index.items():
         fact = facts.facts[node]

@@ -4,9 +4,10 @@ embedding (parameters the model reads itself, through fx ``get_attr`` nodes) and
 The parameters belong to the stage of the layers that use them (the profiler charges their bytes there), are
 trained there and all-reduced among that stage's replicas; a parameter used on two stages is refused by name. A
 shape read on one stage and used on a later one is rebuilt there from the micro-batch's samples instead of being
-sent. Every cut of ``tiny_vit`` is split and run stage by stage here; real MPI runs on 2 and 3 ranks, with cuts
-around both parameters' users and inside attention, train like one device; and the whole path (profile, plan,
-simulate, measure, train) runs on 2 ranks.
+sent, and neither the runtime's programs nor the cost model's route it. Every cut of ``tiny_vit`` is split and run
+stage by stage here; real MPI runs on 2 and 3 ranks, with cuts around both parameters' users and inside attention,
+train like one device (synchronous and asynchronous); and the whole path (profile, plan, simulate, measure, train)
+runs on 2 ranks.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import pytest
 import torch
 from torch import nn
 
-from tapp_core.costmodel import estimate
+from tapp_core.costmodel import estimate, simulated_programs
 from tapp_core.graph import layer_nodes, parameter_users, trace_model
+from tapp_core.library import LayerLibrary
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan, validate
 from tapp_core.planners import get_planner
 from tapp_core.profiler import profile_model
 from tapp_core.runtime import WorkerPool
-from tapp_core.runtime.stage import Stage, StageError, split_stages
+from tapp_core.runtime.stage import ModelGraph, Stage, StageError, split_stages
 from tests.test_runtime_correctness import (
     BATCH,
     MICRO_BATCHES,
@@ -33,6 +35,7 @@ from tests.test_runtime_correctness import (
     SEED,
     STEPS,
     assert_same_parameters,
+    async_reference,
     plain_cluster,
     reference,
 )
@@ -152,6 +155,31 @@ def test_a_shape_that_is_no_affine_function_of_the_samples_cannot_cross_a_cut() 
         split_stages(traced, stage_of_layer, 2)
 
 
+@pytest.fixture(scope="module")
+def library() -> LayerLibrary:
+    return profile_model(MODEL, BATCH, threads=1, repeats=1, warmup=1)
+
+
+def test_shapes_cross_no_cut_in_the_cost_model_or_the_runtime(library: LayerLibrary) -> None:
+    """Both derive the same programs: only edges that carry a tensor are routed, never a shape read."""
+    traced = build_traced_model(MODEL)
+    assert library.tensor_edges() == list(ModelGraph.of(traced).edges)
+    shapes = {layer.name for layer in library.layers if not layer.outputs_tensor}
+    assert {"getattr_1", "getitem", "getattr_2", "getitem_1", "getitem_2", "getitem_3"} <= shapes
+    assert not shapes & {"expand", "cat", "getitem_7", "view"}
+    plan = Plan(MODEL, BATCH, MICRO_BATCHES, "1f1b", cuts_before(MODEL, "matmul"), (("d0",), ("d1",)))
+    routed = {
+        library.layers[layer].name
+        for program in simulated_programs(plan, library)
+        for routes in program.sends.values()
+        for route in routes
+        for layer in route.values
+    }
+    assert routed and not routed & shapes
+    _, graph = split_stages(traced, plan.stage_of_layer, 2)
+    assert routed == {library.layers[v.layer].name for v in graph.values if v.producer == 0 and v.consumers}
+
+
 # --- Real MPI ranks ---------------------------------------------------------------------------------------------
 
 
@@ -211,9 +239,25 @@ def test_vit_pipeline_trains_like_one_device(
 
 @pytest.mark.mpi
 @pytest.mark.timeout(180)
-def test_vit_profile_plan_simulate_measure_and_train_on_two_ranks(vit_pool2: WorkerPool) -> None:
+def test_vit_async_pipeline_uses_the_weights_of_each_forward(vit_pool2: WorkerPool) -> None:
+    """The class token and position embedding are stashed with their stage's weights, like a layer's."""
+    stage_of_layer = cuts_before(MODEL, "cat")
+    cut = (stage_of_layer.index(1),)
+    plan = Plan(MODEL, BATCH, MICRO_BATCHES, "async", stage_of_layer, (("d0",), ("d1",)))
+    measurement, parameters = vit_pool2.run_steps(
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+    )
+    assert measurement.ok, measurement.error
+    want = async_reference(MODEL, cut, 2)
+    assert_same_parameters(parameters, want, MODEL)
+    synchronous, _ = reference(MODEL, MICRO_BATCHES)
+    assert not torch.allclose(want["cls_token"], synchronous["cls_token"], rtol=0, atol=1e-6), "no stale weights"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_vit_profile_plan_simulate_measure_and_train_on_two_ranks(vit_pool2: WorkerPool, library: LayerLibrary) -> None:
     cluster = plain_cluster(2)
-    library = profile_model(MODEL, BATCH, threads=1, repeats=1, warmup=1)
     assert library.param_bytes == sum(p.numel() * 4 for p in build_traced_model(MODEL).parameters())
     plan = get_planner("even").plan(library, cluster)
     assert plan.n_stages == 2, "the even split must cut the model for this test to show anything"

@@ -32,6 +32,8 @@ class RankResult:
     wait_s: list[float] = field(default_factory=list)
     blocked_s: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
+    weight_ages: list[int] = field(default_factory=list)
+    """Per backward, in order: the updates applied since its forward (``RankRecord.weight_ages``)."""
     peak_memory_bytes: int = 0
     setup_s: float = 0.0
     parameters: dict[str, torch.Tensor] | None = None
@@ -87,6 +89,7 @@ def assemble_measurement(
             "setup_s": max(r.setup_s for r in active),
             "warmup": warmup,
             "device_blocked_s": {r.device: statistics.median(r.blocked_s[warmup:n_steps]) for r in active},
+            "weight_ages": {r.device: list(r.weight_ages) for r in active},
         },
     )
 

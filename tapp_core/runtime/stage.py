@@ -22,7 +22,8 @@ from torch import nn
 from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
-from tapp_core.graph import layer_index, layer_nodes, parameter_users
+from tapp_core.flops import tensors_in
+from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, parameter_users
 from tapp_core.models import INPUT_SHAPE, build_traced_model
 from tapp_core.plan import PlanError, check_edges, check_layers, check_stages_used
 
@@ -40,6 +41,9 @@ class CutValue:
 
     index: int
     name: str
+    layer: int
+    """The library index of the layer that computes it (``MODEL_INPUT`` for the model's input): how programs
+    (``tapp_core.program``) name it."""
     producer: int
     consumers: tuple[int, ...]
     sample_shape: tuple[int, ...]
@@ -115,10 +119,11 @@ def split_stages(
     if _rebuild_shape_values(split, placeholders[0], samples, input_shape):
         samples = _trace_values(split, torch.randn(2, *input_shape))
     flow = _ValueFlow.of(split, placeholders[0], n_stages)
+    by_name = {node.name: i for node, i in index.items()}
     graph = PipelineGraph(
         n_stages=n_stages,
         values=tuple(
-            _cut_value(v, node, flow.producers[v], flow.consumers(v), samples[node])
+            _cut_value(v, node, _layer_of(split, node, by_name), flow.producers[v], flow.consumers(v), samples[node])
             for v, node in enumerate(flow.nodes)
         ),
         stage_inputs=tuple(flow.stage_inputs[s] for s in range(n_stages)),
@@ -220,7 +225,7 @@ def _rebuild_shape_values(
         return False
     runs = [values, *(_trace_values(split, torch.randn(n, *input_shape)) for n in _SAMPLE_COUNTS[1:])]
     for node in dict.fromkeys(crossing):
-        template = _shape_template([run[node] for run in runs], _returned_name(split, node))
+        template = _shape_template([run[node] for run in runs], _returned_node(split, node).name)
         for user in list(node.users):
             _rebuild_in_stage(split, user, node, template, model_input, values)
         _stop_returning(split, node)
@@ -307,13 +312,18 @@ def _returned_by(node: torch.fx.Node) -> tuple[torch.fx.Node, int | None]:
     return _graph_node(call, node), position
 
 
-def _returned_name(split: torch.fx.GraphModule, node: torch.fx.Node) -> str:
-    """The name of top-level value ``node`` inside the stage that returns it (the model's node name, not the
-    split's ``submod_s`` or ``getitem``)."""
+def _returned_node(split: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:
+    """The node, inside the stage that returns it, of the split's top-level value ``node``: a stage's submodule
+    returns its values under their names in the traced model (not the split's ``submod_s`` or ``getitem``)."""
     call, position = _returned_by(node)
     (output,) = [n for n in _stage_module(split, call).graph.nodes if n.op == "output"]
-    returned = output.args[0] if position is None else output.args[0][position]
-    return returned.name if isinstance(returned, torch.fx.Node) else node.name
+    returned = output.args[0]
+    if position is not None:
+        assert isinstance(returned, tuple | list)
+        returned = returned[position]
+    if not isinstance(returned, torch.fx.Node):
+        raise StageError(f"stage {call.target} returns a constant ({returned!r}) as {node.name}")
+    return returned
 
 
 def _stop_returning(split: torch.fx.GraphModule, node: torch.fx.Node) -> None:
@@ -403,13 +413,20 @@ class _ValueFlow:
             )
 
 
+def _layer_of(split: torch.fx.GraphModule, node: torch.fx.Node, by_name: Mapping[str, int]) -> int:
+    """The layer of the traced model whose output the split's top-level value ``node`` is."""
+    return MODEL_INPUT if node.op == "placeholder" else by_name[_returned_node(split, node).name]
+
+
 def _graph_node(arg: torch.fx.node.Argument, user: torch.fx.Node) -> torch.fx.Node:
     if not isinstance(arg, torch.fx.Node):
         raise StageError(f"{user.name} takes a constant ({arg!r}) where the split model passes values between stages")
     return arg
 
 
-def _cut_value(index: int, node: torch.fx.Node, producer: int, consumers: tuple[int, ...], sample: Any) -> CutValue:
+def _cut_value(
+    index: int, node: torch.fx.Node, layer: int, producer: int, consumers: tuple[int, ...], sample: Any
+) -> CutValue:
     """Describe value ``index`` from what it held when the split model ran on two samples."""
     name = node.name
     if not isinstance(sample, torch.Tensor):
@@ -424,6 +441,7 @@ def _cut_value(index: int, node: torch.fx.Node, producer: int, consumers: tuple[
     return CutValue(
         index=index,
         name=name,
+        layer=layer,
         producer=producer,
         consumers=consumers,
         sample_shape=tuple(sample.shape[1:]),
@@ -446,7 +464,7 @@ def _trace_values(split: torch.fx.GraphModule, sample: torch.Tensor) -> dict[tor
     try:
         Recorder(split).run(sample)
     except Exception as exc:
-        raise StageError(f"running the split model on a sample failed: {type(exc).__name__}: {exc}") from exc
+        raise StageError(f"running the model on a sample failed: {type(exc).__name__}: {exc}") from exc
     finally:
         split.train(was_training)
     return values
@@ -517,6 +535,10 @@ class Stage:
     def named_parameters(self) -> dict[str, nn.Parameter]:
         return {self._names[name]: p for name, p in self.module.named_parameters()}
 
+    def parameter_names(self) -> dict[str, str]:
+        """The stage module's parameter names -> the model's."""
+        return {name: self._names[name] for name, _ in self.module.named_parameters()}
+
     def named_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under the original model's names."""
         return {
@@ -534,6 +556,32 @@ class Stage:
         return list(result) if isinstance(result, tuple) else [result]
 
 
+@dataclass(frozen=True)
+class ModelGraph:
+    """What programs need of a traced model (``tapp_core.program``): its layer edges that carry tensors, each layer's
+    parameter bytes, and the layer that owns each parameter (by the model's names); the same facts a layer library
+    holds (``LayerLibrary.tensor_edges``, ``Layer.param_bytes``)."""
+
+    edges: tuple[tuple[int, int], ...]
+    """The edges whose value is a tensor, found by running the model once: a shape read on one stage and used on
+    a later one crosses no cut (``_rebuild_shape_values``)."""
+    param_bytes: tuple[int, ...]
+    layer_of_param: Mapping[str, int]
+
+    @classmethod
+    def of(cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] = INPUT_SHAPE) -> ModelGraph:
+        owners = layer_parameters(graph_module)
+        outputs = _trace_values(graph_module, torch.randn(2, *input_shape))
+        nodes = layer_nodes(graph_module)
+        return cls(
+            edges=tuple(
+                (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
+            ),
+            param_bytes=tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners),
+            layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
+        )
+
+
 class StageFactory:
     """Builds stages from (model spec, seed, plan), caching traced models and splits across plans on one rank.
 
@@ -546,6 +594,7 @@ class StageFactory:
         self.input_shape = tuple(input_shape)
         self._models: dict[tuple[str, int], torch.fx.GraphModule] = {}
         self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
+        self._graphs: dict[tuple[str, int], tuple[torch.fx.GraphModule, ModelGraph]] = {}
 
     MAX_MODELS = 4
     MAX_SPLITS = 64
@@ -560,6 +609,14 @@ class StageFactory:
                 self._splits = {k: v for k, v in self._splits.items() if k[:2] != oldest}
             self._models[key] = build_traced_model(model, num_classes=self.num_classes, seed=seed)
         return self._models[key]
+
+    def graph(self, model: str, seed: int) -> ModelGraph:
+        """The traced model's ``ModelGraph`` (cached with it)."""
+        key = (model, seed)
+        if key not in self._graphs or self._graphs[key][0] is not self.traced(model, seed):
+            traced = self.traced(model, seed)
+            self._graphs[key] = (traced, ModelGraph.of(traced, self.input_shape))
+        return self._graphs[key][1]
 
     def split(
         self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int
