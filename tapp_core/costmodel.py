@@ -83,6 +83,7 @@ device (one stage on one device) are plans like any other. ``estimate`` does not
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -91,7 +92,7 @@ from typing import TypeVar, overload
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
+from tapp_core.cluster import Cluster, Link
 from tapp_core.costs import (
     DEFAULT_CALIBRATION,
     Calibration,
@@ -99,6 +100,7 @@ from tapp_core.costs import (
     KindCalibration,
     SharedHost,
     allreduce_s,
+    collective_s,
     compute_s,
     device_terms,
     device_transfer_s,
@@ -109,6 +111,7 @@ from tapp_core.costs import (
 )
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.metrics import communication_share
+from tapp_core.placement import StageLayouts
 from tapp_core.plan import (
     Plan,
     PlanError,
@@ -122,10 +125,11 @@ from tapp_core.plan import (
 from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
 from tapp_core.schedules import Action
 
-OP_KINDS: tuple[str, ...] = ("forward", "backward", "send", "recv", "reduce", "allreduce", "update")
+OP_KINDS: tuple[str, ...] = ("forward", "backward", "send", "recv", "collective", "reduce", "allreduce", "update")
 COMPUTE_KINDS = frozenset({"forward", "backward", "update"})
-COMMUNICATION_KINDS = frozenset({"recv", "allreduce"})
-"""Waits that count as communication: for a receive, and for the gradient reductions before an update
+COMMUNICATION_KINDS = frozenset({"recv", "collective", "allreduce"})
+"""Waits that count as communication: for a receive, for the layout changes inside a coupled stage's forward or
+backward (``collective``, drawn after its compute), and for the gradient reductions before an update
 (``allreduce``). Sends and the reductions themselves (``reduce``) overlap compute and do not count."""
 NO_MICRO_BATCH = -1
 """``TimelineOp.micro_batch`` of operations that belong to a whole iteration (reduce, allreduce, update)."""
@@ -445,6 +449,8 @@ def _check_plan(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
 
 UPDATE = "update"
 NO_PEER = -1
+_EXCHANGE = {FORWARD: "forward exchange", BACKWARD: "backward exchange"}
+"""``_SimulatedDevice.duration`` keys: the part of a coupled forward (backward) spent in its stage's collectives."""
 
 Transfer = tuple[int, int, float]
 """What a device sends after one operation to one other device: (receiving device, directed link id, transfer
@@ -468,9 +474,12 @@ class _SimulatedDevice:
     """Per direction: how many transfers each of this device's operations waits for."""
     bucket_ready: tuple[float, ...]
     """Per gradient bucket: the share of the step's last backward done when the bucket's gradients are complete."""
+    coupled: bool = False
+    """Its stage's devices exchange data inside every forward and backward: they run them together."""
 
 
 def _simulated_devices(
+    plan: Plan,
     programs: Sequence[DeviceProgram],
     aggregates: _StageAggregates,
     terms: Mapping[str, DeviceTerms],
@@ -482,18 +491,21 @@ def _simulated_devices(
     message_bytes: dict[tuple[int, ...], float] = {}
     devices = []
     n_stages = len(aggregates.param_bytes)
+    split = _split_stage_durations(plan, programs, terms, cluster, calibration)
     for program in programs:
         device = terms[program.device]
         own = times.get(id(device.library))
         if own is None:
             own = times[id(device.library)] = _stage_times(aggregates.stage, n_stages, device.library)
+        durations, coupled = split.get(program.position, (_compute_durations(own, program, device), False))
         devices.append(
             _SimulatedDevice(
                 index=program.position,
                 stage=program.stage,
                 device=program.device,
                 order=program.order,
-                duration=_compute_durations(own, program, device),
+                duration=durations,
+                coupled=coupled,
                 update_s=update_s(device, float(aggregates.param_bytes[program.stage])),
                 transfers={kind: [] for kind in (FORWARD, BACKWARD)},
                 expected={kind: len(program.receives[kind]) for kind in (FORWARD, BACKWARD)},
@@ -529,11 +541,111 @@ def _compute_durations(own: _StageTimes, program: DeviceProgram, device: DeviceT
     }
 
 
+def _split_stage_durations(
+    plan: Plan,
+    programs: Sequence[DeviceProgram],
+    terms: Mapping[str, DeviceTerms],
+    cluster: Cluster,
+    calibration: Calibration,
+) -> dict[int, tuple[dict[str, float], bool]]:
+    """Per device of a stage whose layers run split signatures: its forward and backward, and whether the stage is
+    coupled. A layer's work on a device is its share of the layer as the layouts run it (``_layer_work``); a coupled
+    group runs each segment between two layout changes at its slowest device's pace, then the change's collective
+    (``costs.collective_s``, the backward's from the dual layouts)."""
+    out: dict[int, tuple[dict[str, float], bool]] = {}
+    for stage in range(plan.n_stages):
+        if not plan.runs_split(stage):
+            continue
+        members = [p for p in programs if p.stage == stage]
+        library = terms[members[0].device].library
+        layouts = plan.layouts(library, stage)
+        group = plan.stage_devices[stage]
+        links = [cluster.link(a, b) for i, a in enumerate(group) for b in group[i + 1 :]]
+        work = {
+            p.position: _layer_work(plan, layouts, stage, p, terms[p.device]) * terms[p.device].compute_factor
+            for p in members
+        }
+        durations = {p.position: {FORWARD: 0.0, BACKWARD: 0.0} for p in members}
+        for kind, column in ((FORWARD, 0), (BACKWARD, 1)):
+            if layouts.coupled:
+                busy, exchange = _coupled_time(plan, layouts, stage, work, column, library, links, calibration, kind)
+                for p in members:
+                    durations[p.position][kind] = busy + exchange + terms[p.device].figures.per_micro_batch_s
+                    durations[p.position][_EXCHANGE[kind]] = exchange
+            else:
+                for p in members:
+                    seconds = float(work[p.position][:, column].sum())
+                    durations[p.position][kind] = seconds + terms[p.device].figures.per_micro_batch_s
+        for p in members:
+            out[p.position] = (durations[p.position], layouts.coupled)
+    return out
+
+
+def _layer_work(
+    plan: Plan, layouts: StageLayouts, stage: int, program: DeviceProgram, terms: DeviceTerms
+) -> np.ndarray:
+    """(stage layers, 2): each layer's forward and backward work on the device, in seconds of its library: the fixed
+    part and the per-sample part times what the device runs of the layer (its rows of a Split(0) input; its share
+    of the whole micro-batch where the layer is split along its features, fixed part included; all of it where
+    the layer is replicated)."""
+    arrays = _layer_arrays(terms.library)
+    layers = np.asarray(plan.stage_layers(stage))
+    per_sample = 1.0 / terms.library.batch_size
+    share = plan.shares(stage)[program.replica]
+    micro = plan.micro_batch_size
+    fixed_part = np.array([share if layouts.split(int(x)) else 1.0 for x in layers])
+    samples = np.array(
+        [share * micro if layouts.split(int(x)) else (micro if layouts.replicated(int(x)) else program.samples)
+         for x in layers]
+    )  # fmt: skip
+    forward = (
+        arrays.forward_fixed_s[layers] * fixed_part
+        + (arrays.forward_s[layers] - arrays.forward_fixed_s[layers]) * per_sample * samples
+    )
+    backward = (
+        arrays.backward_fixed_s[layers] * fixed_part
+        + (arrays.backward_s[layers] - arrays.backward_fixed_s[layers]) * per_sample * samples
+    )
+    return np.stack([forward, backward], axis=1)
+
+
+def _coupled_time(
+    plan: Plan,
+    layouts: StageLayouts,
+    stage: int,
+    work: Mapping[int, np.ndarray],
+    column: int,
+    library: LayerLibrary,
+    links: Sequence[Link],
+    calibration: Calibration,
+    kind: str,
+) -> tuple[float, float]:
+    """A coupled group's forward (``column`` 0) or backward (1): (each segment of layers between layout changes at
+    the pace of its slowest device (``work`` is per device, in its seconds), every change's collective on the
+    micro-batch)."""
+    layers = plan.stage_layers(stage)
+    position = {layer: i for i, layer in enumerate(layers)}
+    breaks = sorted({position[c.layer] for c in layouts.changes if c.layer in position} | {0, len(layers)})
+    total = 0.0
+    for start, stop in itertools.pairwise(breaks):
+        total += max(float(w[start:stop, column].sum()) for w in work.values())
+    shares = plan.shares(stage)
+    activation = _layer_arrays(library).activation_bytes
+    exchange = 0.0
+    for change in layouts.changes:
+        collective = change.forward if kind == FORWARD else change.backward
+        tensor_bytes = float(activation[change.value]) * plan.micro_batch_size
+        exchange += collective_s(collective, tensor_bytes, shares, links, calibration)
+    return total, exchange
+
+
 def _bucket_ready(program: DeviceProgram, stage: np.ndarray, library: LayerLibrary) -> tuple[float, ...]:
     """Per bucket of ``program``: the share of its stage's backward (in ``library``'s times) done once the backward
     pass, running from the stage's last layer to its first, has finished the bucket's first layer."""
     if not program.buckets:
         return ()
+    if not program.overlap:
+        return tuple(1.0 for _ in program.buckets)
     backward = _layer_arrays(library).backward_s
     layers = np.flatnonzero(stage == program.stage)
     total = float(backward[layers].sum())
@@ -581,6 +693,7 @@ class _Simulation:
         self.inbox: dict[tuple[int, str, int], list[float]] = {}
         self.blocked_on: list[tuple[int, str, int] | None] = [None] * len(devices)
         self.at_update: dict[tuple[int, int], list[int]] = {}
+        self.at_meeting: dict[tuple[int, str, int], list[tuple[int, tuple[float, float, int]]]] = {}
         self.iteration_end = [0.0] * iterations
         self.records: list[Record] = []
         self.runnable = list(range(len(devices)))
@@ -605,27 +718,62 @@ class _Simulation:
             self.position[d] += 1
 
     def _try_compute(self, d: int, kind: str, g: int) -> bool:
+        """Run the operation once its inputs are here (and, on a coupled stage, once every device of the stage
+        has its own); False while it cannot start."""
         device = self.devices[d]
-        start = free = self.free[d]
-        if device.expected[kind]:
-            key = (d, kind, g)
-            box = self.inbox.get(key)
-            if box is None or box[0]:
-                self.blocked_on[d] = key
-                return False
-            del self.inbox[key]
-            _, ready, arrival, sender = box
-            if arrival > free:
-                start = arrival
-                waited_from = max(free, ready)
-                if start > waited_from:
-                    self.records.append((d, "recv", waited_from, start, g, int(sender)))
+        ready = self._inputs_ready(d, kind, g)
+        if ready is None:
+            return False
+        if device.coupled:
+            return self._meet(d, kind, g, ready)
+        self._run(d, kind, g, ready[0], ready)
+        return True
+
+    def _inputs_ready(self, d: int, kind: str, g: int) -> tuple[float, float, int] | None:
+        """(when the operation may start, when its wait for data began, the last sender) once every transfer it
+        waits for is in (taken from the inbox); None while some is missing."""
+        device = self.devices[d]
+        free = self.free[d]
+        if not device.expected[kind]:
+            return free, free, NO_PEER
+        key = (d, kind, g)
+        box = self.inbox.get(key)
+        if box is None or box[0]:
+            self.blocked_on[d] = key
+            return None
+        del self.inbox[key]
+        _, ready, arrival, sender = box
+        return max(free, arrival), max(free, ready), int(sender)
+
+    def _run(self, d: int, kind: str, g: int, start: float, ready: tuple[float, float, int] | None = None) -> None:
+        device = self.devices[d]
+        if ready is not None and ready[0] > ready[1]:
+            self.records.append((d, "recv", ready[1], ready[0], g, ready[2]))
         end = start + self.durations.get((d, kind, g), device.duration[kind])
-        self.records.append((d, kind, start, end, g, NO_PEER))
+        exchange = device.duration.get(_EXCHANGE[kind], 0.0)
+        self.records.append((d, kind, start, end - exchange, g, NO_PEER))
+        if exchange:
+            self.records.append((d, "collective", end - exchange, end, g, NO_PEER))
         self.free[d] = end
         if kind == BACKWARD:
             self.last_backward[d] = (start, end)
         self._send(d, device.transfers[kind], kind, g, end)
+
+    def _meet(self, d: int, kind: str, g: int, ready: tuple[float, float, int]) -> bool:
+        """A coupled stage's operation: every device of the stage starts it together, once the last has its inputs
+        (waiting for the others is idle time, not communication)."""
+        key = (self.devices[d].stage, kind, g)
+        waiting = self.at_meeting.setdefault(key, [])
+        waiting.append((d, ready))
+        if len(waiting) < self.group_size[self.devices[d].stage]:
+            return False
+        del self.at_meeting[key]
+        start = max(r[0] for _, r in waiting)
+        for q, q_ready in waiting:
+            self._run(q, kind, g, start, q_ready)
+            if q != d:
+                self.position[q] += 1
+                self.runnable.append(q)
         return True
 
     def _send(self, d: int, transfers: list[Transfer], kind: str, g: int, ready: float) -> None:
@@ -717,7 +865,10 @@ def simulated_programs(plan: Plan, library: LayerLibrary) -> tuple[DeviceProgram
     """Every device's program as the cost model simulates it for ``plan``: over the iterations of
     ``simulated_iterations`` (one for a synchronous schedule)."""
     arrays = _layer_arrays(library)
-    return plan_programs(plan, arrays.tensor_edges, arrays.param_bytes, simulated_iterations(plan)[0])
+    steps = simulated_iterations(plan)[0]
+    return plan_programs(
+        plan, arrays.tensor_edges, arrays.param_bytes, steps, specs=library.specs() if plan.signatures else ()
+    )
 
 
 def _simulate(
@@ -726,7 +877,7 @@ def _simulate(
     aggregates = _stage_aggregates(plan, library)
     terms = device_terms(library, cluster, calibration)
     programs = simulated_programs(plan, library)
-    devices = _simulated_devices(programs, aggregates, terms, cluster, calibration)
+    devices = _simulated_devices(plan, programs, aggregates, terms, cluster, calibration)
     reduce_s: list[list[float]] = [[] for _ in range(plan.n_stages)]
     for program in programs:
         if program.replica == 0:

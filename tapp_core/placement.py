@@ -198,3 +198,251 @@ def traffic(collective: Collective, tensor_bytes: float, shares: Sequence[float]
     if collective == "allreduce":
         return Traffic(2.0 * (k - 1) / k * tensor_bytes, 2 * (k - 1))
     return Traffic(high * (1.0 - low) * tensor_bytes, k - 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signatures: how a layer runs on a group
+#
+# A layer of a stage on several devices runs with a *signature*: the layouts of its input, its weights and its
+# output. Linear and Conv2d choose one (``SIGNATURES``):
+#
+# ``data``  input Split(0), weights Broadcast, output Split(0): data parallelism (the default of every layer);
+# ``col``   input Broadcast, weights split along their output features (channels), output Split(feature):
+#           Megatron's column-parallel layer;
+# ``row``   input Split(feature), weights split along their input features (channels), output PartialSum, the
+#           bias added by the group's first device only: Megatron's row-parallel layer.
+#
+# (The feature dimension is a Linear's last and a Conv2d's channels, dimension 1.) Every other layer follows its
+# input: elementwise layers (activations, dropout) keep any layout; layers that act per channel (pooling,
+# BatchNorm2d, flatten) keep Split(0), Split(1) or Broadcast; a PartialSum reaching a layer that is not linear in
+# it is first reduce-scattered along the features; ``add`` takes its first input's layout; any other layer
+# (``cat``, reshapes, LayerNorm, ...) reads Split(0), or Broadcast when all its inputs are. A stage's inputs arrive
+# Split(0) (the model's input is read from the data in any layout, for free), and its outputs leave Split(0).
+#
+# Gradients flow back in the *dual* layout (Split stays Split, Broadcast's gradient is a PartialSum and
+# PartialSum's a Broadcast), and each layout change's backward is the change between the duals
+# (``backward_conversion``), the adjoint of the forward's collective: an allgather's backward is a reduce-scatter,
+# an allreduce's an allreduce. Weights held Broadcast have PartialSum gradients, summed across the group before the
+# update (the gradient buckets of ``tapp_core.program``); split weights are updated where they are.
+
+DATA, COLUMN, ROW = "data", "col", "row"
+SIGNATURES: dict[str, tuple[str, ...]] = {"Linear": (DATA, COLUMN, ROW), "Conv2d": (DATA, COLUMN, ROW)}
+"""The signatures a layer of each operation type may choose; every other layer runs ``data`` (follows its input)."""
+ELEMENTWISE = frozenset(
+    {"ReLU", "relu", "GELU", "gelu", "SiLU", "silu", "Sigmoid", "sigmoid", "Tanh", "tanh", "Dropout", "dropout",
+     "Identity", "ReLU6", "LeakyReLU"}
+)  # fmt: skip
+"""Layers that act on each element on its own: any layout passes through them."""
+CHANNELWISE = frozenset({"MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm2d", "flatten"})
+"""Layers that act on each sample and each channel (dimension 1) on their own: Split(0), Split(1) and Broadcast
+pass through them."""
+LINEAR_IN_INPUT = frozenset({"add", "Identity", "flatten", "Dropout", "dropout"})
+"""Layers whose output is linear in their input (in training, dropout's mask is fixed per device): a PartialSum
+passes through them."""
+SUMMING = frozenset({"add"})
+MODEL_INPUT = -1
+OUTPUT = -2
+"""``Change.layer`` of the changes a stage makes to its outputs before they leave it (to Split(0))."""
+
+
+def feature_dim(op: str, shape: Sequence[int]) -> int:
+    """The dimension a layer's features are split along, of its (samples, ...) output: a Conv2d's channels (1),
+    any other layer's last."""
+    return 1 if op == "Conv2d" else len(shape)
+
+
+def dual(layout: Layout) -> Layout:
+    """The layout of a tensor's gradient, given the tensor's."""
+    if isinstance(layout, Broadcast):
+        return PARTIAL_SUM
+    if isinstance(layout, PartialSum):
+        return BROADCAST
+    return layout
+
+
+def backward_conversion(source: Layout, target: Layout) -> Collective:
+    """The collective the backward pass runs for a forward change from ``source`` to ``target``: the change from the
+    gradient's layout at ``target`` to its layout at ``source``."""
+    return conversion(dual(target), dual(source))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """What the layout pass needs of one layer (a library layer or a traced graph's node, alike)."""
+
+    index: int
+    name: str
+    op: str
+    inputs: tuple[int, ...]
+    """The layers it reads, by index (the model's input is ``MODEL_INPUT``)."""
+    shape: tuple[int, ...]
+    """Its output's shape per sample."""
+    has_params: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A layout change before ``layer`` reads ``value`` (a layer's output; ``layer`` is ``OUTPUT`` for a stage
+    output leaving): forward ``source`` -> ``target``, of a tensor of ``elements`` elements per sample."""
+
+    layer: int
+    value: int
+    source: Layout
+    target: Layout
+    elements: int
+
+    @property
+    def forward(self) -> Collective:
+        return conversion(self.source, self.target)
+
+    @property
+    def backward(self) -> Collective:
+        return backward_conversion(self.source, self.target)
+
+
+@dataclass(frozen=True)
+class StageLayouts:
+    """How one stage's group runs its layers: each layer's input and output layout and how it holds its weights,
+    and every layout change (in order: before the layer that needs it; the outputs' last)."""
+
+    inputs: dict[int, Layout]
+    """Per layer: the layout it reads its inputs in."""
+    outputs: dict[int, Layout]
+    weights: dict[int, Layout]
+    """Per parameter-holding layer: Broadcast, or Split(d) along the weight's dimension d (0: output features)."""
+    changes: tuple[Change, ...]
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the group's devices exchange data within a forward or a backward (else they run apart)."""
+        return any(c.forward not in LOCAL_COLLECTIVES or c.backward not in LOCAL_COLLECTIVES for c in self.changes)
+
+    def reduced(self, layer: int) -> bool:
+        """Whether ``layer``'s weight gradients are summed across the group before the update."""
+        return isinstance(self.weights.get(layer), Broadcast)
+
+    def split(self, layer: int) -> bool:
+        """Whether ``layer``'s work is split by the devices' shares along its features (split weights, or a feature
+        split input), rather than by samples or replicated."""
+        weights, read = self.weights.get(layer), self.inputs[layer]
+        return isinstance(weights, Split) or (isinstance(read, Split) and read.dim > 0)
+
+    def replicated(self, layer: int) -> bool:
+        """Whether every device of the group runs ``layer`` whole (a Broadcast or PartialSum input)."""
+        return not self.split(layer) and not isinstance(self.inputs[layer], Split)
+
+
+class SignatureError(PlacementError):
+    """A signature a layer cannot run with; the message names the layer."""
+
+
+def check_signature(spec: LayerSpec, signature: str, devices: int) -> None:
+    """``SignatureError`` unless ``spec``'s layer may run ``signature`` on a group of ``devices`` devices: its
+    operation has it, and every device gets a feature of what it splits."""
+    allowed = SIGNATURES.get(spec.op, (DATA,))
+    if signature not in allowed:
+        raise SignatureError(
+            f"layer {spec.name} ({spec.op}) cannot run signature {signature!r}; it may run {', '.join(allowed)}"
+        )
+    if signature != DATA and spec.shape and spec.shape[feature_dim(spec.op, spec.shape) - 1] < devices:
+        raise SignatureError(f"layer {spec.name}: {devices} devices cannot split its {spec.shape} output's features")
+
+
+def stage_layouts(
+    layers: Sequence[LayerSpec], stage_layers: Sequence[int], signatures: dict[int, str], devices: int
+) -> StageLayouts:
+    """The layout pass of one stage: ``layers`` is the whole model (by index), ``stage_layers`` the stage's (in
+    topological order), ``signatures`` the chosen ones (others ``data``), on a group of ``devices`` devices."""
+    layout_pass = _LayoutPass(layers, set(stage_layers), devices)
+    for index in stage_layers:
+        layout_pass.place(layers[index], signatures.get(index, DATA))
+    layout_pass.leave(stage_layers, _consumers(layers))
+    return StageLayouts(layout_pass.inputs, layout_pass.outputs, layout_pass.weights, tuple(layout_pass.changes))
+
+
+_CONSUMERS: dict[int, tuple[Sequence[LayerSpec], dict[int, list[int]]]] = {}
+
+
+def _consumers(layers: Sequence[LayerSpec]) -> dict[int, list[int]]:
+    """Per layer, the layers that read it (cached per model: the pass runs for every stage of every plan)."""
+    cached = _CONSUMERS.get(id(layers))
+    if cached is not None and cached[0] is layers:
+        return cached[1]
+    out: dict[int, list[int]] = {spec.index: [] for spec in layers}
+    for spec in layers:
+        for value in spec.inputs:
+            if value != MODEL_INPUT:
+                out[value].append(spec.index)
+    if len(_CONSUMERS) > 8:
+        _CONSUMERS.clear()
+    _CONSUMERS[id(layers)] = (layers, out)
+    return out
+
+
+class _LayoutPass:
+    def __init__(self, layers: Sequence[LayerSpec], members: set[int], devices: int) -> None:
+        self.layers = layers
+        self.members = members
+        self.devices = devices
+        self.inputs: dict[int, Layout] = {}
+        self.outputs: dict[int, Layout] = {}
+        self.weights: dict[int, Layout] = {}
+        self.changes: list[Change] = []
+
+    def layout_of(self, value: int) -> Layout:
+        """A value's layout where the stage reads it: its layer's output here, else Split(0) (a cut value)."""
+        return self.outputs.get(value, SAMPLES)
+
+    def place(self, spec: LayerSpec, signature: str) -> None:
+        if signature != DATA:
+            self._chosen(spec, signature)
+        elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE:
+            self._pointwise(spec)
+        elif spec.op in SUMMING:
+            self._read(spec, self._first_input(spec))
+        else:
+            layouts = {self.layout_of(v) for v in spec.inputs if v != MODEL_INPUT}
+            self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
+        if spec.has_params and spec.index not in self.weights:
+            self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
+
+    def _read(self, spec: LayerSpec, layout: Layout, output: Layout | None = None) -> None:
+        """``spec`` reads every input as ``layout`` (a change where one is held otherwise; the model's input is
+        read from the data as needed) and writes ``output`` (default: ``layout``)."""
+        for value in spec.inputs:
+            source = self.layout_of(value)
+            if value != MODEL_INPUT and source != layout:
+                elements = math.prod(self.layers[value].shape)
+                self.changes.append(Change(spec.index, value, source, layout, elements))
+        self.inputs[spec.index] = layout
+        self.outputs[spec.index] = layout if output is None else output
+
+    def _chosen(self, spec: LayerSpec, signature: str) -> None:
+        feature = Split(feature_dim(spec.op, spec.shape))
+        if signature == COLUMN:
+            self._read(spec, BROADCAST, output=feature)
+            self.weights[spec.index] = Split(0)
+        else:
+            self._read(spec, feature, output=PARTIAL_SUM)
+            self.weights[spec.index] = Split(1)
+
+    def _first_input(self, spec: LayerSpec) -> Layout:
+        return self.layout_of(spec.inputs[0]) if spec.inputs else SAMPLES
+
+    def _pointwise(self, spec: LayerSpec) -> None:
+        layout = self._first_input(spec)
+        if isinstance(layout, PartialSum) and spec.op not in LINEAR_IN_INPUT:
+            features = spec.shape[0] if spec.shape else 0
+            layout = Split(1) if features >= self.devices else BROADCAST
+        if spec.op in CHANNELWISE and isinstance(layout, Split) and layout.dim > 1:
+            layout = BROADCAST
+        self._read(spec, layout)
+
+    def leave(self, stage_layers: Sequence[int], consumers: dict[int, list[int]]) -> None:
+        """Outputs read by a later stage, and the model's output, leave as Split(0)."""
+        for index in stage_layers:
+            readers = consumers[index]
+            leaves = not readers or any(c not in self.members for c in readers)
+            if leaves and self.outputs[index] != SAMPLES:
+                elements = math.prod(self.layers[index].shape)
+                self.changes.append(Change(OUTPUT, index, self.outputs[index], SAMPLES, elements))

@@ -27,7 +27,19 @@ import numpy as np
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.placement import PlacementError, check_shares, even_shares, split_ranges
+from tapp_core.placement import (
+    DATA,
+    SAMPLES,
+    Layout,
+    PlacementError,
+    Split,
+    StageLayouts,
+    check_shares,
+    check_signature,
+    even_shares,
+    split_ranges,
+    stage_layouts,
+)
 from tapp_core.schedules import PipelineSchedule, UnknownScheduleError, schedule_for, schedule_spec
 
 # Bytes of training state per parameter byte: weights, gradients and SGD momentum.
@@ -59,12 +71,24 @@ class Plan:
     deep as the pipeline; 0: synchronous)."""
     stage_shares: tuple[tuple[float, ...], ...] = ()
     """Per stage, each device's share of its work; empty: equal shares on every stage."""
+    signatures: tuple[tuple[int, str], ...] = ()
+    """(layer, signature) of the layers of stages on several devices that run other than ``data``
+    (``tapp_core.placement``: ``col``, ``row``), by layer; every other layer runs ``data``."""
+    bucket_bytes: int | None = None
+    """Gradient bucket size of stages on several devices (``tapp_core.program``); None: the default; 0: one bucket,
+    reduced once the step's last backward is done (no overlap with the backward)."""
 
     def __post_init__(self) -> None:
         try:
             schedule_for(self.schedule, self.staleness)
         except UnknownScheduleError as exc:
             raise PlanError(str(exc)) from None
+        if list(self.signatures) != sorted(dict(self.signatures).items()) or DATA in dict(self.signatures).values():
+            object.__setattr__(
+                self, "signatures", tuple(sorted((k, v) for k, v in dict(self.signatures).items() if v != DATA))
+            )
+        if self.bucket_bytes is not None and self.bucket_bytes < 0:
+            raise PlanError(f"bucket_bytes must be 0 or more, got {self.bucket_bytes}")
         if self.stage_shares and len(self.stage_shares) != len(self.stage_devices):
             raise PlanError(f"plan gives shares for {len(self.stage_shares)} stages but has {len(self.stage_devices)}")
 
@@ -81,6 +105,20 @@ class Plan:
     def shares(self, stage: int) -> tuple[float, ...]:
         """Each device's share of ``stage``'s work, in the stage's device order."""
         return self.stage_shares[stage] if self.stage_shares else even_shares(len(self.stage_devices[stage]))
+
+    def runs_split(self, stage: int) -> bool:
+        """Whether a layer of ``stage`` runs a signature other than ``data``."""
+        return any(self.stage_of_layer[layer] == stage for layer, _ in self.signatures)
+
+    def signature_of(self) -> dict[int, str]:
+        """Layer -> its signature, for the layers that run other than ``data``."""
+        return dict(self.signatures)
+
+    def layouts(self, library: LayerLibrary, stage: int) -> StageLayouts:
+        """How ``stage``'s group runs its layers (``placement.stage_layouts``)."""
+        return stage_layouts(
+            library.specs(), self.stage_layers(stage), self.signature_of(), len(self.stage_devices[stage])
+        )
 
     def rows(self, stage: int) -> tuple[tuple[int, int], ...]:
         """Each device's rows ``[start, stop)`` of every micro-batch of ``stage`` (``placement.split_ranges``)."""
@@ -116,6 +154,10 @@ class Plan:
             content["staleness"] = self.staleness
         if self.stage_shares:
             content["stage_shares"] = [list(s) for s in self.stage_shares]
+        if self.bucket_bytes is not None:
+            content["bucket_bytes"] = self.bucket_bytes
+        if self.signatures:
+            content["signatures"] = {str(layer): name for layer, name in self.signatures}
         return content
 
     @property
@@ -155,6 +197,9 @@ class Plan:
                 planner=str(data.get("planner", "")),
                 notes=dict(notes),
                 staleness=None if data.get("staleness") is None else _integer(data["staleness"], "staleness"),
+                bucket_bytes=None
+                if data.get("bucket_bytes") is None
+                else _integer(data["bucket_bytes"], "bucket_bytes"),
                 stage_shares=tuple(
                     tuple(_number(x, "stage_shares") for x in _items(shares))
                     for shares in _items(data.get("stage_shares") or [])
@@ -210,6 +255,12 @@ def _integer(value: object, name: str) -> int:
     raise TypeError(f"{name} must be an integer, got {value!r}")
 
 
+def _signatures(value: object) -> tuple[tuple[int, str], ...]:
+    if not isinstance(value, dict):
+        raise TypeError(f"signatures must map layers to signature names, got {value!r}")
+    return tuple(sorted((_integer(layer, "signatures"), str(name)) for layer, name in value.items()))
+
+
 def _number(value: object, name: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -234,14 +285,37 @@ def device_memory_bytes(plan: Plan, stage: int, samples: int, param_bytes: float
 
 
 def stage_memory_bytes(plan: Plan, library: LayerLibrary, stage: int) -> dict[str, int]:
-    """Peak memory of each device of ``stage`` (``device_memory_bytes`` of its layers and its rows)."""
+    """Peak memory of each device of ``stage`` (``device_memory_bytes`` of its layers and its rows; on a stage
+    whose layers run split signatures, each layer's weights and outputs as its layouts hold them)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
-    params = sum(layer.param_bytes for layer in layers)
-    activations = sum(layer.activation_bytes for layer in layers)
-    return {
-        device: int(device_memory_bytes(plan, stage, stop - start, params, activations))
-        for device, (start, stop) in zip(plan.stage_devices[stage], plan.rows(stage), strict=True)
-    }
+    devices = plan.stage_devices[stage]
+    if not plan.runs_split(stage):
+        params = sum(layer.param_bytes for layer in layers)
+        activations = sum(layer.activation_bytes for layer in layers)
+        return {
+            device: int(device_memory_bytes(plan, stage, stop - start, params, activations))
+            for device, (start, stop) in zip(devices, plan.rows(stage), strict=True)
+        }
+    layouts = plan.layouts(library, stage)
+    shares = plan.shares(stage)
+    out = {}
+    for d, (device, (start, stop)) in enumerate(zip(devices, plan.rows(stage), strict=True)):
+        rows = stop - start
+        held_params, per_row = 0.0, 0.0
+        for x in layers:
+            held_params += x.param_bytes * (shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0)
+            per_row += x.activation_bytes * _rows_held(layouts.outputs[x.index], shares[d], rows, plan)
+        out[device] = int(device_memory_bytes(plan, stage, rows, held_params, per_row))
+    return out
+
+
+def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:
+    """A device's part of a layer's output held as ``output``, per row of the micro-batch the device computes: its
+    rows (Split(0)), its share of every row (a feature split), or every row (Broadcast, PartialSum)."""
+    if output == SAMPLES:
+        return 1.0
+    held = plan.micro_batch_size * (share if isinstance(output, Split) else 1.0)
+    return held / rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,6 +411,21 @@ def check_groups(plan: Plan) -> None:
                 )
 
 
+def check_signatures(plan: Plan, library: LayerLibrary) -> None:
+    """Every signature names a layer of the library that may run it on its stage's group (``placement``)."""
+    specs = library.specs()
+    for layer, signature in plan.signatures:
+        if not 0 <= layer < len(specs):
+            raise PlanError(f"signature {signature!r} is given for layer {layer}, but the model has {len(specs)}")
+        devices = len(plan.stage_devices[plan.stage_of_layer[layer]])
+        if devices == 1:
+            raise PlanError(f"layer {specs[layer].name} has signature {signature!r} but its stage runs on one device")
+        try:
+            check_signature(specs[layer], signature, devices)
+        except PlacementError as exc:
+            raise PlanError(str(exc)) from None
+
+
 def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     """Every device has the memory its stage needs (``stage_memory_bytes``)."""
     for stage in range(plan.n_stages):
@@ -372,6 +461,7 @@ def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     check_edges(plan.stage_of_layer, library.edges(), layer_name)
     check_devices(plan, cluster)
     check_groups(plan)
+    check_signatures(plan, library)
     check_memory(plan, library, cluster)
 
 

@@ -20,10 +20,11 @@ same way (a value computed from the input alone, with no parameter before it, ha
 same so that the programs do not depend on what requires a gradient).
 
 Gradient buckets (``gradient_buckets``): the layers of a stage holding parameters, from the last to the first (the
-order the backward pass finishes them in), grouped into buckets of at most ``BUCKET_BYTES`` without splitting a
-layer. A bucket's reduction may start as soon as the step's last backward has produced its gradients (the runtime
-starts it from a gradient hook, the cost model when that share of the backward is done), and the update waits for
-all of them.
+order the backward pass finishes them in), grouped into buckets of at most ``BUCKET_BYTES`` (or the plan's
+``bucket_bytes``) without splitting a layer. A bucket's reduction may start as soon as the step's last backward has
+produced its gradients (the runtime starts it from a gradient hook, the cost model when that share of the backward
+is done), and the update waits for all of them. A plan with ``bucket_bytes`` 0 reduces one bucket once the last
+backward is done (``DeviceProgram.overlap`` false): no overlap.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.placement import row_routes
+from tapp_core.placement import LayerSpec, row_routes, stage_layouts
 from tapp_core.plan import Plan, PlanError
 from tapp_core.schedules import Action, ActionKind, PipelineSchedule
 
@@ -135,8 +136,10 @@ class DeviceProgram:
     """Per FORWARD / BACKWARD: what each such operation receives before it runs."""
     sends: dict[str, tuple[Route, ...]]
     """Per FORWARD / BACKWARD: what each such operation sends after it runs."""
-    buckets: tuple[Bucket, ...]
+    buckets: tuple[Bucket, ...] = ()
     """Gradient buckets reduced among the stage's devices before each update (none on a one-device stage)."""
+    overlap: bool = True
+    """Whether a bucket's reduction may start during the step's last backward (else after it)."""
 
     @property
     def samples(self) -> int:
@@ -163,23 +166,24 @@ def plan_programs(
     param_bytes: Sequence[int] | np.ndarray,
     steps: int,
     schedule: PipelineSchedule | None = None,
+    specs: Sequence[LayerSpec] = (),
 ) -> tuple[DeviceProgram, ...]:
     """Every device's program for ``steps`` steps of ``plan`` on a model whose layer graph has ``edges`` (producer,
     consumer) and whose layers hold ``param_bytes``; under ``schedule`` instead of the plan's (evaluation runs
-    ``ForwardOnly``)."""
+    ``ForwardOnly``). A plan whose layers run split signatures needs the layers' ``specs``: only the weights a
+    stage's group holds whole are reduced (``placement.StageLayouts.reduced``)."""
     positions = _positions(plan)
     receives, sends = _routes(plan, crossings(plan.stage_of_layer, edges), positions)
     programs = []
     for stage, devices in enumerate(plan.stage_devices):
         order = _compute_order(schedule or plan.pipeline_schedule, stage, plan.n_stages, plan.micro_batches, steps)
-        buckets = gradient_buckets(plan.stage_layers(stage), param_bytes) if len(devices) > 1 else ()
+        limit = BUCKET_BYTES if plan.bucket_bytes is None else plan.bucket_bytes or sum(int(b) for b in param_bytes)
+        buckets = gradient_buckets(_reduced_layers(plan, stage, specs), param_bytes, limit) if len(devices) > 1 else ()
+        overlap = plan.bucket_bytes != 0
         for replica, (device, rows) in enumerate(zip(devices, plan.rows(stage), strict=True)):
             position = positions[(stage, replica)]
-            programs.append(
-                DeviceProgram(
-                    position, device, stage, replica, rows, order, receives[position], sends[position], buckets
-                )
-            )
+            routes = (receives[position], sends[position])
+            programs.append(DeviceProgram(position, device, stage, replica, rows, order, *routes, buckets, overlap))
     return tuple(programs)
 
 
@@ -190,6 +194,17 @@ def _compute_order(
     """A stage's forwards, backwards and updates (cached: a search builds the programs of thousands of plans of a few
     shapes)."""
     return schedule.compute_order(stage, n_stages, micro_batches, steps)
+
+
+def _reduced_layers(plan: Plan, stage: int, specs: Sequence[LayerSpec]) -> list[int]:
+    """The layers of ``stage`` whose weight gradients its group sums: all of them, unless some run split."""
+    layers = plan.stage_layers(stage)
+    if not plan.runs_split(stage):
+        return layers
+    if not specs:
+        raise ValueError("a plan with split signatures needs the layers' specs to build its programs")
+    layouts = stage_layouts(specs, layers, plan.signature_of(), len(plan.stage_devices[stage]))
+    return [layer for layer in layers if layouts.reduced(layer)]
 
 
 def _positions(plan: Plan) -> dict[tuple[int, int], int]:

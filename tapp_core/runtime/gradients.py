@@ -47,8 +47,10 @@ class StageGradients:
         transport: Transport,
         comm: MPI.Comm | None,
         peers: list[int],
+        overlap: bool = True,
     ) -> None:
-        """``layer_of``: each parameter's layer (library index); ``comm``/``peers``: the stage's devices, when several."""
+        """``layer_of``: each parameter's layer (library index); ``comm``/``peers``: the stage's devices, when several;
+        ``overlap``: start a bucket's reduction as soon as the last backward made it (else at the ``reduce``)."""
         self.params = dict(params)
         self.stashes = stashes
         self.transport = transport
@@ -63,7 +65,8 @@ class StageGradients:
         ]
         self._bucket_of = {name: b for b, state in enumerate(self._buckets) for name in state.names}
         self._final = False
-        if comm is not None:
+        self._overlap = overlap
+        if comm is not None and overlap:
             for name, param in self.params.items():
                 self._hook(name, param)
 
@@ -96,7 +99,7 @@ class StageGradients:
         self._final = starting
 
     def _hook(self, name: str, tensor: torch.Tensor) -> None:
-        if name in self._bucket_of:
+        if name in self._bucket_of and self._overlap and self.comm is not None:
             tensor.register_post_accumulate_grad_hook(lambda _: self._made(name))  # type: ignore[no-untyped-call]
 
     def _made(self, name: str) -> None:

@@ -57,13 +57,15 @@ def first_error(results: Sequence[RankResult]) -> str | None:
 
 
 def assemble_measurement(
-    plan_id: str, results: Sequence[RankResult], warmup: int, emulated: bool, plan_stages: int
+    plan_id: str, results: Sequence[RankResult], warmup: int, emulated: bool, plan_stages: int, tail: int = 0
 ) -> Measurement:
+    """One Measurement from every rank's record; the last ``tail`` steps (an asynchronous pipeline's drain) are
+    dropped."""
     error = first_error(results)
     if error is not None:
         return Measurement.failed(plan_id, error, emulated=emulated)
     active = [r for r in results if r.status == "ok"]
-    n_steps = min(len(r.step_s) for r in active)
+    n_steps = min(len(r.step_s) for r in active) - tail
     step_times = [max(r.step_s[k] for r in active) for k in range(n_steps)]
     median_step = step_time(step_times, warmup)
     wait = {r.device: statistics.median(r.wait_s[warmup:n_steps]) for r in active}
@@ -177,7 +179,7 @@ def assemble_reply(job: WorkJob, results: Sequence[RankResult]) -> Reply:
         return Reply(id=job.id, error=first_error(results), setup_s=max(r.setup_s for r in results))
     plan, emulated = job.setup.plan, job.setup.emulate
     if isinstance(job, MeasureJob):
-        measurement = assemble_measurement(plan.id, results, job.warmup, emulated, plan.n_stages)
+        measurement = assemble_measurement(plan.id, results, job.warmup, emulated, plan.n_stages, job.tail)
         parameters: dict[str, torch.Tensor] = {}
         if job.collect_parameters:
             for r in results:
