@@ -33,8 +33,8 @@ METHODS = (
     "pipetorch",
     "pipedream",
     "autoddl",
-    "oracle",
     "pipeline-cd",
+    "oracle",
 )
 """The methods, by the names every command, MLflow's ``method`` tag and the report's runs use (the planners'
 registry, ``tapp_core.planners.PLANNER_NAMES``; written out here so that ``--help`` needs no import of it)."""
