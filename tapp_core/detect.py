@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import yaml
 
 from tapp_core.cluster import Cluster, load_cluster, parse_cluster
 from tapp_core.errors import TappError
-from tapp_core.runtime.gpu import cuda_aware_mpi
+from tapp_core.hosts import Host, PairLink, cuda_aware_mpi, this_host
 
 HOST_CORES_PER_GPU = 2
 MAX_CPU_RANKS = 8
@@ -44,30 +42,6 @@ UNMEASURED_LINKS = {"bandwidth": "1Gbit/s", "latency": "0us"}
 
 class DetectError(TappError):
     """This host cannot be described as asked (too few cores for the threads, a ping-pong that failed)."""
-
-
-@dataclass(frozen=True)
-class PairLink:
-    """One pair's measured link."""
-
-    between: tuple[str, str]
-    latency_s: float
-    bandwidth_bytes_per_s: float
-    sizes: tuple[int, ...]
-    one_way_s: tuple[float, ...]
-    """Per size, half the median round trip."""
-
-
-def fit_link(sizes: Sequence[int], one_way_s: Sequence[float]) -> tuple[float, float]:
-    """(latency, bandwidth) from one-way times: the smallest message's time, and bytes / extra time of the others
-    (least squares through the origin; a link whose large messages cost no more than the small gives inf)."""
-    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    latency = one_way_s[order[0]]
-    larger = [(sizes[i] - sizes[order[0]], one_way_s[i] - latency) for i in order[1:]]
-    extra = sum(n * t for n, t in larger)
-    if extra <= 0:
-        return latency, float("inf")
-    return latency, sum(n * n for n, _ in larger) / extra
 
 
 def read_pairs(text: str) -> list[PairLink]:
@@ -85,35 +59,6 @@ def read_pairs(text: str) -> list[PairLink]:
         ]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise DetectError(f"the ping-pong's output is not what it should be: {exc!r}") from None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    model: str
-    memory_bytes: int
-
-
-@dataclass(frozen=True)
-class Host:
-    """What the cluster is made from: this host's usable cores, memory and GPUs."""
-
-    name: str
-    cores: int
-    memory_bytes: int
-    gpus: tuple[Gpu, ...]
-
-
-def this_host() -> Host:
-    """The cores this process may run on, the physical memory, and every GPU torch can see."""
-    import torch
-
-    gpus = tuple(
-        Gpu(i, torch.cuda.get_device_name(i), int(torch.cuda.get_device_properties(i).total_memory))
-        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    )
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Host(socket.gethostname(), len(os.sched_getaffinity(0)), memory, gpus)
 
 
 def cpu_ranks(host: Host, threads: int | None = None) -> tuple[int, int]:

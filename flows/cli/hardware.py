@@ -42,8 +42,8 @@ def calibrate(
     other computing at once. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
     from flows.cli.common import cluster_library
     from tapp_core.calibrate import calibrate as measure_calibration
+    from tapp_core.calibration import calibration_path
     from tapp_core.cluster import load_cluster
-    from tapp_core.runtime.calibration import calibration_path
 
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from tapp_core.runtime import gpu
+from tapp_core import gpu
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.layout import Layout, Route

@@ -22,7 +22,7 @@ Nothing runs that should not, and nothing is left behind:
 - The folder. The pool's ``tapp-pool-*`` folder goes with ``close``; one left by a SIGKILL is removed by the next
   pool to start (``folders``).
 - The scale. A pool that would put more ranks on this host than it can hold is refused before anything starts
-  (``placement``; ``allow_oversubscribe`` lifts that).
+  (``tapp_core.hosts``; ``allow_oversubscribe`` lifts that).
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from typing import TypedDict, Unpack
 
 import torch
 
+from tapp_core import hosts
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
 from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape, check_stages_used
-from tapp_core.runtime import placement
 from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
 from tapp_core.runtime.guard import ProcessId, set_parent_death_signal
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, RankSetup, Ready, StopJob, TrainJob, WorkJob
@@ -202,7 +202,7 @@ class WorkerPool:
 
     ``devices`` names the devices to start ranks for (default: all of the cluster's); plans may use those only.
     ``ports`` is the range to listen on (default: ``PORTS_VARIABLE``, else any free port); ``allow_oversubscribe``
-    starts more ranks on this host than ``placement`` deems it can hold (default: ``placement``'s variable).
+    starts more ranks on this host than ``hosts.overload`` deems it can hold (default: ``hosts.OVERSUBSCRIBE_VARIABLE``).
     """
 
     def __init__(
@@ -226,7 +226,7 @@ class WorkerPool:
         self.start_timeout_s = start_timeout_s
         self.grace_s = grace_s
         self.extra_env = dict(env or {})
-        self.bind_host = bind_host or placement.bind_address([cluster.device(d) for d in self.devices])
+        self.bind_host = bind_host or hosts.pool_address([cluster.device(d) for d in self.devices])
         self.ports = ports if ports is not None else port_range(os.environ.get(PORTS_VARIABLE))
         self.allow_oversubscribe = allow_oversubscribe
         self.restarts = 0
@@ -306,9 +306,9 @@ class WorkerPool:
         self.start()
 
     def _check_capacity(self) -> None:
-        if placement.oversubscribe_allowed(self.allow_oversubscribe):
+        if hosts.oversubscribe_allowed(self.allow_oversubscribe):
             return
-        reason = placement.overload(self.cluster.name, [self.cluster.device(d) for d in self.devices])
+        reason = hosts.overload(self.cluster.name, [self.cluster.device(d) for d in self.devices])
         if reason is not None:
             raise PoolRefused(reason)
 
