@@ -1,4 +1,5 @@
-"""The cluster of this host, described without hand work (``tapp cluster detect``).
+"""The cluster of this host, described without hand work (``tapp cluster detect``); or the links of a given
+cluster, measured where its devices run (``tapp cluster detect --cluster``: ``write_measured_links``).
 
 Every GPU becomes a ``cuda`` device (its index, its model and its memory, from torch.cuda). The CPU cores left
 once each GPU rank has ``HOST_CORES_PER_GPU`` cores for its host threads (the rank itself, the batch prefetch,
@@ -36,6 +37,8 @@ DEFAULT_THREADS = 4
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_BANDWIDTH = 1e13
 """Bytes/s written for a link whose large messages took no longer than its small ones (noise)."""
+LINK_TOLERANCE = 0.1
+"""A measured pair whose bandwidth is further than this from the pairs' median gets a link of its own."""
 UNMEASURED_LINKS = {"bandwidth": "1Gbit/s", "latency": "0us"}
 """The links of a one-rank cluster: there is no pair to measure, and nothing uses them."""
 
@@ -165,6 +168,59 @@ def write_detected_cluster(out: Path, threads: int | None = None, name: str | No
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return load_cluster(out)
+
+
+def measure_cluster_links(cluster: Cluster, repeats: int = 15) -> tuple[dict[str, object], list[PairLink]]:
+    """The links between ``cluster``'s devices where they run (on their hosts), measured: the pairs' median as the
+    default, and an override for every pair more than ``LINK_TOLERANCE`` away from it in bandwidth."""
+    pairs = measure_links(cluster, repeats)
+    default = statistics.median(p.bandwidth_bytes_per_s for p in pairs)
+    links: dict[str, object] = {
+        "bandwidth": _bandwidth(default),
+        "latency": _seconds(statistics.median(p.latency_s for p in pairs)),
+    }
+    apart = [p for p in pairs if abs(p.bandwidth_bytes_per_s / default - 1) > LINK_TOLERANCE]
+    if apart:
+        links["overrides"] = [
+            {
+                "between": list(p.between),
+                "bandwidth": _bandwidth(p.bandwidth_bytes_per_s),
+                "latency": _seconds(p.latency_s),
+            }
+            for p in apart
+        ]
+    return links, pairs
+
+
+def write_measured_links(
+    cluster_file: str | os.PathLike[str], out: Path, repeats: int = 15
+) -> tuple[Cluster, list[str]]:
+    """``cluster_file``'s cluster with its links measured where its devices run, written to ``out``; also one line
+    per pair comparing the measured link with the file's."""
+    cluster = load_cluster(cluster_file)
+    if len(cluster.devices) < 2:
+        raise DetectError(f"cluster {cluster.name!r} has one device: no link to measure")
+    links, pairs = measure_cluster_links(cluster, repeats)
+    data = {**cluster.model_dump(mode="json", exclude_none=True), "links": links}
+    lines = [_compared(cluster, pair) for pair in pairs]
+    header = [
+        f"Links measured by `tapp cluster detect --cluster {cluster_file}` at {datetime.now(UTC):%Y-%m-%d %H:%M} "
+        f"UTC: MPI ping-pong where the devices run, one-way time = half the median of {repeats} round trips.",
+        *lines,
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(f"# {line}\n" for line in header) + yaml.safe_dump(data, sort_keys=False, width=120))
+    return load_cluster(out), lines
+
+
+def _compared(cluster: Cluster, pair: PairLink) -> str:
+    said = cluster.link(*pair.between)
+    error = pair.bandwidth_bytes_per_s / said.bandwidth - 1
+    return (
+        f"{pair.between[0]} <-> {pair.between[1]}: measured {pair.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s, "
+        f"{pair.latency_s * 1e6:.0f} us; the file says {said.bandwidth * 8 / 1e6:.1f} Mbit/s, "
+        f"{said.latency * 1e6:.0f} us ({error:+.1%} bandwidth)"
+    )
 
 
 def summary(cluster: Cluster) -> list[str]:

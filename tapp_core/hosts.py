@@ -53,23 +53,25 @@ def is_local_host(host: str | None) -> bool:
     return host in {"localhost", LOOPBACK, "::1", name, name.split(".")[0]}
 
 
-def address_toward(host: str) -> str:
-    """This machine's address on the route to ``host`` (the source address the kernel would pick); this host's
-    name when ``host`` cannot be resolved or routed. Nothing is sent."""
+def address_toward(host: str) -> str | None:
+    """This machine's address on the route to ``host`` (the source address the kernel would pick); None when
+    ``host`` cannot be resolved or routed. Nothing is sent."""
     try:
         family, kind, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, kind) as probe:
             probe.connect(address)
             return str(probe.getsockname()[0])
     except OSError:
-        return socket.gethostname()
+        return None
 
 
 def pool_address(devices: Sequence[Device]) -> str:
     """Where a pool of ``devices`` (rank 0 runs ``devices[0]``) listens for its rank 0: loopback when rank 0 runs
-    on this host, else this machine's address on the route to rank 0's host."""
+    on this host, else this machine's address on the route to rank 0's host (its name, where there is no route)."""
     first = devices[0].host if devices else None
-    return LOOPBACK if first is None or is_local_host(first) else address_toward(first)
+    if first is None or is_local_host(first):
+        return LOOPBACK
+    return address_toward(first) or socket.gethostname()
 
 
 # --- capacity -----------------------------------------------------------------------------------------------------

@@ -303,7 +303,8 @@ def run_race(
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
     """Race ``plans`` with ``run_round`` as the protocol above says; ``on_round(number, so_far)`` after each round.
-    ``own_pids()`` names the processes that run the plans (the ranks), whose CPU time is not others' work."""
+    ``own_pids()`` names the processes on this machine that run the plans (the ranks), whose CPU time is not others'
+    work; the race's ranks on this host are those, or ``host_ranks`` where it names none."""
     distinct: dict[str, Plan] = {}
     for plan in plans:
         distinct.setdefault(plan.id, plan)
@@ -315,7 +316,7 @@ def run_race(
     orders: list[list[str]] = []
 
     def result(stop: str) -> RaceResult:
-        load = HostLoad(load_before, load_average(), host_cpus(), host_ranks, others.share())
+        load = HostLoad(load_before, load_average(), host_cpus(), len(own_pids()) or host_ranks, others.share())
         return _result(entrants, stop, time.monotonic() - started, orders, options, load)
 
     for number in range(1, options.max_rounds + 1):

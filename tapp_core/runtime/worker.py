@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from tapp_core.runtime.guard import ProcessId, RankGuard
+from tapp_core.runtime.guard import ProcessId, RankGuard, boot_id
 from tapp_core.runtime.wire import KEY_VARIABLE, Link, connect_pool
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     pin_rank(devices, world.Get_rank())
     warm_up()
     rank = Rank(world, setup.cluster, setup.devices)
-    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv)), root=0)
+    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv), boot_id()), root=0)
     if link is None:
         follow(world, rank)
         return
