@@ -30,7 +30,7 @@ from tapp_core.testbed.layout import (
     TestbedHost,
     TestbedLayout,
     plan_testbed,
-    testbed_cluster,
+    real_cluster,
 )
 from tapp_core.testbed.shaping import netem_available, shape_host
 from tapp_core.testbed.ssh import SshFiles, start_sshd
@@ -73,7 +73,7 @@ def up(
             _make_group(cgroups, layout, host, record)
             start_sshd(ssh, host, cgroups, record)
         ssh.check_hosts([h.address for h in layout.hosts])
-        data = testbed_cluster(cluster, layout, str(ssh.wrapper))
+        data = real_cluster(cluster, layout, str(ssh.wrapper))
         _write_cluster(out, data, _header(cluster_file, layout, folder, latency))
     except BaseException:
         down(prefix, folder)

@@ -230,7 +230,7 @@ def _shaping(cluster: Cluster, hosts: list[TestbedHost]) -> tuple[list[Shaping],
     return shaping, notes
 
 
-def testbed_cluster(cluster: Cluster, layout: TestbedLayout, ssh: str) -> dict[str, object]:
+def real_cluster(cluster: Cluster, layout: TestbedLayout, ssh: str) -> dict[str, object]:
     """The real cluster file of the testbed (as a mapping): every device on its host's address, its speed against a
     full core, emulation off, and Hydra's ssh command."""
     data = cluster.model_dump(mode="json", exclude_none=True)
