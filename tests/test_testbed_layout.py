@@ -193,3 +193,14 @@ def test_cores_are_read_as_ranges() -> None:
     assert parse_cores(None) is None
     with pytest.raises(testbed.TestbedError, match="--cores"):
         parse_cores("a-b")
+
+
+def test_service_hosts_come_after_the_devices_hosts_without_quota_or_shaping() -> None:
+    layout = plan_testbed(load_cluster("local"), [0, 1], service_hosts=("tracking", "orchestrator"))
+    tracking, orchestrator = layout.hosts[3], layout.hosts[4]
+    assert (tracking.name, tracking.address, tracking.devices) == ("tracking", "10.213.0.13", ())
+    assert orchestrator.address == "10.213.0.14"
+    assert layout.quota_us(tracking) is None and layout.quota_us(layout.hosts[0]) == PERIOD_US
+    assert {s.source for s in layout.shaping} | {s.target for s in layout.shaping} == {0, 1, 2}
+    with pytest.raises(testbed.TestbedError, match="given twice"):
+        plan_testbed(load_cluster("local"), [0, 1], service_hosts=("cpu0",))

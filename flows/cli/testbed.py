@@ -35,6 +35,10 @@ def testbed_up(
         str | None, typer.Option(help="the cores the hosts may use, e.g. 0-3 or 0,2 (default: this process's)")
     ] = None,
     state: StateOpt = None,
+    service_host: Annotated[
+        list[str] | None,
+        typer.Option("--service-host", help="also a host with no device, for servers (MLflow, Prefect); repeatable"),
+    ] = None,
 ) -> None:
     """Make the cluster's hosts here and write its real cluster file (`emulated: false`, every device on its host):
     then `tapp measure`, `tapp calibrate`, `tapp run`... with `--cluster FILE` run on them."""
@@ -47,6 +51,7 @@ def testbed_up(
         subnet=subnet,
         cores=parse_cores(cores),
         state=state,
+        service_hosts=service_host or (),
         log=lambda line: console.print(line, highlight=False),
     )
     console.print(f"wrote {out}")

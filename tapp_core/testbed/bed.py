@@ -14,7 +14,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,26 +54,30 @@ def up(
     subnet: str = DEFAULT_SUBNET,
     cores: list[int] | None = None,
     state: Path | None = None,
+    service_hosts: Sequence[str] = (),
     log: Log = lambda line: None,
 ) -> Cluster:
-    """Make the testbed of ``cluster_file``, write its real cluster file to ``out`` and return it as read back."""
+    """Make the testbed of ``cluster_file`` (and hosts ``service_hosts`` without devices), write its real cluster
+    file to ``out`` and return it as read back."""
     cgroups = system.require()
     cluster = load_cluster(cluster_file)
-    layout = plan_testbed(cluster, cores if cores is not None else sorted(os.sched_getaffinity(0)), subnet, prefix)
+    available = cores if cores is not None else sorted(os.sched_getaffinity(0))
+    layout = plan_testbed(cluster, available, subnet, prefix, service_hosts)
     folder = state_folder(prefix, state)
     _check_free(layout, folder)
     record = system.Record(folder)
-    record.set(prefix=prefix, cgroups={"version": cgroups.version, "cpu": str(cgroups.cpu)}, hosts=[])
+    hosts = [{"name": h.name, "address": h.address, "namespace": h.namespace} for h in layout.hosts]
+    record.set(prefix=prefix, cgroups={"version": cgroups.version, "cpu": str(cgroups.cpu)}, hosts=hosts)
     try:
-        ssh = SshFiles.make(folder, [h.address for h in layout.hosts])
+        keys = SshFiles.make(folder, [h.address for h in layout.hosts])
         _make_network(layout, record)
         latency = netem_available(layout.hosts[0].namespace)
         for host in layout.hosts:
             shape_host(layout, host, latency)
             _make_group(cgroups, layout, host, record)
-            start_sshd(ssh, host, cgroups, record)
-        ssh.check_hosts([h.address for h in layout.hosts])
-        data = real_cluster(cluster, layout, str(ssh.wrapper))
+            start_sshd(keys, host, cgroups, record)
+        keys.check_hosts([h.address for h in layout.hosts])
+        data = real_cluster(cluster, layout, str(keys.wrapper))
         _write_cluster(out, data, _header(cluster_file, layout, folder, latency))
     except BaseException:
         down(prefix, folder)
@@ -142,9 +146,11 @@ def describe(layout: TestbedLayout, latency: bool) -> list[str]:
     lines = []
     for host in layout.hosts:
         cores = f"cores {','.join(map(str, host.cores))}" if host.cores else "cores shared"
+        quota = f"quota {host.quota_cpus:.3f} CPU per {layout.period_us / 1000:g} ms period, {cores}"
+        what = f"({', '.join(host.devices)})" if host.devices else "(service host, no devices)"
         lines.append(
-            f"host {host.name} ({', '.join(host.devices)}): {host.address}, namespace {host.namespace}, "
-            f"quota {host.quota_cpus:.3f} CPU per {layout.period_us / 1000:g} ms period, {cores}"
+            f"host {host.name} {what}: {host.address}, namespace {host.namespace}"
+            + (f", {quota}" if host.devices else ", no quota")
         )
     for shaping in layout.shaping:
         if shaping.source < shaping.target:
@@ -195,6 +201,14 @@ def down(prefix: str = DEFAULT_PREFIX, state: Path | None = None, log: Log = lam
     shutil.rmtree(folder, ignore_errors=True)
     log(f"testbed {prefix} is down")
     return True
+
+
+def host_addresses(prefix: str = DEFAULT_PREFIX, state: Path | None = None) -> dict[str, str]:
+    """Each host of testbed ``prefix`` by name: its address (empty when the testbed is not up)."""
+    record = system.Record.read(state_folder(prefix, state))
+    hosts = record.data.get("hosts", []) if record is not None else []
+    assert isinstance(hosts, list)
+    return {str(h["name"]): str(h["address"]) for h in hosts}
 
 
 def restart_sshd(host: str, prefix: str = DEFAULT_PREFIX, state: Path | None = None) -> int:

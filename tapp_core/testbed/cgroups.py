@@ -60,9 +60,9 @@ class Cgroups:
             folders.append(self.cpuset / name)
         return folders
 
-    def make(self, name: str, quota_us: int, period_us: int, cores: tuple[int, ...] | None) -> list[Path]:
-        """Make group ``name`` with its quota (and its cores, when given and the cpuset controller is here); returns
-        its folders."""
+    def make(self, name: str, quota_us: int | None, period_us: int, cores: tuple[int, ...] | None) -> list[Path]:
+        """Make group ``name`` with its quota (None: none) and its cores (when given and the cpuset controller is
+        here); returns its folders."""
         if self.version == 2:
             self._enable_v2(cores is not None)
         made = []
@@ -71,9 +71,9 @@ class Cgroups:
             made.append(folder)
         if self.version == 1:
             _write(self.cpu / name / "cpu.cfs_period_us", str(period_us))
-            _write(self.cpu / name / "cpu.cfs_quota_us", str(quota_us))
+            _write(self.cpu / name / "cpu.cfs_quota_us", str(quota_us if quota_us is not None else -1))
         else:
-            _write(self.cpu / name / "cpu.max", f"{quota_us} {period_us}")
+            _write(self.cpu / name / "cpu.max", f"{quota_us if quota_us is not None else 'max'} {period_us}")
         if cores is not None and self.cpuset is not None:
             cpuset = self.cpuset / name
             if self.version == 1:  # a v1 cpuset takes no process before it has memory nodes

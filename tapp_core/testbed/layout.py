@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -56,6 +57,7 @@ class TestbedHost:
     address: str
     devices: tuple[str, ...]
     quota_cpus: float
+    """Its share of this machine's cores; 0 for a service host (no devices, no quota)."""
     cores: tuple[int, ...] | None
     """Cores of its own, or None when the hosts share this machine's cores."""
     prefix: str
@@ -116,7 +118,10 @@ class TestbedLayout:
                 return host
         raise KeyError(device)
 
-    def quota_us(self, host: TestbedHost) -> int:
+    def quota_us(self, host: TestbedHost) -> int | None:
+        """The host's quota per period; None for a service host."""
+        if not host.devices:
+            return None
         return max(MIN_QUOTA_US, round(host.quota_cpus * self.period_us))
 
 
@@ -156,17 +161,27 @@ def _host_name(name: str) -> str:
 
 
 def plan_testbed(
-    cluster: Cluster, cores: list[int], subnet: str = DEFAULT_SUBNET, prefix: str = DEFAULT_PREFIX
+    cluster: Cluster,
+    cores: list[int],
+    subnet: str = DEFAULT_SUBNET,
+    prefix: str = DEFAULT_PREFIX,
+    service_hosts: Sequence[str] = (),
 ) -> TestbedLayout:
     """The testbed of ``cluster`` on ``cores`` (the cores its hosts may use), in ``subnet``, its objects named
-    ``prefix...``."""
+    ``prefix...``; ``service_hosts`` are hosts without devices (servers: MLflow, Prefect), without quota, after
+    the devices' hosts."""
     if not cores:
         raise TestbedError("a testbed needs at least one core")
     if any(d.kind != "cpu" for d in cluster.devices):
         gpus = ", ".join(d.name for d in cluster.devices if d.kind != "cpu")
         raise TestbedError(f"a testbed makes CPU hosts only; cluster {cluster.name!r} has GPU device(s) {gpus}")
     groups = host_groups(cluster)
-    network = check_subnet(subnet, len(groups))
+    services = [_host_name(name) for name in service_hosts]
+    names = [name for name, _ in groups] + services
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise TestbedError(f"testbed host name(s) {', '.join(repeated)} given twice")
+    network = check_subnet(subnet, len(groups) + len(services))
     fastest = max(d.speed for d in cluster.devices)
     share = {d.name: d.threads * d.speed / fastest for d in cluster.devices}
     scale = min(1.0, len(cores) / sum(share.values()))
@@ -189,6 +204,10 @@ def plan_testbed(
     smallest = min(h.quota_cpus for h in hosts)
     period = max(PERIOD_US, math.ceil(MIN_QUOTA_US / smallest))
     shaping, notes = _shaping(cluster, hosts)
+    for name in services:
+        index = len(hosts)
+        address = str(network[FIRST_HOST + index])
+        hosts.append(TestbedHost(name, index, address, (), 0.0, None, check_prefix(prefix)))
     if scale < 1:
         notes.append(
             f"the devices' CPU shares add up to {sum(share.values()):.2f} cores, more than the {len(cores)} given: "
