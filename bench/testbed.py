@@ -55,6 +55,7 @@ from tapp_core.runtime.race import race  # noqa: E402
 from tapp_core.testbed import down, state_folder, up  # noqa: E402
 
 PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "tapp")
+ALONE = "alone on "
 NAME = "tappbn"
 SUBNET = "10.214.0.0/24"
 BANDWIDTH_BAR = 0.15
@@ -71,11 +72,14 @@ def runs_as(plan: Plan) -> str:
 
 
 def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, rounds: int) -> list[Plan]:
-    """Each device alone, then every planner's plan on ``cluster``; one of each that runs the same."""
+    """Each device alone, then every planner's plan on ``cluster``; one of each that runs the same, named (its
+    ``planner``) by every planner that chose it and by the device it runs alone on."""
     plans: dict[str, Plan] = {}
+    names: dict[str, list[str]] = {}
     for device in cluster.device_names:
         plan = single_stage_plan(library, [device], batch_size=batch)
-        plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"alone on {device}"))
+        plans.setdefault(runs_as(plan), plan)
+        names.setdefault(runs_as(plan), []).append(f"{ALONE}{device}")
     for name in PLANNERS:
         options: dict[str, object] = {"batch_size": batch, "seed": 0, **({"rounds": rounds} if name == "tapp" else {})}
         try:
@@ -83,8 +87,24 @@ def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, 
         except PlannerError as exc:
             print(f"{name}: no plan: {exc}")
             continue
-        plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=name))
-    return list(plans.values())
+        plans.setdefault(runs_as(plan), plan)
+        names.setdefault(runs_as(plan), []).append(name)
+    return [dataclasses.replace(plan, planner=",".join(names[key])) for key, plan in plans.items()]
+
+
+def by_planner(plan: Plan) -> bool:
+    """Whether a planner chose ``plan`` (not only a device alone)."""
+    return any(not name.startswith(ALONE) for name in (plan.planner or "").split(","))
+
+
+def alone_on(plans: list[Plan], measured: list[float]) -> dict[str, float]:
+    """Each device's step alone, by device."""
+    found = {}
+    for plan, step in zip(plans, measured, strict=True):
+        for name in (plan.planner or "").split(","):
+            if name.startswith(ALONE):
+                found[name.removeprefix(ALONE)] = step
+    return found
 
 
 def raced(cluster: Cluster, plans: list[Plan], model: str, rounds: int, steps: int) -> list[float]:
@@ -117,7 +137,7 @@ def detected_links(testbed: Cluster, repeats: int) -> list[float]:
 
 def quota_errors(testbed: Cluster, plans: list[Plan], measured: list[float]) -> dict[str, float]:
     """Per quota-limited device: its step alone over the fastest device's, against the inverse ratio of speeds."""
-    alone = {p.planner.removeprefix("alone on "): t for p, t in zip(plans, measured, strict=True) if p.planner}
+    alone = alone_on(plans, measured)
     fastest = max(testbed.devices, key=lambda d: d.speed)
     errors = {}
     for device in testbed.devices:
@@ -134,7 +154,7 @@ def quota_errors(testbed: Cluster, plans: list[Plan], measured: list[float]) -> 
 
 def own_profiles(testbed: Cluster, library: LayerLibrary, plans: list[Plan], measured: list[float]) -> None:
     """Profile the model inside every quota-limited host; its whole-model time against the scaled library's."""
-    alone = {p.planner.removeprefix("alone on "): t for p, t in zip(plans, measured, strict=True) if p.planner}
+    alone = alone_on(plans, measured)
     fastest = max(d.speed for d in testbed.devices)
     for device in testbed.devices:
         if device.speed >= fastest or device.host is None or testbed.ssh is None:
@@ -162,17 +182,17 @@ def report(
 ) -> dict[str, list[float]]:
     """The table of every plan on every cluster; the absolute errors of the planners' plans per cluster."""
     errors: dict[str, list[float]] = {name: [] for name in runs}
-    print(f"\n{'plan':14s} {'layout':34s}" + "".join(f" {name + ': measured, est., error':>40s}" for name in runs))
+    print(f"\n{'chosen by':32s} {'layout':30s}" + "".join(f" {name + ': measured, est., error':>38s}" for name in runs))
     for index, plan in enumerate(plans):
         layout = " | ".join("+".join(d) for d in plan.stage_devices) + f" m={plan.micro_batches}"
         cells = []
         for name, (measured, cluster, calibration) in runs.items():
             predicted = estimate(plan, library, cluster, calibration).step_time
             error = (predicted - measured[index]) / measured[index]
-            if not (plan.planner or "").startswith("alone on "):
+            if by_planner(plan):
                 errors[name].append(abs(error))
-            cells.append(f" {measured[index]:15.4f} {predicted:11.4f} {error:+11.1%}")
-        print(f"{plan.planner or '':14s} {layout:34s}" + "".join(cells))
+            cells.append(f" {measured[index]:14.4f} {predicted:11.4f} {error:+11.1%}")
+        print(f"{plan.planner or '':32s} {layout:30s}" + "".join(cells))
     return errors
 
 

@@ -58,7 +58,7 @@ CLUSTER = {
 
 def on_host(ssh: str, address: str, command: str, log: Path) -> None:
     """Start ``command`` in the background on a testbed host (its own session, output to ``log``)."""
-    remote = f"cd {ROOT} && setsid {command} > {log} 2>&1 < /dev/null &"
+    remote = f"cd {ROOT} || exit 1; setsid {command} > {log} 2>&1 < /dev/null &"
     subprocess.run([ssh, address, remote], check=True, timeout=60)
 
 
@@ -98,9 +98,17 @@ class RankWatch:
     def _watch(self) -> None:
         while not self.done.wait(0.5):
             for name in self.hosts:
-                pids = system.namespace_pids(f"{NAME}-{name}")
-                if any("tapp_core.runtime.worker" in system.command_line(p) for p in pids):
+                if any(is_rank(pid) for pid in system.namespace_pids(f"{NAME}-{name}")):
                     self.seen.add(name)
+
+
+def is_rank(pid: int) -> bool:
+    """Whether ``pid`` is a worker rank itself (Python running the worker), not mpiexec or ssh naming it."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return Path(argv[0].decode()).name.startswith("python") and b"tapp_core.runtime.worker" in argv[:3]
 
 
 def team_run(args: argparse.Namespace, work: Path) -> bool:

@@ -207,14 +207,18 @@ def test_an_sshd_killed_during_a_measurement_names_its_host_at_the_restart(
     with WorkerPool(cluster, grace_s=5.0) as pool:
         pool.start()
 
+        killed: list[float] = []
+
         def kill_sshd() -> None:
             for pid in system.namespace_pids(f"{PREFIX}-c"):
                 if system.command_line(pid).startswith("sshd"):
                     os.kill(pid, signal.SIGKILL)
+            killed.append(time.monotonic())
 
         threading.Timer(1.0, kill_sshd).start()
         during = pool.measure(good_plan(), steps=400, warmup=1, timeout_s=60)
         assert during.ok, during.error
+        assert killed and killed[0] < time.monotonic() - 0.1, "the measurement ended before the sshd was killed"
         with pytest.raises(PoolError, match=r"host 10\.215\.0\.12 \(c\) does not answer over ssh.*refused"):
             pool.restart()
         restart_sshd("c", PREFIX, state)
