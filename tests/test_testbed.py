@@ -217,8 +217,9 @@ def test_an_sshd_killed_during_a_measurement_names_its_host_at_the_restart(
 
         threading.Timer(1.0, kill_sshd).start()
         during = pool.measure(good_plan(), steps=400, warmup=1, timeout_s=60)
+        ended = time.monotonic()
         assert during.ok, during.error
-        assert killed and killed[0] < time.monotonic() - 0.1, "the measurement ended before the sshd was killed"
+        assert killed and killed[0] < ended, "the measurement ended before the sshd was killed"
         with pytest.raises(PoolError, match=r"host 10\.215\.0\.12 \(c\) does not answer over ssh.*refused"):
             pool.restart()
         restart_sshd("c", PREFIX, state)
