@@ -186,8 +186,9 @@ def submit_and_check(args: argparse.Namespace, work: Path, api: str, mlflow_uri:
     runs = client.search_runs([experiment.experiment_id]) if experiment is not None else []
     methods = sorted({r.data.tags.get("method", "") for r in runs} - {""})
     print(f"flow run {run_id}: {state}; {len(logs)} log lines in the Prefect server at {api}")
-    for line in [entry["message"] for entry in logs][:5]:
-        print(f"  log: {line[:150]}")
+    messages = [entry["message"] for entry in sorted(logs, key=lambda entry: entry["timestamp"])]
+    for line in [m for m in messages if "TAPP" in m or "step time" in m][:4]:
+        print(f"  log: {line.splitlines()[0][:150]}")
     print(f"MLflow server at {mlflow_uri}: {len(runs)} runs in experiment 'team', methods {', '.join(methods)}")
     print(f"ranks seen on hosts: {', '.join(sorted(watch.seen)) or 'none'}")
     ok = state == "COMPLETED" and len(logs) > 0 and len(runs) > 0 and watch.seen == {"n1", "n2"}
@@ -213,6 +214,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds for the flow run to finish")
     parser.add_argument("--verbose", action="store_true", help="print the end of the servers' and worker's logs")
     args = parser.parse_args()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tapp-team-") as folder:
         work = Path(folder)
         try:
@@ -222,6 +224,7 @@ def main() -> int:
                 if (work / log).exists() and args.verbose:
                     print(f"--- {log}\n{(work / log).read_text()[-3000:]}")
             down(NAME, work / "state")
+    print(f"the team run took {time.monotonic() - started:.0f} s, testbed up and down included")
     return 0 if ok else 1
 
 
