@@ -26,12 +26,19 @@ KIND_COLOURS = {
     "backward": "#DD8452",
     "send": "#55A868",
     "recv": "#C44E52",
+    "collective": "#E377C2",
+    "reduce": "#B07AA1",
     "allreduce": "#8172B3",
     "update": "#937860",
 }
 """One colour per ``TimelineOp.kind``."""
-KIND_LABELS = {"recv": "waiting on receive"}
-SEND_LANE = ("send",)
+KIND_LABELS = {
+    "collective": "layout change (split layers)",
+    "recv": "waiting on receive",
+    "reduce": "gradient bucket reduced",
+    "allreduce": "waiting on reduction",
+}
+SEND_LANE = ("send", "reduce")
 """Kinds drawn in a thin lane under the device's row: they overlap the device's compute."""
 ROW_HEIGHT = 0.6
 SEND_HEIGHT = 0.18

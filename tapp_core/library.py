@@ -31,6 +31,7 @@ import pandas as pd
 
 from tapp_core.errors import TappError
 from tapp_core.kinds import DeviceKind
+from tapp_core.placement import MODEL_INPUT, LayerSpec
 
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
@@ -40,6 +41,9 @@ PROFILE_VERSION = 3
 library's contents change meaning (2: fixed per-call parts fitted; 3: the GPU model and the host recorded, which
 decide which devices a library is the library of); caches and calibrations key on it."""
 """In a folder of libraries, one per kind: the subfolders, the reference kind's first."""
+
+
+_SPECS: dict[int, tuple[tuple[Layer, ...], tuple[LayerSpec, ...]]] = {}
 
 
 class LibraryError(TappError):
@@ -125,6 +129,27 @@ class LayerLibrary:
 
     def edges(self) -> list[tuple[int, int]]:
         return [(layer.index, succ) for layer in self.layers for succ in layer.successors]
+
+    def specs(self) -> tuple[LayerSpec, ...]:
+        """The layers as the layout pass of ``tapp_core.placement`` reads them (cached while the layers stay)."""
+        snapshot = tuple(self.layers)
+        cached = _SPECS.get(id(self.layers))
+        if cached is None or cached[0] != snapshot:
+            specs = tuple(
+                LayerSpec(
+                    index=x.index,
+                    name=x.name,
+                    op=x.op,
+                    inputs=x.predecessors or (MODEL_INPUT,),
+                    shape=tuple(x.output_shape[1:]),
+                    has_params=x.param_bytes > 0,
+                )
+                for x in snapshot
+            )
+            if len(_SPECS) > 16:
+                _SPECS.clear()
+            cached = _SPECS[id(self.layers)] = (snapshot, specs)
+        return cached[1]
 
     def to_frame(self) -> pd.DataFrame:
         rows = []

@@ -45,7 +45,7 @@ class _Descent:
     def __init__(self, planner: AutoDdlPlanner, library: LayerLibrary, evaluator: PlanEvaluator, batch: int) -> None:
         self.library = library
         self.evaluator = evaluator
-        self.schedule = planner.schedule
+        self.schedule = planner.schedule_spec
         self.batch = batch
         self.choices = planner.micro_batch_choices(library)
         self.devices = evaluator.cluster.device_names

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from tapp_core.plan import Plan, replicas_divide
+from tapp_core.plan import Plan
 from tapp_core.planners.space import stages_from_cuts
 
 Groups = tuple[tuple[str, ...], ...]
@@ -95,7 +95,7 @@ def dropped_replicas(groups: Groups, class_of: Mapping[str, int] | None = None) 
 
 def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     """A contiguous plan with two neighbouring stages made one, on the first's devices, the second's, or both
-    (replicas, where their count divides the micro-batch); the devices it no longer uses are left idle."""
+    (replicas, where each gets a sample of the micro-batch); the devices it no longer uses are left idle."""
     cuts = cuts_of(plan)
     if cuts is None:
         return
@@ -104,7 +104,7 @@ def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     for j in range(len(cuts)):
         stages = stages_from_cuts(n, [*cuts[:j], *cuts[j + 1 :]])
         both = (*groups[j], *groups[j + 1])
-        merged = [groups[j], groups[j + 1]] + ([both] if replicas_divide(plan.micro_batch_size, len(both)) else [])
+        merged = [groups[j], groups[j + 1]] + ([both] if len(both) <= plan.micro_batch_size else [])
         for group in merged:
             devices = (*groups[:j], group, *groups[j + 2 :])
             yield dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices)

@@ -193,7 +193,7 @@ class OraclePlanner(PlannerBase):
         deadline = started + self.time_limit_s if self.time_limit_s else math.inf
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
-        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
+        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule_spec, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
         quarter = started + (deadline - started) / 4
@@ -202,7 +202,7 @@ class OraclePlanner(PlannerBase):
         incumbents_ends = time.perf_counter() + (deadline - time.perf_counter()) / 2
         incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch, incumbents_ends)
         incumbents_cut = len(incumbents) < len(groupings) * len(choices)
-        search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
+        search = _Search(library, positions, evaluator, self.schedule_spec, batch, deadline, budget)
         search.complete = not (groupings_cut or incumbents_cut)
         for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):
             search.run(grouping, m, bound_of[m])
@@ -257,7 +257,7 @@ class OraclePlanner(PlannerBase):
             shares = [len(g) * min(speeds[d] for d in g) for g in grouping]
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
-                plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)
+                plan = contiguous_plan(library, cuts, grouping, m, self.schedule_spec, batch)
                 out.append((evaluator.step_time(plan), grouping, m))
         return out
 

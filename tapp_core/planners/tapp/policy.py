@@ -1,8 +1,10 @@
-"""TAPP's policy: both networks and the micro-batch choice, sampled together into valid plans.
+"""TAPP's policy: both networks and the micro-batch and schedule choices, sampled together into valid plans.
 
 One sample is: a number of stages ``k`` and a group among the first ``k`` for every layer (partition network), the
-monotone repair (``repair``), a device for every non-empty group in pipeline order and, for every device left over,
-a group to replicate or none (allocation network), and a micro-batch count among those the replica counts divide.
+monotone repair (``repair``), a schedule among the search's (its one-hot joins every group's features, so the
+allocation network knows which schedule it places for), a device for every non-empty group in pipeline order and,
+for every device left over, a group to replicate or none (allocation network), and a micro-batch count among those
+that give every replica a sample.
 So one stage on one device, with every other device idle, is a sample like any other. ``sample`` returns the
 plans and the log-probability of each sample (with gradients, for REINFORCE) and the policy's entropy.
 """
@@ -32,6 +34,7 @@ from tapp_core.planners.tapp.features import (
 )
 from tapp_core.planners.tapp.networks import AllocationNetwork, PartitionNetwork
 from tapp_core.planners.tapp.repair import compact, monotone_groups, repair_weights
+from tapp_core.schedules import parse_schedule_spec
 
 EMBEDDING_DIM = 16
 NEG_INF = -1e9
@@ -67,6 +70,8 @@ class Actions:
     """(samples, devices) group each left-over device replicates, -1 for none (and for placed devices)."""
     micro: np.ndarray
     """(samples,) index into the micro-batch choices."""
+    schedule: np.ndarray
+    """(samples,) index into the schedule choices."""
 
 
 @dataclass
@@ -93,7 +98,7 @@ class PolicySample:
     log_prob: torch.Tensor
     """(samples,) log-probability of every sample's decisions, with gradients."""
     entropy: torch.Tensor
-    """Mean over the five kinds of decision of the mean entropy per decision, with gradients."""
+    """Mean over the six kinds of decision of the mean entropy per decision, with gradients."""
 
 
 def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
@@ -126,8 +131,9 @@ class TappPolicy(nn.Module):
         config: PolicyConfig,
         micro_batch_choices: Sequence[int],
         batch_size: int,
-        schedule: str,
+        schedules: str | Sequence[str],
     ) -> None:
+        """``schedules``: the schedule choices (``schedules.schedule_spec``; one string: the only one)."""
         super().__init__()
         features = layer_features(library)
         self.library = library
@@ -135,7 +141,8 @@ class TappPolicy(nn.Module):
         self.device_names = cluster.device_names
         self.micro_batch_choices = tuple(micro_batch_choices)
         self.batch_size = batch_size
-        self.schedule = schedule
+        self.schedules = (schedules,) if isinstance(schedules, str) else tuple(schedules)
+        self._schedule_specs = [parse_schedule_spec(spec) for spec in self.schedules]
         groups = config.groups
         relative = relative_speeds(library, cluster)
         speeds = np.array([relative[name] for name in cluster.device_names])
@@ -150,7 +157,7 @@ class TappPolicy(nn.Module):
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
         self.register_buffer("op_ids", features.op_ids)
         self.register_buffer("numeric", features.numeric)
-        needs = model_needs(library, self.micro_batch_choices, batch_size, schedule)
+        needs = model_needs(library, self.micro_batch_choices, batch_size, self.schedules[0])
         self.register_buffer("devices", device_features(cluster, needs, speeds.tolist()))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
@@ -162,9 +169,10 @@ class TappPolicy(nn.Module):
             layer_dim, groups, config.hidden, torch.tensor(shares, dtype=torch.float32), config.partition_prior
         )
         self.group_layer_dim = EMBEDDING_DIM + len(METRIC_NAMES)
-        group_dim = self.group_layer_dim + 1 + 2 * groups
+        group_dim = self.group_layer_dim + 1 + 2 * groups + len(self.schedules)
         self.allocation = AllocationNetwork(group_dim, len(DEVICE_FEATURES), config.key_dim)
         self.micro_batch_logits = nn.Parameter(torch.zeros(len(self.micro_batch_choices)))
+        self.schedule_logits = nn.Parameter(torch.zeros(len(self.schedules)))
 
     # --- sampling and scoring ----------------------------------------------------------------------------------
 
@@ -187,7 +195,7 @@ class TappPolicy(nn.Module):
         return (
             plan.model == self.library.model
             and plan.batch_size == self.batch_size
-            and plan.schedule == self.schedule
+            and plan.schedule_spec in self.schedules
             and plan.micro_batches in self.micro_batch_choices
             and plan.n_stages <= self.config.groups
             and len(order) == len(self.library.layers)
@@ -248,6 +256,7 @@ class TappPolicy(nn.Module):
             placed=placed,
             replicas=replicas,
             micro=np.array([self.micro_batch_choices.index(plan.micro_batches) for plan in plans]),
+            schedule=np.array([self.schedules.index(plan.schedule_spec) for plan in plans]),
         )
 
     def complete(
@@ -257,11 +266,17 @@ class TappPolicy(nn.Module):
         generator: torch.Generator | None,
         forced: Actions | None = None,
     ) -> PolicySample:
-        """The allocation network's and the micro-batch decisions for repaired ``stages`` (one row per sample)."""
+        """The schedule, the allocation network's and the micro-batch decisions for repaired ``stages`` (one row
+        per sample)."""
         groups = self.config.groups
         count = stages.shape[0]
         n_stages = stages.max(axis=1) + 1
+        schedule, schedule_log_prob, schedule_entropy = self._categorical(
+            self.schedule_logits, count, generator, None if forced is None else forced.schedule
+        )
+        chosen = F.one_hot(torch.as_tensor(schedule), len(self.schedules)).float()
         slots = self._group_vectors(draw.layer_vectors[:, : self.group_layer_dim], stages)
+        slots = torch.cat([slots, chosen[:, None, :].expand(count, groups, len(self.schedules))], dim=2)
         active = torch.arange(groups)[None, :] < torch.as_tensor(n_stages)[:, None]
         placed, place_log_prob, place_entropy = self._place(
             slots, stages, active, generator, None if forced is None else forced.placed
@@ -273,10 +288,26 @@ class TappPolicy(nn.Module):
         micro, micro_log_prob, micro_entropy = self._micro_batches(
             replicas, generator, None if forced is None else forced.micro
         )
-        log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob
-        entropy = torch.stack([draw.stage_entropy, draw.entropy, place_entropy, replica_entropy, micro_entropy]).mean()
-        plans = [self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s]) for s in range(count)]
+        log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob + schedule_log_prob
+        entropy = torch.stack(
+            [draw.stage_entropy, draw.entropy, place_entropy, replica_entropy, micro_entropy, schedule_entropy]
+        ).mean()
+        plans = [
+            self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s], int(schedule[s])) for s in range(count)
+        ]
         return PolicySample(plans, log_prob, entropy)
+
+    @staticmethod
+    def _categorical(
+        logits: torch.Tensor, count: int, generator: torch.Generator | None, forced: np.ndarray | None
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """``count`` draws from one categorical (or the ``forced`` ones): choices, log-probabilities, entropy."""
+        log_p = F.log_softmax(logits, dim=0)
+        if forced is None:
+            chosen = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator)
+        else:
+            chosen = torch.as_tensor(forced)
+        return chosen.numpy(), log_p[chosen], -(log_p.exp() * log_p).sum()
 
     def _group_vectors(self, layer_vectors: torch.Tensor, stages: np.ndarray) -> torch.Tensor:
         groups = self.config.groups
@@ -370,15 +401,14 @@ class TappPolicy(nn.Module):
         return replicas, log_prob, entropy
 
     def _dividing(self, replicas: np.ndarray) -> np.ndarray:
-        """``replicas`` with the last replicas of a stage left idle until the stage's device count divides the
-        largest micro-batch (so some micro-batch count suits every stage): a sample never fails for its count."""
+        """``replicas`` with the last replicas of a stage left idle until every device of the stage gets a sample
+        of the largest micro-batch (so some micro-batch count suits every stage): a sample never fails for it."""
         largest = self.batch_size // min(self.micro_batch_choices)
         out = replicas.copy()
         for s in range(out.shape[0]):
             for g in np.unique(out[s][out[s] >= 0]):
                 extra = np.flatnonzero(out[s] == g)
-                keep = max(k for k in range(1, len(extra) + 2) if largest % k == 0) - 1
-                out[s, extra[keep:]] = -1
+                out[s, extra[largest - 1 :]] = -1
         return out
 
     def _micro_batches(
@@ -390,7 +420,7 @@ class TappPolicy(nn.Module):
             for g in replicas[s][replicas[s] >= 0]:
                 counts[s, g] += 1
         sizes = np.array([self.batch_size // m for m in self.micro_batch_choices])
-        fits = (sizes[None, None, :] % counts[:, :, None] == 0).all(axis=1)
+        fits: np.ndarray = np.all(sizes[None, None, :] >= counts[:, :, None], axis=1)
         fits[~fits.any(axis=1)] = True  # no count fits: sample one anyway and let the plan fail
         mask = ~torch.as_tensor(fits)
         log_p = F.log_softmax(self.micro_batch_logits.expand(samples, -1).masked_fill(mask, NEG_INF), dim=1)
@@ -402,7 +432,10 @@ class TappPolicy(nn.Module):
         entropy = -(log_p.exp() * log_p.masked_fill(mask, 0.0)).sum(dim=1).mean()
         return np.array(self.micro_batch_choices)[chosen.numpy()], log_prob, entropy
 
-    def _plan(self, stages: np.ndarray, n_stages: int, placed: np.ndarray, replicas: np.ndarray, micro: int) -> Plan:
+    def _plan(
+        self, stages: np.ndarray, n_stages: int, placed: np.ndarray, replicas: np.ndarray, micro: int, schedule: int
+    ) -> Plan:
+        name, staleness = self._schedule_specs[schedule]
         devices = []
         for g in range(n_stages):
             extra = [self.device_names[d] for d in range(len(self.device_names)) if replicas[d] == g]
@@ -411,7 +444,8 @@ class TappPolicy(nn.Module):
             model=self.library.model,
             batch_size=self.batch_size,
             micro_batches=int(micro),
-            schedule=self.schedule,
+            schedule=name,
+            staleness=staleness,
             stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
         )

@@ -49,6 +49,7 @@ from tapp_core.planners.moves import (
 from tapp_core.planners.oracle import best_cuts
 from tapp_core.planners.space import balanced_cuts, stages_from_cuts
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
+from tapp_core.schedules import parse_schedule_spec
 
 SPAN = 32
 """Largest boundary shift a descent tries, in layers (it tries 1, 2, 4, ... up to it)."""
@@ -85,6 +86,7 @@ class Polish:
         cluster: Cluster,
         reward: RewardSource,
         micro_batch_choices: Sequence[int],
+        schedules: Sequence[str],
         exhausted: Callable[[], bool],
         calibration: Calibration = DEFAULT_CALIBRATION,
         deadline: float = math.inf,
@@ -94,6 +96,8 @@ class Polish:
         self.cluster = cluster
         self.reward = reward
         self.micro_batch_choices = tuple(micro_batch_choices)
+        self.schedules = tuple(parse_schedule_spec(spec) for spec in schedules)
+        """(name, staleness) of every schedule the search may choose."""
         self.exhausted = exhausted
         self.speeds = relative_speeds(library, cluster)
         """Per device, its speed relative to the library's kind (its own kind's library and its speed)."""
@@ -162,7 +166,7 @@ class Polish:
             self.cluster,
             grouping[0],
             grouping[1],
-            template.schedule,
+            template.schedule_spec,
             template.batch_size,
             self.calibration,
             below_s,
@@ -215,10 +219,14 @@ class Polish:
         return best
 
     def shifts(self, plan: Plan, span: int) -> list[Plan]:
-        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``, and
-        every two neighbouring boundaries moved together (a stage shifted whole: a small stage between two large
-        ones moves only so)."""
-        neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.micro_batch_choices]
+        """Every micro-batch count and schedule; every boundary of a contiguous plan moved by powers of two up to
+        ``span``, and every two neighbouring boundaries moved together (a stage shifted whole: a small stage between
+        two large ones moves only so)."""
+        neighbours = [
+            dataclasses.replace(plan, micro_batches=m, schedule=name, staleness=staleness)
+            for m in self.micro_batch_choices
+            for name, staleness in self.schedules
+        ]
         cuts = cuts_of(plan)
         if cuts is None:
             return neighbours

@@ -86,7 +86,8 @@ class SearchConfig(SearchOptions):
     seed: int = 0
     batch_size: int = 64
     micro_batch_choices: tuple[int, ...] = DEFAULT_MICRO_BATCHES
-    schedule: str = "1f1b"
+    schedules: tuple[str, ...] = ("1f1b",)
+    """The schedules the policy chooses among, each with its staleness bound (``schedules.schedule_spec``)."""
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(groups=1))
 
     def to_dict(self) -> dict[str, object]:
@@ -96,7 +97,9 @@ class SearchConfig(SearchOptions):
     def from_dict(cls, data: Mapping[str, Any]) -> SearchConfig:
         values = dict(data)
         values["policy"] = PolicyConfig(**values["policy"])
-        for name in ("micro_batch_choices", "initial_splits"):
+        if "schedule" in values:  # a checkpoint of a search that had one schedule
+            values["schedules"] = (values.pop("schedule"),)
+        for name in ("micro_batch_choices", "initial_splits", "schedules"):
             values[name] = tuple(values[name])
         return cls(**values)
 
@@ -177,7 +180,7 @@ class _Member:
                 dataclasses.replace(config.policy, initial_split=split),
                 config.micro_batch_choices,
                 config.batch_size,
-                config.schedule,
+                config.schedules,
             )
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
@@ -315,7 +318,7 @@ class TappSearch:
             self.simulated,
             c.batch_size,
             c.micro_batch_choices,
-            c.schedule,
+            c.schedules,
             c.seed,
             self._calibration,
         )
@@ -545,6 +548,7 @@ class TappSearch:
             self.cluster,
             self.simulated,
             self.config.micro_batch_choices,
+            self.config.schedules,
             exhausted,
             self._calibration,
             deadline,
