@@ -15,6 +15,7 @@ all): ``check_shape``, ``check_layers``, ``check_stages_used``, ``check_edges``,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -91,11 +92,30 @@ class Plan:
             raise PlanError(f"bucket_bytes must be 0 or more, got {self.bucket_bytes}")
         if self.stage_shares and len(self.stage_shares) != len(self.stage_devices):
             raise PlanError(f"plan gives shares for {len(self.stage_shares)} stages but has {len(self.stage_devices)}")
+        for stage, (shares, devices) in enumerate(zip(self.stage_shares, self.stage_devices, strict=False)):
+            if len(shares) != len(devices):
+                raise PlanError(f"stage {stage}: {len(shares)} shares for {len(devices)} devices")
 
     @property
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule object of ``schedule``: its order of operations, activations in flight and so on."""
         return schedule_for(self.schedule, self.staleness)
+
+    def regrouped(
+        self, stage_of_layer: tuple[int, ...] | None = None, stage_devices: tuple[tuple[str, ...], ...] | None = None
+    ) -> Plan:
+        """This plan with other stages or device groups: a stage keeps its shares while it keeps its group (a new
+        group shares equally); the signatures stay on the layers still on a group of several devices."""
+        layers = self.stage_of_layer if stage_of_layer is None else stage_of_layer
+        groups = self.stage_devices if stage_devices is None else stage_devices
+        shares: tuple[tuple[float, ...], ...] = ()
+        if self.stage_shares:
+            old = dict(zip(self.stage_devices, self.stage_shares, strict=True))
+            shares = tuple(old.get(group, even_shares(len(group))) for group in groups)
+        signatures = tuple((x, sig) for x, sig in self.signatures if len(groups[layers[x]]) > 1)
+        return dataclasses.replace(
+            self, stage_of_layer=layers, stage_devices=groups, stage_shares=shares, signatures=signatures
+        )
 
     @property
     def schedule_spec(self) -> str:
@@ -315,7 +335,7 @@ def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:
     if output == SAMPLES:
         return 1.0
     held = plan.micro_batch_size * (share if isinstance(output, Split) else 1.0)
-    return held / rows
+    return held / max(rows, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
