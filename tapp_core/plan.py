@@ -159,6 +159,27 @@ class Plan:
     def stage_layers(self, stage: int) -> list[int]:
         return [i for i, s in enumerate(self.stage_of_layer) if s == stage]
 
+    def describe(self, library: LayerLibrary | None = None) -> str:
+        """The plan in one line: its stages (devices, shares where unequal, split layers by name with a library),
+        micro-batches and schedule (with its staleness bound), e.g. ``cpu0 | cpu1+cpu2 (0.6/0.4; fc1 col, fc2 row),
+        m=2, async (staleness 1)``."""
+        stages = []
+        for s, group in enumerate(self.stage_devices):
+            text = "+".join(group)
+            details = []
+            if self.stage_shares and len(set(self.stage_shares[s])) > 1:
+                details.append("/".join(f"{x:.2g}" for x in self.stage_shares[s]))
+            split = [
+                f"{library.layers[x].name if library else f'layer {x}'} {sig}"
+                for x, sig in self.signatures
+                if self.stage_of_layer[x] == s
+            ]
+            if split:
+                details.append(", ".join(split))
+            stages.append(f"{text} ({'; '.join(details)})" if details else text)
+        schedule = self.schedule + (f" (staleness {self.staleness})" if self.staleness is not None else "")
+        return f"{' | '.join(stages)}, m={self.micro_batches}, {schedule}"
+
     def canonical(self) -> dict[str, object]:
         """The content that decides what runs; the id is its hash. Planner name and notes are not part of it. The
         fields a plan of an earlier version could not have are written only when set, so its id is unchanged."""
@@ -217,9 +238,8 @@ class Plan:
                 planner=str(data.get("planner", "")),
                 notes=dict(notes),
                 staleness=None if data.get("staleness") is None else _integer(data["staleness"], "staleness"),
-                bucket_bytes=None
-                if data.get("bucket_bytes") is None
-                else _integer(data["bucket_bytes"], "bucket_bytes"),
+                bucket_bytes=None if data.get("bucket_bytes") is None else _integer(data["bucket_bytes"], "bytes"),
+                signatures=_signatures(data.get("signatures") or {}),
                 stage_shares=tuple(
                     tuple(_number(x, "stage_shares") for x in _items(shares))
                     for shares in _items(data.get("stage_shares") or [])
