@@ -199,6 +199,9 @@ def down(prefix: str = DEFAULT_PREFIX, state: Path | None = None, log: Log = lam
         with contextlib.suppress(OSError):
             Path(str(entry["path"])).rmdir()  # only if empty: nothing else uses it
     shutil.rmtree(folder, ignore_errors=True)
+    if state is None:
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # the testbeds' folder, once the last is down
     log(f"testbed {prefix} is down")
     return True
 
