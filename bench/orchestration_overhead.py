@@ -198,6 +198,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     """The same work on tapp_core alone: profile, search rounds, measured rounds, evaluations, tables and figures."""
     from flows.experiment import DEFAULT_METHODS
     from reports.figures import gantt, reward_curve, step_time_bars
+    from tapp_core.calibration import cluster_calibration
     from tapp_core.cluster import load_cluster
     from tapp_core.costmodel import estimate
     from tapp_core.plan import validate
@@ -206,7 +207,6 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     from tapp_core.planners.tapp.search import TappSearch
     from tapp_core.profile_cache import ProfileCache
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.calibration import cluster_calibration
     from tasks.evaluate import baseline_plan
     from tasks.measure import RuntimeSettings
     from tasks.search import SearchBudget

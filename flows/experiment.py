@@ -25,6 +25,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from reports import runs
+from tapp_core.calibration import cluster_calibration
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costs import Calibration
 from tapp_core.data import DATASET_NAMES, DataError, open_dataset
@@ -32,9 +33,8 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
-from tapp_core.runtime.calibration import cluster_calibration
+from tapp_core.races import RaceResult
 from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
-from tapp_core.runtime.race import RaceResult
 from tasks import prefect_ui, summary
 from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools

@@ -106,6 +106,12 @@ class Cluster(_Strict):
     emulated: bool = Field(default=True, description="heterogeneity emulated on one host")
     devices: tuple[Device, ...] = Field(min_length=1)
     links: Links
+    ssh: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the command MPICH's Hydra starts ranks on other hosts with (default: ssh); a script that adds "
+        "options, such as a testbed's key (tapp_core.testbed)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Cluster:

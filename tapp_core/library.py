@@ -36,6 +36,10 @@ from tapp_core.placement import MODEL_INPUT, LayerSpec
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
 KINDS_FILE = "kinds.json"
+PROFILE_VERSION = 3
+"""The profiler's version, recorded in every library it writes (``extra["profile_version"]``): bumped when a
+library's contents change meaning (2: fixed per-call parts fitted; 3: the GPU model and the host recorded, which
+decide which devices a library is the library of); caches and calibrations key on it."""
 """In a folder of libraries, one per kind: the subfolders, the reference kind's first."""
 
 

@@ -31,7 +31,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner
-from tapp_core.runtime.race import RaceResult
+from tapp_core.races import RaceResult
 from tasks.measure import RuntimeSettings, race_plans
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 

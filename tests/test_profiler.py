@@ -12,10 +12,9 @@ import torch
 from torch import nn
 
 from tapp_core.graph import layer_nodes, trace_model
-from tapp_core.library import LayerLibrary
+from tapp_core.library import PROFILE_VERSION, LayerLibrary
 from tapp_core.models import build_model, build_traced_model
 from tapp_core.profiler import (
-    PROFILE_VERSION,
     CpuClock,
     ProfileError,
     fixed_part,

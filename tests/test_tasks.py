@@ -19,7 +19,7 @@ from tapp_core.plan import Plan, PlanError, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
-from tapp_core.runtime.race import run_race
+from tapp_core.races import run_race
 from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, methods_for, plan_method
 from tasks.profile import record_library
 from tasks.search import SearchBudget

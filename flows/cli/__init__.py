@@ -6,6 +6,7 @@ One module per group of commands, registered here in the order ``tapp --help`` l
 - ``runtime``: ``measure``, ``train`` (a plan on MPI workers);
 - ``hardware``: ``calibrate`` (the cost model's calibration, measured on this machine) and ``cluster detect``
   (the cluster file of this host);
+- ``testbed``: ``testbed up``, ``testbed down`` (a real cluster of several hosts on this one);
 - ``experiments``: ``run`` (the Prefect flow, tracked in MLflow) and ``report`` (tables and figures from MLflow);
 - ``common``: the consoles, the options several commands share, the layer library and plan they start from.
 
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import experiments, hardware, planning, runtime
+from flows.cli import experiments, hardware, planning, runtime, testbed
 from flows.cli.common import console, reports_user_errors
 
 HELP = (
@@ -72,5 +73,6 @@ for _command in (
 ):
     app.command()(reports_user_errors(_command))
 app.add_typer(hardware.cluster_app, name="cluster")
+app.add_typer(testbed.testbed_app, name="testbed")
 
 __all__ = ["app", "tapp_version"]

@@ -45,7 +45,7 @@ DEFAULT_PLAN = Path("plan.json")
 DEFAULT_REPORT = Path("out/report")
 DEFAULT_STEPS = 3
 """Timed steps per plan and race round, after the warm-up (``tapp measure``, ``tapp run``): plans are measured in
-races of interleaved rounds (``tapp_core.runtime.race``), the flow's ``RuntimeSettings``."""
+races of interleaved rounds (``tapp_core.races``), the flow's ``RuntimeSettings``."""
 DEFAULT_WARMUP = 1
 
 ModelOpt = Annotated[

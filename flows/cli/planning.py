@@ -106,7 +106,7 @@ def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) ->
 def calibration_for(cluster: str, target: Cluster, library: LayerLibrary, path: Path | None) -> Calibration:
     """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file, checked against
     this machine and ``library``; the ideal one when there is none."""
-    from tapp_core.runtime.calibration import cluster_calibration
+    from tapp_core.calibration import cluster_calibration
 
     return cluster_calibration(cluster, target, library, path)
 

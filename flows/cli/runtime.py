@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from tapp_core.cluster import Cluster
     from tapp_core.library import LayerLibrary
     from tapp_core.plan import Plan
-    from tapp_core.runtime.race import RaceResult
+    from tapp_core.races import RaceResult
 
 
 AllowOversubscribeOpt = Annotated[
@@ -69,9 +69,9 @@ def _plans_to_run(
     its memory against the layer library (the given folder, else the profile cache's, profiled now if missing;
     loaded once per batch size)."""
     from tapp_core.cluster import load_cluster
+    from tapp_core.hosts import OVERSUBSCRIBE_VARIABLE
     from tapp_core.plan import validate
     from tapp_core.runtime import check_before_launch
-    from tapp_core.runtime.placement import OVERSUBSCRIBE_VARIABLE
 
     target = load_cluster(cluster)
     libraries: dict[int, LayerLibrary] = {}
@@ -161,8 +161,9 @@ def _run_race(
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
     """Race ``plans`` (checked by ``_plans_to_run``) on a pool of the devices they use."""
+    from tapp_core.races import RaceOptions, RoundSteps
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+    from tapp_core.runtime.race import race
 
     options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
     steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)

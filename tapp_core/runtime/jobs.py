@@ -94,6 +94,8 @@ class RankInfo:
     pid: int
     host: str
     argv: tuple[str, ...]
+    boot: str = ""
+    """The boot of the kernel it runs on (``guard.boot_id``): equal to the pool's, its pid is a process here."""
 
 
 @dataclass(frozen=True)

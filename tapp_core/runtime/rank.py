@@ -17,13 +17,14 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
+from tapp_core import gpu
 from tapp_core.cluster import Cluster, Device
 from tapp_core.data import batch_loader, open_dataset
 from tapp_core.graph import layer_nodes, trace_model
+from tapp_core.hosts import configure_threads
 from tapp_core.plan import Plan
-from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
-from tapp_core.runtime.emulation import Emulation, configure_threads, now
+from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import PlanPlace, StageEngine
 from tapp_core.runtime.jobs import MeasureJob, PlanJob, PrepareJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss

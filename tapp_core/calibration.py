@@ -22,8 +22,9 @@ from pydantic import TypeAdapter
 
 from tapp_core.cluster import Cluster, resolve_cluster_path
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, CalibrationError
+from tapp_core.hosts import cuda_aware_mpi
 from tapp_core.kinds import cluster_kinds
-from tapp_core.library import LayerLibrary
+from tapp_core.library import PROFILE_VERSION, LayerLibrary
 
 CALIBRATION_SUFFIX = ".calibration.json"
 
@@ -52,8 +53,6 @@ def check_calibration(calibration: Calibration, cluster: Cluster, library: Layer
             f"{refused}: it measured the kinds {', '.join(made.kinds)}, cluster {cluster.name!r} also has "
             f"{', '.join(missing)}; {rerun}"
         )
-    from tapp_core.runtime.gpu import cuda_aware_mpi
-
     if made.cuda_aware_mpi != cuda_aware_mpi():
         raise CalibrationError(
             f"{refused}: it was measured with TAPP_MPI_CUDA_AWARE={int(made.cuda_aware_mpi)}, "
@@ -75,8 +74,6 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
     """(torch version, profiler version) of every kind's library, or of this process when there is none."""
     if library is None:
         import torch
-
-        from tapp_core.profiler import PROFILE_VERSION
 
         return {"this process": (torch.__version__, PROFILE_VERSION)}
     return {
@@ -103,7 +100,7 @@ def cluster_calibration(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What ``tapp_core.runtime.probe`` measured on the ranks (it writes them; ``tapp_core.calibrate`` reads them)
+# What ``tapp_core.runtime.probe`` measures on the ranks (it writes them; ``tapp_core.calibrate`` reads them)
 
 
 @dataclass(frozen=True)
