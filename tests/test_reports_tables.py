@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from reports import runs
 from reports.tables import build_tables
+from tapp_core import schema
 from tasks.tracking import ExperimentTags, RunRef, tracked_run
 
 PAPER = {  # the TAPP paper's table, used here only as round numbers to log
@@ -27,19 +28,21 @@ def log_experiment(
     fail: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> RunRef:
     tags = ExperimentTags(model=model, cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
-    with tracked_run(f"{model}", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+    with tracked_run(f"{model}", tags.as_tags(**{schema.KIND: schema.EXPERIMENT}), experiment=experiment) as parent:
         for method, seconds in step_times.items():
             child_tags = tags.as_tags(
                 **{
-                    runs.KIND: runs.EVALUATION,
-                    runs.METHOD: method,
-                    runs.EXPERIMENT_RUN: parent.run_id,
-                    runs.STEP_TIME_SOURCE: source,
+                    schema.KIND: schema.EVALUATION,
+                    schema.METHOD: method,
+                    schema.EXPERIMENT_RUN: parent.run_id,
+                    schema.STEP_TIME_SOURCE: source,
                 }
             )
             try:
                 with tracked_run(method, child_tags, parent=parent.ref) as child:
-                    child.log_metrics({runs.STEP_TIME: seconds, runs.COMMUNICATION_SHARE: (shares or {}).get(method)})
+                    child.log_metrics(
+                        {schema.STEP_TIME: seconds, schema.COMMUNICATION_SHARE: (shares or {}).get(method)}
+                    )
                     if method in fail:
                         raise RuntimeError("measurement failed half way")
             except RuntimeError:
@@ -136,16 +139,16 @@ RACE = {  # method: per-round step times of one race (rounds 1-5); the oracle sh
 def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1)) -> RunRef:
     """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load."""
     tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
-    with tracked_run("alexnet", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+    with tracked_run("alexnet", tags.as_tags(**{schema.KIND: schema.EXPERIMENT}), experiment=experiment) as parent:
         for method, rounds in RACE.items():
-            extra = {runs.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
+            extra = {schema.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
             child_tags = tags.as_tags(
                 **{
-                    runs.KIND: runs.EVALUATION,
-                    runs.METHOD: method,
-                    runs.EXPERIMENT_RUN: parent.run_id,
-                    runs.STEP_TIME_SOURCE: "measured",
-                    runs.RACE_ID: "race-1",
+                    schema.KIND: schema.EVALUATION,
+                    schema.METHOD: method,
+                    schema.EXPERIMENT_RUN: parent.run_id,
+                    schema.STEP_TIME_SOURCE: "measured",
+                    schema.RACE_ID: "race-1",
                     **extra,
                 }
             )
@@ -153,19 +156,19 @@ def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.
                 ordered = sorted(rounds)
                 child.log_metrics(
                     {
-                        runs.STEP_TIME: ordered[2],
-                        runs.STEP_TIME_LOW: ordered[0],
-                        runs.STEP_TIME_HIGH: ordered[-1],
-                        runs.RACE_ROUNDS: len(rounds),
-                        runs.HOST_OTHER_CPU: loads[0],
-                        runs.LOAD_BEFORE: loads[1],
-                        runs.LOAD_AFTER: loads[2],
-                        runs.HOST_CPUS: 2,
-                        runs.HOST_RANKS: 3,
+                        schema.STEP_TIME: ordered[2],
+                        schema.STEP_TIME_LOW: ordered[0],
+                        schema.STEP_TIME_HIGH: ordered[-1],
+                        schema.RACE_ROUNDS: len(rounds),
+                        schema.HOST_OTHER_CPU: loads[0],
+                        schema.LOAD_BEFORE: loads[1],
+                        schema.LOAD_AFTER: loads[2],
+                        schema.HOST_CPUS: 2,
+                        schema.HOST_RANKS: 3,
                     }
                 )
                 for number, seconds in enumerate(rounds, start=1):
-                    child.log_metrics({runs.ROUND_STEP_TIME: seconds}, step=number)
+                    child.log_metrics({schema.ROUND_STEP_TIME: seconds}, step=number)
     return parent.ref
 
 

@@ -284,7 +284,7 @@ class Rank:
 
     def _train(self, engine: StageEngine, job: TrainJob, result: RankResult) -> None:
         train_set = open_dataset(job.dataset, job.data_dir, train=True, augment=job.augment)
-        test_set = open_dataset(job.dataset, job.data_dir, train=False)
+        test_set = open_dataset(job.dataset, job.data_dir, train=False).head(job.test_samples)
         batch_size, seed = job.setup.plan.batch_size, job.setup.seed
         for epoch in range(job.epochs):
             loader = batch_loader(train_set, batch_size, seed=seed, epoch=epoch)
