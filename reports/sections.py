@@ -40,6 +40,14 @@ SPEEDUP_OVER = {"bsp": "TAPP over BSP", "pipetorch": "TAPP over Pipe-Torch"}
 THROUGHPUT = " img/s"
 
 
+def _how(evaluations: pd.DataFrame, measured: bool) -> str:
+    """How the step times were had, for a table's note."""
+    if measured:
+        return ", each the race's median ± half its interval."
+    estimated = bool((evaluations[schema.STEP_TIME_SOURCE] == "estimated").any())
+    return ", estimated by the cost model where not measured." if estimated else ", measured."
+
+
 def _step_times(evaluations: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, list[str], bool]:
     """Each method's step time per row of ``keys`` (the cluster kept, to pair the races' ratios), its interval when
     raced."""
@@ -66,7 +74,7 @@ def computing_power_table(evaluations: pd.DataFrame, ratios: Mapping[str, pd.Dat
     notes = [
         "Each cluster's family: the cluster with its slow devices (those slower than its median device) at the "
         "power's share of their speed; power 1 is the cluster as written. Step times in seconds"
-        + (", each the race's median ± half its interval." if measured else ", estimated by the cost model."),
+        + _how(evaluations, measured),
         "TAPP over X: X's step time over TAPP's"
         + (", the median of their ratios paired round by round in the race, ± half its interval." if measured else "."),
     ]
@@ -105,13 +113,9 @@ def batch_size_table(evaluations: pd.DataFrame) -> Table:
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats=formats,
         notes=[
-            "Throughput: the batch size over the step time"
-            + (
-                "; measured cells are the race's median ± half its interval, the throughput's interval the batch over "
-                "the step time's."
-                if measured
-                else " (step times estimated by the cost model)."
-            )
+            "Throughput: the batch size over the step time; step times in seconds"
+            + _how(evaluations, measured)
+            + (" The throughput's interval is the batch over the step time's." if measured else "")
         ],
     )
 

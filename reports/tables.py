@@ -18,6 +18,7 @@ byte-identical files, whoever writes them (``tapp report`` or the paper_table fl
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,12 +103,13 @@ class Table:
             return markup.escape(str(value))
         if _missing(value):
             return markup.escape(MISSING)
-        text = markup.escape(self.formats[column](_number(value)))
+        shown = self.formats[column](_number(value))
+        text = markup.escape(shown)
         row = row or {}
         low, high = row.get(f"{column}{LOW}"), row.get(f"{column}{HIGH}")
         if not (_missing(low) or _missing(high)):
             half = (_number(high) - _number(low)) / 2
-            text += markup.plus_minus + markup.escape(self.formats[column](half))
+            text += markup.plus_minus + markup.escape(_like(shown, self.formats[column](half)))
         if row.get(f"{column}{BEST}") is True:
             text = markup.bold.format(text)
         return text
@@ -159,6 +161,19 @@ class Table:
             path.write_text(text)
             written.append(path)
         return written
+
+
+_NUMBER = re.compile(r"^(-?\d+)(?:\.(\d+))?(\D*)$")
+
+
+def _like(shown: str, half: str) -> str:
+    """``half`` (a formatted interval's half-width) with as many decimals as ``shown`` (the value it follows)."""
+    value, width = _NUMBER.match(shown), _NUMBER.match(half)
+    if value is None or width is None:
+        return half
+    decimals = len(value.group(2) or "")
+    number = float(f"{width.group(1)}.{width.group(2) or 0}")
+    return f"{number:.{decimals}f}{width.group(3)}"
 
 
 def _missing(value: object) -> bool:

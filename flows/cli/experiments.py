@@ -417,7 +417,11 @@ def _resumed_sweep(run_id: str, experiment: str, tracking_uri: str | None) -> tu
     _open(uri)
     chosen, resumed = resume_sweep(uri, run_id, experiment)
     left = len(chosen.configurations()) - len(resumed.finished)
-    console.print(f"resuming sweep {resumed.sweep_id}: {len(resumed.finished)} configurations finished, {left} to run")
+    console.print(
+        f"resuming sweep {resumed.sweep_id}: {len(resumed.finished)} configurations finished, {left} to run",
+        highlight=False,
+        soft_wrap=True,
+    )
     return uri, chosen
 
 
