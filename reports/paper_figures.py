@@ -33,9 +33,9 @@ def _panels(groups: list[str], width: float = 5.2, height: float = 3.8) -> tuple
     return figure, axes[: len(groups)]
 
 
-def _styles(methods: list[str]) -> dict[str, dict[str, object]]:
-    colours = [f"C{i}" for i in range(10)]
-    return {m: {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)]} for i, m in enumerate(methods)}
+def _styles(methods: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, marker) per method, in the order given."""
+    return {m: (f"C{i % 10}", MARKERS[i % len(MARKERS)]) for i, m in enumerate(methods)}
 
 
 def _legend(figure: Figure, axes: list[Axes]) -> None:
@@ -59,12 +59,11 @@ def accuracy_vs_time(curves: pd.DataFrame, path: str | Path) -> Path:
         part = curves[curves["group"] == group] if not curves.empty else curves
         for method, points in part.groupby("method", sort=False) if not part.empty else []:
             ordered = points.sort_values("curve_train_time_s")
+            colour, marker = styles[str(method)]
             ax.plot(
-                ordered["curve_train_time_s"],
-                ordered["curve_test_accuracy"],
-                label=str(method),
-                **styles[str(method)],  # type: ignore[arg-type]
-            )
+                ordered["curve_train_time_s"], ordered["curve_test_accuracy"], label=str(method), color=colour,
+                marker=marker,
+            )  # fmt: skip
         if part.empty:
             ax.text(0.5, 0.5, "no plan was trained", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(group, fontsize=10)
@@ -88,10 +87,10 @@ def computing_power_figure(frame: pd.DataFrame, path: str | Path) -> Path:
     for ax, group in zip(axes, groups, strict=True):
         for method, points in frame[frame["group"] == group].groupby("method", sort=False):
             ordered = points.sort_values("power", ascending=False)
-            errors = _errors(ordered)
+            colour, marker = styles[str(method)]
             ax.errorbar(
-                ordered["power"], ordered["step_time_s"], yerr=errors, capsize=3, label=str(method),
-                **styles[str(method)],  # type: ignore[arg-type]
+                ordered["power"], ordered["step_time_s"], yerr=_errors(ordered), capsize=3, label=str(method),
+                color=colour, marker=marker,
             )  # fmt: skip
         _log_when_wide(ax, frame.loc[frame["group"] == group, "step_time_s"])
         ax.set_xscale("log", base=2)
@@ -117,9 +116,10 @@ def batch_size_figure(frame: pd.DataFrame, path: str | Path) -> Path:
         for method, points in frame[frame["group"] == group].groupby("method", sort=False):
             ordered = points.sort_values("batch_size")
             errors = _errors(ordered.rename(columns={"images_per_s": "step_time_s", "low": "low_s", "high": "high_s"}))
+            colour, marker = styles[str(method)]
             ax.errorbar(
                 ordered["batch_size"], ordered["images_per_s"], yerr=errors, capsize=3, label=str(method),
-                **styles[str(method)],  # type: ignore[arg-type]
+                color=colour, marker=marker,
             )  # fmt: skip
         _log_when_wide(ax, frame.loc[frame["group"] == group, "images_per_s"])
         ax.set_xscale("log", base=2)

@@ -41,7 +41,7 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
-from tapp_core.planners import PlannerError, planner_options
+from tapp_core.planners import PlannerError, get_planner, planner_options
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp import (
     MeasuredReward,
@@ -105,8 +105,10 @@ class SearchBudget:
         """The TAPP planner with this budget in place of its defaults for these options, the ``choices`` it accepts
         (the schedule options, ``planner_choices``), and its own for the rest."""
         accepted = planner_options("tapp")
-        return TappPlanner(
-            **{k: v for k, v in choices.items() if k in accepted and v is not None},  # type: ignore[arg-type]
+        options = {k: v for k, v in choices.items() if k in accepted and v is not None}
+        planner = get_planner(
+            "tapp",
+            **options,
             reward="hybrid" if self.measured_rounds > 0 else "simulated",
             rounds=self.rounds + self.measured_rounds,
             samples_per_round=self.samples_per_round,
@@ -116,6 +118,8 @@ class SearchBudget:
             seed=seed,
             calibration=calibration,
         )
+        assert isinstance(planner, TappPlanner)
+        return planner
 
     def config(
         self,
