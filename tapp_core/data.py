@@ -330,16 +330,13 @@ def open_dataset(
 
 
 def find_dataset(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str | None] | None:
-    """The real dataset to train on when none is named, as (name, folder): CIFAR-10 when ``data_dir`` (else
-    ``$TAPP_DATA_DIR``) holds its batches, else Fashion-MNIST where Debian's ``dataset-fashion-mnist`` installs it;
-    None when neither is there. Only looks: nothing is read or downloaded."""
+    """The real dataset to train on when none is named, as (name, folder): CIFAR-10 when a data folder is given
+    (``data_dir``, else ``$TAPP_DATA_DIR``: what else would it hold; ``check_dataset`` then names any file that is
+    missing or corrupt), else Fashion-MNIST where Debian's ``dataset-fashion-mnist`` installs it; None when there is
+    neither. Only looks: nothing is read or downloaded."""
     folder = data_dir or os.environ.get(DATA_DIR_ENV)
     if folder:
-        root = Path(folder).expanduser()
-        nested = root / CIFAR10_FOLDER
-        cifar = nested if nested.is_dir() else root
-        if all((cifar / name).is_file() for name in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE, CIFAR10_META_FILE)):
-            return "cifar10", str(folder)
+        return "cifar10", str(folder)
     if fashion_mnist_installed():
         return "fashion-mnist", None
     return None

@@ -234,7 +234,7 @@ class ExperimentSettings(BaseModel):
     def training_skipped(self) -> str | None:
         """Why the plans are not trained (None: they are)."""
         if self.dataset == NO_DATA:
-            return no_data_reason(self.data_dir)
+            return no_data_reason()
         if not self.measure:
             return "estimate-only: there is no runtime to train on"
         if self.train_epochs is None and self.train_seconds == 0:
@@ -256,20 +256,19 @@ class ExperimentSettings(BaseModel):
 
 
 def found_dataset(data_dir: str | None) -> tuple[str, str | None]:
-    """(dataset, folder) when none is named: CIFAR-10 when ``data_dir`` (or ``$TAPP_DATA_DIR``) holds it, else
-    Fashion-MNIST where Debian's ``dataset-fashion-mnist`` put it, else ``none``."""
+    """(dataset, folder) when none is named: CIFAR-10 in ``data_dir`` (or ``$TAPP_DATA_DIR``) when one is given,
+    else Fashion-MNIST where Debian's ``dataset-fashion-mnist`` put it, else ``none``."""
     from tapp_core.data import find_dataset
 
     found = find_dataset(data_dir)
     return found if found is not None else (NO_DATA, data_dir)
 
 
-def no_data_reason(data_dir: str | None) -> str:
+def no_data_reason() -> str:
     from tapp_core.data import FASHION_MNIST_ROOT
 
-    where = f"--data-dir {data_dir} holds no CIFAR-10" if data_dir else "no CIFAR-10 folder given (--data-dir)"
     return (
-        f"no real data: {where}, and Fashion-MNIST is not in {FASHION_MNIST_ROOT} "
+        f"no real data: no CIFAR-10 folder given (--data-dir), and Fashion-MNIST is not in {FASHION_MNIST_ROOT} "
         "(apt-get install dataset-fashion-mnist)"
     )
 

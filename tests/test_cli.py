@@ -201,3 +201,31 @@ def test_tapp_plan_rounds_and_budget(work_dir: Path) -> None:
     tapp(*args, "--rounds", "50", "--budget", "5")
     notes = Plan.load(work_dir / "tapp.json").notes
     assert notes["rounds"] <= 1 and notes["evaluations"] >= 5  # it ends with the round that spent the budget
+
+
+def test_the_schedule_is_a_choice_of_plan_simulate_and_measure(work_dir: Path) -> None:
+    tapp("plan", *MODEL, "--planner", "even", "--schedule", "gpipe", "--out", "gpipe.json")
+    assert Plan.load(work_dir / "gpipe.json").schedule == "gpipe"
+    default = json.loads(tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--json"))
+    overridden = json.loads(
+        tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "1f1b", "--json")
+    )
+    assert default["step_time"] > 0 and overridden["step_time"] > 0
+    output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "sideways", exit_code=2)
+    assert "schedule: unknown schedule 'sideways'" in output
+    output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "1f1b", "--staleness", "2", exit_code=2)
+    assert "a staleness (2) is for the async schedule" in output
+    output = tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "zigzag", exit_code=2)
+    assert "zigzag" in output and output.startswith("error: ")
+
+
+def test_list_options_take_several_values_after_one_flag() -> None:
+    """``tapp sweep --power 1 0.5 0.25`` as the issue writes it, and ``--model a --model b`` as click does."""
+    import typer.main
+
+    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]
+    args = ["--model", "mlp", "tiny_cnn", "--model", "vgg16", "--power", "1", "0.5", "0.25", "--batch-sizes", "16"]
+    context = sweep.make_context("sweep", [*args, "--estimate-only", "--seed", "3"])
+    assert context.params["models"] == ["mlp", "tiny_cnn", "vgg16"]
+    assert context.params["powers"] == [1.0, 0.5, 0.25] and context.params["batch_sizes"] == [16]
+    assert context.params["estimate_only"] is True and context.params["seed"] == 3

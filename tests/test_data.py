@@ -25,6 +25,7 @@ from tapp_core.data import (
     FashionMNIST32,
     SyntheticCIFAR,
     batch_loader,
+    check_dataset,
     find_dataset,
     open_dataset,
     random_crop_and_flip,
@@ -322,10 +323,12 @@ def test_installed_fashion_mnist_test_set(fashion_mnist: Path) -> None:
 def test_the_real_data_found_when_none_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fashion_mnist: Path
 ) -> None:
-    """CIFAR-10 where the data folder holds it, else Fashion-MNIST where Debian installs it, else none."""
+    """CIFAR-10 where a data folder is given, else Fashion-MNIST where Debian installs it, else none."""
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     assert find_dataset(None) == ("fashion-mnist", None)
-    assert find_dataset(str(tmp_path)) == ("fashion-mnist", None)  # a folder without CIFAR-10
+    assert find_dataset(str(tmp_path)) == ("cifar10", str(tmp_path))  # checked when read: a missing file is named
+    with pytest.raises(DataError, match=r"batches\.meta: CIFAR-10 file is missing"):
+        check_dataset("cifar10", str(tmp_path))
     write_cifar_folder(tmp_path)
     assert find_dataset(str(tmp_path)) == ("cifar10", str(tmp_path))
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))

@@ -74,7 +74,7 @@ DataDirOpt = Annotated[
 DatasetOpt = Annotated[
     str | None,
     typer.Option(
-        help="cifar10 | fashion-mnist | synthetic (default: CIFAR-10 where --data-dir holds it, else Fashion-MNIST "
+        help="cifar10 | fashion-mnist | synthetic (default: CIFAR-10 in --data-dir when given, else Fashion-MNIST "
         "where Debian's dataset-fashion-mnist installs it; with neither, tapp run trains nothing and tapp train "
         "uses synthetic data)"
     ),
