@@ -63,9 +63,11 @@ def sweep_run_name() -> str:
 
 @dataclass(frozen=True)
 class Resumed:
-    """What an interrupted sweep left: its id, its finished configurations, and its interrupted experiment runs."""
+    """What an interrupted sweep left: its id (its first run's), the run resumed, its finished configurations, and
+    its interrupted experiment runs."""
 
     sweep_id: str
+    run_id: str
     finished: frozenset[int]
     interrupted: dict[int, str]
 
@@ -101,7 +103,7 @@ def resume_sweep(uri: str, run_id: str, experiment: str) -> tuple[SweepConfig, R
             if latest is None or found.info.start_time > latest[0]:
                 interrupted[index] = (found.info.start_time, found.info.run_id)
     left = {i: r for i, (_, r) in interrupted.items() if i not in finished}
-    return sweep, Resumed(sweep_id, frozenset(finished), left)
+    return sweep, Resumed(sweep_id, run_id, frozenset(finished), left)
 
 
 @flow(name="benchmark-sweep", flow_run_name=sweep_run_name)
@@ -117,7 +119,7 @@ def benchmark_sweep(
     artifact in Prefect). ``resume_from`` (an interrupted sweep's run) goes on where it stopped, with its own
     configuration (``sweep`` is then not used)."""
     uri = check_tracking(tracking_uri)
-    resumed = Resumed("", frozenset(), {})
+    resumed = Resumed("", "", frozenset(), {})
     if resume_from is not None:
         sweep, resumed = resume_sweep(uri, resume_from, experiment)
     sweep = sweep or SweepConfig()
@@ -125,7 +127,7 @@ def benchmark_sweep(
     for config in configurations:  # every input checked before any run exists
         check_inputs(config, uri)
     tags = {schema.KIND: schema.SWEEP, schema.DATASET: sweep.dataset, schema.SEED: str(sweep.seed)}
-    tags |= {schema.CODE_VERSION: code_version(), **({schema.RESUMED_FROM: resume_from} if resume_from else {})}
+    tags |= {schema.CODE_VERSION: code_version(), **({schema.RESUMED_FROM: resumed.run_id} if resumed.run_id else {})}
     with tracked_run(schema.SWEEP_NAME, tags, experiment=experiment, uri=uri) as run:
         sweep_id = resumed.sweep_id or run.run_id
         run.set_tags({schema.SWEEP_RUN: sweep_id})

@@ -373,7 +373,7 @@ def sweep(
     check_output_folder(out, "--out")
     with sigterm_exits(), prefect_api() as prefect_ready:
         if resume is not None:
-            uri, chosen = _resumed_sweep(resume, experiment, tracking_uri)
+            uri, resume, chosen = _resumed_sweep(resume, experiment, tracking_uri)
         else:
             lists = {"models": models, "clusters": clusters, "batch_sizes": batch_sizes, "powers": powers}
             chosen = built(SweepConfig, {**settings, **{k: v for k, v in lists.items() if v}}, "sweep")
@@ -409,7 +409,9 @@ def _checked_sweep(chosen: SweepConfig, tracking_uri: str | None) -> str:
     return uri
 
 
-def _resumed_sweep(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, SweepConfig]:
+def _resumed_sweep(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, str, SweepConfig]:
+    """(store, run id, configuration) of the interrupted sweep run ``run_id`` (``last``: the latest of
+    ``experiment``)."""
     from flows.sweep import resume_sweep
     from tasks.tracking import check_tracking
 
@@ -422,7 +424,7 @@ def _resumed_sweep(run_id: str, experiment: str, tracking_uri: str | None) -> tu
         highlight=False,
         soft_wrap=True,
     )
-    return uri, chosen
+    return uri, resumed.run_id, chosen
 
 
 def _run_sweep(chosen: SweepConfig | None, experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
