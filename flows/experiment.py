@@ -1,15 +1,18 @@
-"""``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> report.
+"""``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> training -> report.
 
-Everything lands in one MLflow parent run with a nested run per stage (profile, search, sampling, report) and
-per evaluated method; every stage is a Prefect task (the search one per round). Inputs are checked before any
-run exists, so a typo costs no half-written run.
+The flow receives one ``ExperimentConfig`` (``tasks.config``), built by the command line or from a deployment's
+parameters: its cluster was parsed when it was built, and nothing here parses it again; the model is traced only by
+the profile (once per device kind, none from the profile cache), which runs before the first MLflow run, so a model
+that cannot be traced costs no half-written run either. Everything lands in one MLflow parent run (its
+configuration as ``config.json``) with a nested run per stage (profile, search, sampling, report), per evaluated
+method and per trained plan; every stage is a Prefect task (the search one per round).
 
 What a person sees first: the parent run's description (the verdict, the result table, TAPP's plan, links), the
 evaluation as an MLflow table (``evaluation.json``, for ``mlflow.load_table``), and in Prefect the flow run's log
 lines and its keyed artifacts (``tasks.prefect_ui``). The flow run is named ``MODEL-CLUSTER-bBATCH-MODE``, the
 mode being ``measured`` or ``estimated``.
 
-An interrupted experiment resumes: ``resume_from`` names its parent run, whose settings ``resume_parameters``
+An interrupted experiment resumes: ``resume_from`` names its parent run, whose configuration ``resume_config``
 reads back; the new experiment run continues TAPP's search from the last checkpoint the old one logged (after every
 round) and then evaluates and reports as usual (``tapp run --resume RUN_ID``).
 """
@@ -35,7 +38,7 @@ from tapp_core.runtime.race import RaceResult
 from tapp_core.runtime.results import TrainResult
 from tasks import prefect_ui, summary
 from tasks.config import NO_DATA, ExperimentConfig
-from tasks.evaluate import Evaluation, evaluate_method, plan_method, race_methods
+from tasks.evaluate import Evaluation, check_choices, evaluate_method, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
 from tasks.profile import Profiled, profile_stage, record_profile
 from tasks.progress import StageProgress
@@ -61,7 +64,6 @@ sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_
 
 
 SEARCH_FOLDER_PREFIX = "tapp-search-"
-RESUMED_FROM_TAG = schema.RESUMED_FROM
 
 
 class ExperimentIncomplete(RuntimeError):
@@ -83,8 +85,10 @@ class ExperimentResult:
 
 
 def check_inputs(config: ExperimentConfig, tracking_uri: str | None) -> str:
-    """What the configuration could not check itself, before any run exists: the data can be read (every file,
-    when it is to be trained on), and the tracking store can be reached; returns the store's URI."""
+    """What the configuration could not check itself, before any run exists: its schedule options reach a planner,
+    the data can be read (every file, when it is to be trained on), and the tracking store can be reached; returns
+    the store's URI."""
+    check_choices(config)
     if config.training and config.dataset not in ("synthetic", NO_DATA):
         check_dataset(config.dataset, config.data_dir)
     return check_tracking(tracking_uri)

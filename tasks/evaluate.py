@@ -49,6 +49,18 @@ def planner_choices(config: ExperimentSettings) -> dict[str, object]:
     return {"schedule": config.schedule, "schedules": config.schedules, "staleness": config.staleness}
 
 
+def check_choices(config: ExperimentConfig) -> None:
+    """A schedule option given to an experiment must reach some planner of it: one that none of its methods takes
+    is an error naming it, not a setting that silently does nothing."""
+    for option, value in planner_choices(config).items():
+        if value is None:
+            continue
+        takers = [m for m in config.evaluated_methods if option in planner_options(m)]
+        if not takers:
+            methods = ", ".join(config.evaluated_methods)
+            raise PlannerError(f"{option}: none of the methods ({methods}) has that option, so it would change nothing")
+
+
 def baseline_plan(
     method: str,
     library: LayerLibrary,
