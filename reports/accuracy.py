@@ -121,7 +121,7 @@ def _schedule(record: Mapping[object, object]) -> str:
     """A plan's schedule, with its staleness when asynchronous."""
     schedule = str(record.get("plan_schedule") or "") or "schedule unknown"
     if schedule == "async":
-        staleness = str(record.get(schema.STALENESS) or "")
+        staleness = str(record.get("plan_staleness") or record.get(schema.STALENESS) or "")
         return f"async (staleness {staleness})" if staleness else "async (staleness as deep as the pipeline)"
     return schedule
 

@@ -165,7 +165,7 @@ def trainings(
     )
     tags = (*schema.KEY_COLUMNS, schema.DATASET, schema.METHOD, schema.SCHEDULE, schema.STALENESS, schema.TRAINED_AS)
     metrics = (schema.TEST_ACCURACY, schema.TRAIN_TIME, schema.TRAIN_STEPS, "test_samples", "epochs")
-    return frame(rows, tags, metrics, ("plan_schedule", "train_budget_s", "steps_per_epoch"))
+    return frame(rows, tags, metrics, ("plan_schedule", "plan_staleness", "train_budget_s", "steps_per_epoch"))
 
 
 def accuracy_curve(client: MlflowClient, run_id: str) -> pd.DataFrame:

@@ -41,16 +41,16 @@ def train_method(
     repeated."""
     epochs, steps = config.train_plan(step_time_s)
     with tracked_run(schema.train_name(method), tags.child(parent, schema.TRAIN, method=method), parent=parent) as run:
-        run.log_params(
-            {
-                "plan_id": plan.id,
-                "plan_schedule": plan.schedule,
-                "epochs": epochs,
-                "steps_per_epoch": steps,
-                "train_budget_s": config.train_seconds if config.train_epochs is None else None,
-                "test_samples": config.test_samples,
-            }
-        )
+        params = {
+            "plan_id": plan.id,
+            "plan_schedule": plan.schedule,
+            "plan_staleness": getattr(plan, "staleness", None),  # asynchronous plans' bound, where plans have one
+            "epochs": epochs,
+            "steps_per_epoch": steps,
+            "train_budget_s": config.train_seconds if config.train_epochs is None else None,
+            "test_samples": config.test_samples,
+        }
+        run.log_params({k: v for k, v in params.items() if v is not None})
         if shared is not None:
             run.set_tags({schema.TRAINED_AS: shared[0]})
             result = shared[1]

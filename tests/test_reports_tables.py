@@ -268,7 +268,13 @@ def test_the_paper_beside_us_says_which_claims_hold(tracking_uri: str, experimen
 
 
 def log_training(
-    experiment: str, parent: RunRef, method: str, curve: list[tuple[float, float]], steps: int, schedule: str
+    experiment: str,
+    parent: RunRef,
+    method: str,
+    curve: list[tuple[float, float]],
+    steps: int,
+    schedule: str,
+    staleness: int | None = None,
 ) -> None:
     """A train run as ``tasks.train`` logs it: the accuracy curve (training time, accuracy) per test evaluation."""
     tags = ExperimentTags(
@@ -276,6 +282,8 @@ def log_training(
     )
     with tracked_run(f"train {method}", tags.child(parent, schema.TRAIN, method=method), parent=parent) as run:
         run.log_params({"plan_schedule": schedule, "train_budget_s": 20.0, "epochs": len(curve)})
+        if staleness is not None:
+            run.log_params({"plan_staleness": staleness})
         for point, (seconds, accuracy) in enumerate(curve, start=1):
             run.log_metrics({schema.CURVE_TIME: seconds, schema.CURVE_ACCURACY: accuracy}, step=point)
         run.log_metrics(
@@ -297,6 +305,7 @@ def test_accuracy_table_names_what_was_trained_and_why_a_row_is_empty(
     parent = log_experiment(experiment_name, "alexnet", {"single-cpu": 0.3, "bsp": 1.2})  # no Gantt chart to draw
     log_training(experiment_name, parent, "tapp", [(9.8, 0.41), (19.6, 0.62)], 64, "1f1b")
     log_training(experiment_name, parent, "bsp", [(9.6, 0.12), (19.2, 0.25)], 16, "gpipe")
+    log_training(experiment_name, parent, "pipetorch", [(9.9, 0.3), (19.9, 0.5)], 50, "async", staleness=1)
     untrained = log_experiment(experiment_name, "vgg16", {"bsp": 1.0})
     MlflowClient().set_tag(untrained.run_id, schema.TRAINING_SKIPPED, "estimate-only: there is no runtime to train on")
 
@@ -306,7 +315,9 @@ def test_accuracy_table_names_what_was_trained_and_why_a_row_is_empty(
     assert (table.frame.loc[0, "TAPP"], table.frame.loc[0, "BSP"]) == (0.62, 0.25)
     markdown = table.to_markdown()
     assert markdown.startswith("**Test accuracy after 20 s of training per method**")
-    assert "BSP 16 steps in 19.2 s, gpipe; TAPP 64 steps in 19.6 s, 1f1b." in markdown
+    assert (
+        "Pipe-Torch 50 steps in 19.9 s, async (staleness 1); BSP 16 steps in 19.2 s, gpipe; TAPP 64 steps" in markdown
+    )
     assert "accuracy on the first 1,000 test images" in markdown
     assert "VGG-16 on local, batch 64: no accuracy, nothing was trained (estimate-only" in markdown
     figure = tmp_path / "accuracy_vs_time.png"
