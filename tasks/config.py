@@ -52,10 +52,10 @@ DEFAULT_SIMULATED_ROUNDS = 30
 DEFAULT_MEASURED_ROUNDS = 3
 """TAPP's rounds rewarded by measurements on the defaults, after the others: the TAPP planner's own default
 (``SearchOptions.measured_rounds``, which imports torch; a test checks that they agree)."""
-DEFAULT_TRAIN_SECONDS = 20.0
+DEFAULT_TRAIN_SECONDS = 15.0
 """Training per method on the defaults: the number of steps is this over the plan's step time."""
-DEFAULT_TEST_SAMPLES = 1000
-DEFAULT_ACCURACY_POINTS = 4
+DEFAULT_TEST_SAMPLES = 500
+DEFAULT_ACCURACY_POINTS = 3
 """Test evaluations during a budgeted training: the points of the time-to-accuracy curve."""
 
 

@@ -136,7 +136,7 @@ def test_a_sweep_is_a_list_of_configurations_of_the_same_settings() -> None:
 @pytest.mark.parametrize(
     ("settings", "step_time", "plan"),
     [
-        ({}, 0.25, (4, 20)),  # 20 s of 0.25 s steps: 80 steps, in 4 parts of 20
+        ({}, 0.25, (3, 20)),  # 15 s of 0.25 s steps: 60 steps, in 3 parts of 20
         ({"train_seconds": 1.0}, 0.3, (3, 1)),  # 3 steps: 3 parts of 1
         ({"train_seconds": 1.0}, 5.0, (1, 1)),  # slower than the budget: one step
         ({"train_epochs": 2, "train_steps": 10}, 0.25, (2, 10)),  # whole epochs, each cut to 10 steps
