@@ -96,12 +96,10 @@ def worker(args: argparse.Namespace) -> None:
     from tapp_core.plan import Plan
     from tapp_core.runtime.batches import SyntheticBatches
     from tapp_core.runtime.emulation import Emulation
-    from tapp_core.runtime.engine import StageEngine
-    from tapp_core.runtime.layout import Layout
+    from tapp_core.runtime.engine import PlanPlace, StageEngine
     from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
     from tapp_core.runtime.stage import StageFactory, split_stages
     from tapp_core.runtime.transport import Control, Transport
-    from tapp_core.schedules import GPipe
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -117,21 +115,12 @@ def worker(args: argparse.Namespace) -> None:
     cpu = torch.device("cpu")
 
     # Ours: the engine on its own communicators, as a pool worker runs it.
-    stage = StageFactory().stage(args.model, 0, stage_of_layer, 2, rank, cpu)
+    factory = StageFactory()
+    stage = factory.stage(args.model, 0, stage_of_layer, 2, rank, cpu)
     control = Control(world.Dup(), deadline=float("inf"))
     transport = Transport(world.Dup(), world.Dup(), world.Dup(), control, Emulation(enabled=False))
-    layout = Layout(((0,), (1,)), plan.micro_batch_size)
-    engine = StageEngine(
-        stage,
-        layout,
-        rank,
-        transport,
-        GPipe(),
-        optimizer,
-        Emulation(enabled=False),
-        args.batch_size,
-        args.micro_batches,
-    )
+    place = PlanPlace(plan, rank, (0, 1))
+    engine = StageEngine(stage, place, factory.graph(args.model, 0), transport, optimizer, Emulation(enabled=False))
 
     # Theirs: the same split of a separately built copy of the same model.
     split, _ = split_stages(build_traced_model(args.model, seed=0), stage_of_layer, 2)

@@ -83,7 +83,7 @@ device (one stage on one device) are plans like any other. ``estimate`` does not
 
 from __future__ import annotations
 
-import functools
+import itertools
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -92,7 +92,7 @@ from typing import TypeVar, overload
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
+from tapp_core.cluster import Cluster, Link
 from tapp_core.costs import (
     DEFAULT_CALIBRATION,
     Calibration,
@@ -100,6 +100,7 @@ from tapp_core.costs import (
     KindCalibration,
     SharedHost,
     allreduce_s,
+    collective_s,
     compute_s,
     device_terms,
     device_transfer_s,
@@ -110,6 +111,7 @@ from tapp_core.costs import (
 )
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.metrics import communication_share
+from tapp_core.placement import StageLayouts
 from tapp_core.plan import (
     Plan,
     PlanError,
@@ -118,32 +120,19 @@ from tapp_core.plan import (
     check_layers,
     check_shape,
     library_layer_name,
-    replica_slices,
     stage_memory_bytes,
 )
-from tapp_core.schedules import PipelineSchedule
+from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
+from tapp_core.schedules import Action
 
-OP_KINDS: tuple[str, ...] = ("forward", "backward", "send", "recv", "allreduce", "update")
+OP_KINDS: tuple[str, ...] = ("forward", "backward", "send", "recv", "collective", "reduce", "allreduce", "update")
 COMPUTE_KINDS = frozenset({"forward", "backward", "update"})
-COMMUNICATION_KINDS = frozenset({"recv", "allreduce"})
+COMMUNICATION_KINDS = frozenset({"recv", "collective", "allreduce"})
+"""Waits that count as communication: for a receive, for the layout changes inside a coupled stage's forward or
+backward (``collective``, drawn after its compute), and for the gradient reductions before an update
+(``allreduce``). Sends and the reductions themselves (``reduce``) overlap compute and do not count."""
 NO_MICRO_BATCH = -1
-"""``TimelineOp.micro_batch`` of operations that belong to a whole iteration (allreduce, update)."""
-
-ASYNC_MIN_MEASURED_ITERATIONS = 3
-ASYNC_MEASURED_MICRO_BATCHES_PER_STAGE = 4
-
-
-def async_measured_iterations(n_stages: int, micro_batches: int) -> int:
-    """Iterations the async schedule measures: steady state can repeat only every few iterations (a cycle
-    spanning up to about ``2 * n_stages`` micro-batches), so the window covers at least
-    ``ASYNC_MEASURED_MICRO_BATCHES_PER_STAGE * n_stages`` micro-batches."""
-    needed = math.ceil(ASYNC_MEASURED_MICRO_BATCHES_PER_STAGE * n_stages / micro_batches)
-    return max(ASYNC_MIN_MEASURED_ITERATIONS, needed)
-
-
-def async_warmup_iterations(n_stages: int, micro_batches: int) -> int:
-    """Iterations the async schedule runs before measuring: those the pipeline fill reaches, plus one."""
-    return math.ceil(n_stages / micro_batches) + 1
+"""``TimelineOp.micro_batch`` of operations that belong to a whole iteration (reduce, allreduce, update)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +150,8 @@ class TimelineOp:
     iteration: int = 0
     peer: str = ""
     """For send: the receiving device; for recv: the device whose transfer arrived last."""
+    bucket: int = -1
+    """For reduce: the gradient bucket (``tapp_core.program.Bucket``)."""
 
     @property
     def duration(self) -> float:
@@ -183,6 +174,7 @@ class TimelineOp:
             end=float(_number(data["end"])),
             iteration=int(_number(data.get("iteration", 0))),
             peer=str(data.get("peer", "")),
+            bucket=int(_number(data.get("bucket", -1))),
         )
 
 
@@ -357,10 +349,7 @@ class _StageAggregates:
     stage: np.ndarray
     """The plan's stage of every layer."""
     param_bytes: np.ndarray
-    cut_bytes: np.ndarray
-    """``cut_bytes[a, b]``: bytes per sample stage ``a`` sends to stage ``b`` in the forward pass."""
-    cut_tensors: np.ndarray
-    """``cut_tensors[a, b]``: number of tensors stage ``a`` sends to stage ``b``."""
+    """Per stage."""
 
 
 @dataclass(frozen=True)
@@ -415,23 +404,10 @@ def _layer_arrays(library: LayerLibrary) -> _LayerArrays:
 
 
 def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
-    n_stages = plan.n_stages
     arrays = _layer_arrays(library)
     stage = np.asarray(plan.stage_of_layer, dtype=np.int64)
     check_edges(stage, arrays.edges, library_layer_name(library))
-    sources, targets = arrays.edge_sources, arrays.edge_targets
-    # A layer's output goes once to each later stage that consumes it, however many consumers it has there.
-    crossing = stage[targets] > stage[sources]
-    sent = np.unique(sources[crossing] * n_stages + stage[targets[crossing]])
-    sent_layer, sent_to = np.divmod(sent, n_stages)
-    pair = stage[sent_layer] * n_stages + sent_to
-    square = n_stages * n_stages
-    return _StageAggregates(
-        stage=stage,
-        param_bytes=np.bincount(stage, arrays.param_bytes, n_stages),
-        cut_bytes=np.bincount(pair, arrays.activation_bytes[sent_layer], square).reshape(n_stages, n_stages),
-        cut_tensors=np.bincount(pair, minlength=square).reshape(n_stages, n_stages),
-    )
+    return _StageAggregates(stage=stage, param_bytes=np.bincount(stage, arrays.param_bytes, plan.n_stages))
 
 
 def _stage_times(stage: np.ndarray, n_stages: int, library: LayerLibrary) -> _StageTimes:
@@ -458,299 +434,455 @@ def _check_plan(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Simulated replicas, their programs and their transfers
+# Simulated devices: what each action of their programs costs
 
-FORWARD, BACKWARD, END_OF_ITERATION = "forward", "backward", "update"
-"""Program steps: the kinds of ``tapp_core.schedules.Action``; the update ends an iteration (allreduce, update)."""
+UPDATE = "update"
 NO_PEER = -1
+_EXCHANGE = {FORWARD: "forward exchange", BACKWARD: "backward exchange"}
+"""``_SimulatedDevice.duration`` keys: the part of a coupled forward (backward) spent in its stage's collectives."""
 
 Transfer = tuple[int, int, float]
-"""What a replica sends after one operation to one other replica: (receiving replica, directed link id, transfer
+"""What a device sends after one operation to one other device: (receiving device, directed link id, transfer
 duration)."""
 
 
 @dataclass
-class _SimulatedReplica:
-    """One device running one replica of a stage: what its operations take and where it sends their outputs."""
+class _SimulatedDevice:
+    """One device running its program: what its operations take and where it sends their outputs. ``index`` is
+    its program's position (the plan's device order)."""
 
     index: int
     stage: int
     device: str
-    samples: tuple[int, int]
+    order: tuple[Action, ...]
     duration: dict[str, float]
     """Per direction (FORWARD, BACKWARD): time of one micro-batch."""
     update_s: float
-    transfers: dict[str, list[Transfer]] = field(default_factory=lambda: {FORWARD: [], BACKWARD: []})
-    expected: dict[str, int] = field(default_factory=lambda: {FORWARD: 0, BACKWARD: 0})
-    """Per direction: how many transfers each of this replica's operations waits for."""
+    transfers: dict[str, list[Transfer]]
+    expected: dict[str, int]
+    """Per direction: how many transfers each of this device's operations waits for."""
+    bucket_ready: tuple[float, ...]
+    """Per gradient bucket: the share of the step's last backward done when the bucket's gradients are complete."""
+    coupled: bool = False
+    """Its stage's devices exchange data inside every forward and backward: they run them together."""
 
 
-def _make_replicas(
-    plan: Plan, aggregates: _StageAggregates, terms: Mapping[str, DeviceTerms]
-) -> list[_SimulatedReplica]:
-    replicas: list[_SimulatedReplica] = []
-    times: dict[int, _StageTimes] = {}  # per library (by id): the kinds the plan's devices use
-    for stage, devices in enumerate(plan.stage_devices):
-        for replica, (first, stop) in enumerate(replica_slices(plan.micro_batch_size, len(devices))):
-            name = devices[replica]
-            samples = stop - first
-            device = terms[name]
-            own = times.get(id(device.library))
-            if own is None:
-                own = times[id(device.library)] = _stage_times(aggregates.stage, plan.n_stages, device.library)
-            factor = device.compute_factor
-            per_call = device.figures.per_micro_batch_s
-            forward_s = compute_s(
-                float(own.forward_fixed_s[stage]), float(own.forward_s[stage]), samples, factor, per_call
-            )
-            backward_s = compute_s(
-                float(own.backward_fixed_s[stage]), float(own.backward_s[stage]), samples, factor, per_call
-            )
-            replicas.append(
-                _SimulatedReplica(
-                    index=len(replicas),
-                    stage=stage,
-                    device=name,
-                    samples=(first, stop),
-                    duration={FORWARD: forward_s, BACKWARD: backward_s},
-                    update_s=update_s(device, float(aggregates.param_bytes[stage])),
-                )
-            )
-    return replicas
-
-
-def _shared_samples(a: tuple[int, int], b: tuple[int, int]) -> int:
-    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
-
-
-def _connect_replicas(
-    replicas: list[_SimulatedReplica],
-    cluster: Cluster,
+def _simulated_devices(
+    plan: Plan,
+    programs: Sequence[DeviceProgram],
     aggregates: _StageAggregates,
     terms: Mapping[str, DeviceTerms],
+    cluster: Cluster,
     calibration: Calibration,
-) -> int:
-    """Fill every replica's transfers and expected counts; returns the number of directed links used."""
-    link_ids: dict[tuple[str, str], int] = {}
-    by_stage: dict[int, list[_SimulatedReplica]] = {}
-    for replica in replicas:
-        by_stage.setdefault(replica.stage, []).append(replica)
-    rows, cols = np.nonzero(aggregates.cut_tensors)
-    for a, b in zip(rows.tolist(), cols.tolist(), strict=True):
-        tensors = int(aggregates.cut_tensors[a, b])
-        bytes_per_sample = float(aggregates.cut_bytes[a, b])
-        for sender in by_stage[a]:
-            for receiver in by_stage[b]:
-                shared = _shared_samples(sender.samples, receiver.samples)
-                if not shared:
-                    continue
-                nbytes = bytes_per_sample * shared
-                source, target = terms[sender.device], terms[receiver.device]
-                duration = device_transfer_s(cluster, source, target, nbytes, tensors, calibration)
-                # The gradient goes back the other way: a GPU end's staging copies differ by direction.
-                staged = source.cuda or target.cuda
-                returned = (
-                    device_transfer_s(cluster, target, source, nbytes, tensors, calibration) if staged else duration
+) -> list[_SimulatedDevice]:
+    times: dict[int, _StageTimes] = {}  # per library (by id): the kinds the plan's devices use
+    links: dict[tuple[str, str], int] = {}
+    message_bytes: dict[tuple[int, ...], float] = {}
+    devices = []
+    n_stages = len(aggregates.param_bytes)
+    split = _split_stage_durations(plan, programs, terms, cluster, calibration)
+    for program in programs:
+        device = terms[program.device]
+        own = times.get(id(device.library))
+        if own is None:
+            own = times[id(device.library)] = _stage_times(aggregates.stage, n_stages, device.library)
+        durations, coupled = split.get(program.position, (_compute_durations(own, program, device), False))
+        devices.append(
+            _SimulatedDevice(
+                index=program.position,
+                stage=program.stage,
+                device=program.device,
+                order=program.order,
+                duration=durations,
+                coupled=coupled,
+                update_s=update_s(device, float(aggregates.param_bytes[program.stage])),
+                transfers={kind: [] for kind in (FORWARD, BACKWARD)},
+                expected={kind: len(program.receives[kind]) for kind in (FORWARD, BACKWARD)},
+                bucket_ready=_bucket_ready(program, aggregates.stage, device.library),
+            )
+        )
+    for program in programs:
+        for kind in (FORWARD, BACKWARD):
+            for route in program.sends[kind]:
+                source, target = terms[program.device], terms[programs[route.peer].device]
+                per_sample = message_bytes.get(route.values)
+                if per_sample is None:
+                    per_sample = message_bytes[route.values] = float(
+                        _layer_arrays(source.library).activation_bytes[list(route.values)].sum()
+                    )
+                duration = device_transfer_s(
+                    cluster, source, target, per_sample * route.samples, len(route.values), calibration
                 )
-                there = link_ids.setdefault((sender.device, receiver.device), len(link_ids))
-                back = link_ids.setdefault((receiver.device, sender.device), len(link_ids))
-                sender.transfers[FORWARD].append((receiver.index, there, duration))
-                receiver.transfers[BACKWARD].append((sender.index, back, returned))
-                receiver.expected[FORWARD] += 1
-                sender.expected[BACKWARD] += 1
-    return len(link_ids)
+                link = links.setdefault((source.device, target.device), len(links))
+                devices[program.position].transfers[kind].append((route.peer, link, duration))
+    return devices
 
 
-Program = tuple[tuple[str, int], ...]
-"""A stage's actions as (kind, global micro-batch or iteration) pairs, the form the simulation reads fastest."""
+def _compute_durations(own: _StageTimes, program: DeviceProgram, device: DeviceTerms) -> dict[str, float]:
+    factor, per_call, stage = device.compute_factor, device.figures.per_micro_batch_s, program.stage
+    return {
+        FORWARD: compute_s(
+            float(own.forward_fixed_s[stage]), float(own.forward_s[stage]), program.samples, factor, per_call
+        ),
+        BACKWARD: compute_s(
+            float(own.backward_fixed_s[stage]), float(own.backward_s[stage]), program.samples, factor, per_call
+        ),
+    }
 
 
-@functools.lru_cache(maxsize=256)
-def _stage_programs(
-    schedule: PipelineSchedule, n_stages: int, micro_batches: int, iterations: int
-) -> tuple[Program, ...]:
-    """Per stage, the schedule's actions over ``iterations`` iterations (cached: a search simulates thousands of
-    plans of a few shapes)."""
-    return tuple(
-        tuple((action.kind, action.index) for action in schedule.actions(s, n_stages, micro_batches, iterations))
-        for s in range(n_stages)
+def _split_stage_durations(
+    plan: Plan,
+    programs: Sequence[DeviceProgram],
+    terms: Mapping[str, DeviceTerms],
+    cluster: Cluster,
+    calibration: Calibration,
+) -> dict[int, tuple[dict[str, float], bool]]:
+    """Per device of a stage whose layers run split signatures: its forward and backward, and whether the stage is
+    coupled. A layer's work on a device is its share of the layer as the layouts run it (``_layer_work``); a coupled
+    group runs each segment between two layout changes at its slowest device's pace, then the change's collective
+    (``costs.collective_s``, the backward's from the dual layouts)."""
+    out: dict[int, tuple[dict[str, float], bool]] = {}
+    for stage in range(plan.n_stages):
+        if not plan.runs_split(stage):
+            continue
+        members = [p for p in programs if p.stage == stage]
+        library = terms[members[0].device].library
+        layouts = plan.layouts(library, stage)
+        group = plan.stage_devices[stage]
+        links = [cluster.link(a, b) for i, a in enumerate(group) for b in group[i + 1 :]]
+        work = {
+            p.position: _layer_work(plan, layouts, stage, p, terms[p.device]) * terms[p.device].compute_factor
+            for p in members
+        }
+        durations = {p.position: {FORWARD: 0.0, BACKWARD: 0.0} for p in members}
+        for kind, column in ((FORWARD, 0), (BACKWARD, 1)):
+            if layouts.coupled:
+                busy, exchange = _coupled_time(plan, layouts, stage, work, column, library, links, calibration, kind)
+                for p in members:
+                    durations[p.position][kind] = busy + exchange + terms[p.device].figures.per_micro_batch_s
+                    durations[p.position][_EXCHANGE[kind]] = exchange
+            else:
+                for p in members:
+                    seconds = float(work[p.position][:, column].sum())
+                    durations[p.position][kind] = seconds + terms[p.device].figures.per_micro_batch_s
+        for p in members:
+            out[p.position] = (durations[p.position], layouts.coupled)
+    return out
+
+
+def _layer_work(
+    plan: Plan, layouts: StageLayouts, stage: int, program: DeviceProgram, terms: DeviceTerms
+) -> np.ndarray:
+    """(stage layers, 2): each layer's forward and backward work on the device, in seconds of its library: the fixed
+    part and the per-sample part times what the device runs of the layer (its rows of a Split(0) input; its share
+    of the whole micro-batch where the layer is split along its features, fixed part included; all of it where
+    the layer is replicated)."""
+    arrays = _layer_arrays(terms.library)
+    layers = np.asarray(plan.stage_layers(stage))
+    per_sample = 1.0 / terms.library.batch_size
+    share = plan.shares(stage)[program.replica]
+    micro = plan.micro_batch_size
+    fixed_part = np.array([share if layouts.split(int(x)) else 1.0 for x in layers])
+    samples = np.array(
+        [share * micro if layouts.split(int(x)) else (micro if layouts.replicated(int(x)) else program.samples)
+         for x in layers]
+    )  # fmt: skip
+    forward = (
+        arrays.forward_fixed_s[layers] * fixed_part
+        + (arrays.forward_s[layers] - arrays.forward_fixed_s[layers]) * per_sample * samples
     )
+    backward = (
+        arrays.backward_fixed_s[layers] * fixed_part
+        + (arrays.backward_s[layers] - arrays.backward_fixed_s[layers]) * per_sample * samples
+    )
+    return np.stack([forward, backward], axis=1)
+
+
+def _coupled_time(
+    plan: Plan,
+    layouts: StageLayouts,
+    stage: int,
+    work: Mapping[int, np.ndarray],
+    column: int,
+    library: LayerLibrary,
+    links: Sequence[Link],
+    calibration: Calibration,
+    kind: str,
+) -> tuple[float, float]:
+    """A coupled group's forward (``column`` 0) or backward (1): (each segment of layers between layout changes at
+    the pace of its slowest device (``work`` is per device, in its seconds), every change's collective on the
+    micro-batch)."""
+    layers = plan.stage_layers(stage)
+    position = {layer: i for i, layer in enumerate(layers)}
+    breaks = sorted({position[c.layer] for c in layouts.changes if c.layer in position} | {0, len(layers)})
+    total = 0.0
+    for start, stop in itertools.pairwise(breaks):
+        total += max(float(w[start:stop, column].sum()) for w in work.values())
+    shares = plan.shares(stage)
+    activation = _layer_arrays(library).activation_bytes
+    exchange = 0.0
+    for change in layouts.changes:
+        collective = change.forward if kind == FORWARD else change.backward
+        tensor_bytes = float(activation[change.value]) * plan.micro_batch_size
+        exchange += collective_s(collective, tensor_bytes, shares, links, calibration)
+    return total, exchange
+
+
+def _bucket_ready(program: DeviceProgram, stage: np.ndarray, library: LayerLibrary) -> tuple[float, ...]:
+    """Per bucket of ``program``: the share of its stage's backward (in ``library``'s times) done once the backward
+    pass, running from the stage's last layer to its first, has finished the bucket's first layer."""
+    if not program.buckets:
+        return ()
+    if not program.overlap:
+        return tuple(1.0 for _ in program.buckets)
+    backward = _layer_arrays(library).backward_s
+    layers = np.flatnonzero(stage == program.stage)
+    total = float(backward[layers].sum())
+    ready = []
+    for bucket in program.buckets:
+        first = min(bucket.layers)
+        done = float(backward[layers[layers >= first]].sum())
+        ready.append(done / total if total > 0 else 1.0)
+    return tuple(ready)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The simulation
 
 OpKey = tuple[int, str, int]
-"""(replica, kind, global micro-batch or iteration): one operation of a simulation."""
+"""(device, kind, global micro-batch or iteration): one operation of a simulation."""
 Record = tuple[int, str, float, float, int, int]
-"""(replica, kind, start, end, global micro-batch or iteration, peer replica or NO_PEER): a TimelineOp in the
-making, kept as a plain tuple because building thousands of frozen dataclasses would dominate the run time."""
+"""(device, kind, start, end, global micro-batch or iteration, peer device or bucket or NO_PEER): a TimelineOp in
+the making, kept as a plain tuple because building thousands of frozen dataclasses would dominate the run time."""
 
 
 class _Simulation:
-    """Runs every replica's program; each operation starts when its replica is free and its inputs have arrived."""
+    """Runs every device's program; each operation starts when its device is free and its inputs have arrived."""
 
     def __init__(
         self,
-        replicas: list[_SimulatedReplica],
-        programs: Sequence[Program],
-        allreduce_s: list[float],
+        devices: list[_SimulatedDevice],
+        reduce_s: list[list[float]],
         iterations: int,
         durations: Mapping[OpKey, float],
     ) -> None:
-        self.replicas = replicas
+        self.devices = devices
         self.durations = durations
-        """Operations that last other than their replica's time for their kind (on a shared host)."""
-        self.programs = programs
-        """Per replica (its stage's program)."""
-        self.allreduce_s = allreduce_s
-        """Per stage."""
-        self.replica_count = [0] * len(allreduce_s)
-        for replica in replicas:
-            self.replica_count[replica.stage] += 1
-        self.position = [0] * len(replicas)
-        self.free = [0.0] * len(replicas)
+        """Operations that last other than their device's time for their kind (on a shared host)."""
+        self.reduce_s = reduce_s
+        """Per stage, per gradient bucket: the allreduce among the stage's devices."""
+        self.group_size = [0] * len(reduce_s)
+        for device in devices:
+            self.group_size[device.stage] += 1
+        self.position = [0] * len(devices)
+        self.free = [0.0] * len(devices)
+        self.last_backward = [(0.0, 0.0)] * len(devices)
         self.link_free: dict[int, float] = {}
-        # (replica, direction, micro-batch) -> [transfers still missing, latest ready, latest arrival, last sender]
+        # (device, direction, micro-batch) -> [transfers still missing, latest ready, latest arrival, last sender]
         self.inbox: dict[tuple[int, str, int], list[float]] = {}
-        self.blocked_on: list[tuple[int, str, int] | None] = [None] * len(replicas)
-        self.at_barrier: dict[tuple[int, int], list[int]] = {}
+        self.blocked_on: list[tuple[int, str, int] | None] = [None] * len(devices)
+        self.at_update: dict[tuple[int, int], list[int]] = {}
+        self.at_meeting: dict[tuple[int, str, int], list[tuple[int, tuple[float, float, int]]]] = {}
         self.iteration_end = [0.0] * iterations
         self.records: list[Record] = []
-        self.runnable = list(range(len(replicas)))
+        self.runnable = list(range(len(devices)))
 
     def run(self) -> None:
         while self.runnable:
             self._advance(self.runnable.pop())
-        stuck = [r.device for r in self.replicas if self.position[r.index] < len(self.programs[r.index])]
+        stuck = [d.device for d in self.devices if self.position[d.index] < len(d.order)]
         if stuck:
             raise PlanError(f"the schedule deadlocks: devices {', '.join(stuck)} never finish")
 
-    def _advance(self, r: int) -> None:
-        program = self.programs[r]
-        while self.position[r] < len(program):
-            kind, number = program[self.position[r]]
-            done = self._reach_barrier(r, number) if kind == END_OF_ITERATION else self._try_compute(r, kind, number)
+    def _advance(self, d: int) -> None:
+        order = self.devices[d].order
+        while self.position[d] < len(order):
+            action = order[self.position[d]]
+            if action.kind == UPDATE:
+                done = self._reach_update(d, action.index)
+            else:
+                done = self._try_compute(d, action.kind, action.index)
             if not done:
                 return
-            self.position[r] += 1
+            self.position[d] += 1
 
-    def _try_compute(self, r: int, kind: str, g: int) -> bool:
-        replica = self.replicas[r]
-        start = free = self.free[r]
-        if replica.expected[kind]:
-            key = (r, kind, g)
-            box = self.inbox.get(key)
-            if box is None or box[0]:
-                self.blocked_on[r] = key
-                return False
-            del self.inbox[key]
-            _, ready, arrival, sender = box
-            if arrival > free:
-                start = arrival
-                waited_from = max(free, ready)
-                if start > waited_from:
-                    self.records.append((r, "recv", waited_from, start, g, int(sender)))
-        end = start + self.durations.get((r, kind, g), replica.duration[kind])
-        self.records.append((r, kind, start, end, g, NO_PEER))
-        self.free[r] = end
-        self._send(r, replica.transfers[kind], kind, g, end)
+    def _try_compute(self, d: int, kind: str, g: int) -> bool:
+        """Run the operation once its inputs are here (and, on a coupled stage, once every device of the stage
+        has its own); False while it cannot start."""
+        device = self.devices[d]
+        ready = self._inputs_ready(d, kind, g)
+        if ready is None:
+            return False
+        if device.coupled:
+            return self._meet(d, kind, g, ready)
+        self._run(d, kind, g, ready[0], ready)
         return True
 
-    def _send(self, r: int, transfers: list[Transfer], kind: str, g: int, ready: float) -> None:
+    def _inputs_ready(self, d: int, kind: str, g: int) -> tuple[float, float, int] | None:
+        """(when the operation may start, when its wait for data began, the last sender) once every transfer it
+        waits for is in (taken from the inbox); None while some is missing."""
+        device = self.devices[d]
+        free = self.free[d]
+        if not device.expected[kind]:
+            return free, free, NO_PEER
+        key = (d, kind, g)
+        box = self.inbox.get(key)
+        if box is None or box[0]:
+            self.blocked_on[d] = key
+            return None
+        del self.inbox[key]
+        _, ready, arrival, sender = box
+        return max(free, arrival), max(free, ready), int(sender)
+
+    def _run(self, d: int, kind: str, g: int, start: float, ready: tuple[float, float, int] | None = None) -> None:
+        device = self.devices[d]
+        if ready is not None and ready[0] > ready[1]:
+            self.records.append((d, "recv", ready[1], ready[0], g, ready[2]))
+        end = start + self.durations.get((d, kind, g), device.duration[kind])
+        exchange = device.duration.get(_EXCHANGE[kind], 0.0)
+        self.records.append((d, kind, start, end - exchange, g, NO_PEER))
+        if exchange:
+            self.records.append((d, "collective", end - exchange, end, g, NO_PEER))
+        self.free[d] = end
+        if kind == BACKWARD:
+            self.last_backward[d] = (start, end)
+        self._send(d, device.transfers[kind], kind, g, end)
+
+    def _meet(self, d: int, kind: str, g: int, ready: tuple[float, float, int]) -> bool:
+        """A coupled stage's operation: every device of the stage starts it together, once the last has its inputs
+        (waiting for the others is idle time, not communication)."""
+        key = (self.devices[d].stage, kind, g)
+        waiting = self.at_meeting.setdefault(key, [])
+        waiting.append((d, ready))
+        if len(waiting) < self.group_size[self.devices[d].stage]:
+            return False
+        del self.at_meeting[key]
+        start = max(r[0] for _, r in waiting)
+        for q, q_ready in waiting:
+            self._run(q, kind, g, start, q_ready)
+            if q != d:
+                self.position[q] += 1
+                self.runnable.append(q)
+        return True
+
+    def _send(self, d: int, transfers: list[Transfer], kind: str, g: int, ready: float) -> None:
         for receiver, link, duration in transfers:
             start = max(ready, self.link_free.get(link, 0.0))
             arrival = start + duration
             self.link_free[link] = arrival
-            self.records.append((r, "send", start, arrival, g, receiver))
+            self.records.append((d, "send", start, arrival, g, receiver))
             key = (receiver, kind, g)
             box = self.inbox.get(key)
             if box is None:
-                box = self.inbox[key] = [self.replicas[receiver].expected[kind], ready, arrival, r]
+                box = self.inbox[key] = [self.devices[receiver].expected[kind], ready, arrival, d]
             else:
                 box[1] = max(box[1], ready)
                 if arrival >= box[2]:
-                    box[2], box[3] = arrival, r
+                    box[2], box[3] = arrival, d
             box[0] -= 1
             if not box[0] and self.blocked_on[receiver] == key:
                 self.blocked_on[receiver] = None
                 self.runnable.append(receiver)
 
-    def _reach_barrier(self, r: int, iteration: int) -> bool:
-        """Allreduce and update once every replica of the stage is here; False while some are missing."""
-        stage = self.replicas[r].stage
-        waiting = self.at_barrier.setdefault((stage, iteration), [])
-        waiting.append(r)
-        if len(waiting) < self.replica_count[stage]:
+    def _reach_update(self, d: int, iteration: int) -> bool:
+        """Once every device of the stage is here: the gradient buckets' reductions (each from when every device's
+        last backward had made its gradients, one after another), then every device's update once they are done.
+        False while some device of the stage is missing."""
+        stage = self.devices[d].stage
+        waiting = self.at_update.setdefault((stage, iteration), [])
+        waiting.append(d)
+        if len(waiting) < self.group_size[stage]:
             return False
-        del self.at_barrier[(stage, iteration)]
-        start = max(self.free[q] for q in waiting)
-        end = start + self.allreduce_s[stage]
+        del self.at_update[(stage, iteration)]
+        reduced = self._reduce(stage, iteration, waiting)
+        # Waiting for a slower device of the stage to finish its backward is imbalance (idle), not communication.
+        slowest = max(self.last_backward[q][1] for q in waiting)
         for q in waiting:
-            if end > start:
-                self.records.append((q, "allreduce", start, end, iteration, NO_PEER))
-            finish = end + self.durations.get((q, END_OF_ITERATION, iteration), self.replicas[q].update_s)
-            self.records.append((q, "update", end, finish, iteration, NO_PEER))
+            start = max(self.free[q], reduced)
+            waited_from = max(self.free[q], slowest)
+            if start > waited_from:
+                self.records.append((q, "allreduce", waited_from, start, iteration, NO_PEER))
+            finish = start + self.durations.get((q, UPDATE, iteration), self.devices[q].update_s)
+            self.records.append((q, UPDATE, start, finish, iteration, NO_PEER))
             self.free[q] = finish
             self.iteration_end[iteration] = max(self.iteration_end[iteration], finish)
-            if q != r:
+            if q != d:
                 self.position[q] += 1
                 self.runnable.append(q)
         return True
 
+    def _reduce(self, stage: int, iteration: int, group: list[int]) -> float:
+        """Simulate the stage's bucket reductions of ``iteration``; returns when the last ends (0 with none)."""
+        end = 0.0
+        for bucket, seconds in enumerate(self.reduce_s[stage]):
+            ready = max(
+                self.last_backward[q][0]
+                + self.devices[q].bucket_ready[bucket] * (self.last_backward[q][1] - self.last_backward[q][0])
+                for q in group
+            )
+            start = max(ready, end)
+            end = start + seconds
+            for q in group:
+                self.records.append((q, "reduce", start, end, iteration, bucket))
+        return end
 
-def _timeline_ops(records: list[Record], replicas: list[_SimulatedReplica], micro_batches: int) -> list[TimelineOp]:
+
+def _timeline_ops(records: list[Record], devices: list[_SimulatedDevice], micro_batches: int) -> list[TimelineOp]:
     ops = []
-    for r, kind, start, end, number, peer in records:
-        replica = replicas[r]
-        peer_device = replicas[peer].device if peer != NO_PEER else ""
-        if kind in ("allreduce", "update"):
+    for d, kind, start, end, number, peer in records:
+        device = devices[d]
+        bucket = peer if kind == "reduce" else -1
+        peer_device = devices[peer].device if peer != NO_PEER and kind in ("send", "recv") else ""
+        if kind in ("reduce", "allreduce", UPDATE):
             iteration, micro_batch = number, NO_MICRO_BATCH
         else:
             iteration, micro_batch = divmod(number, micro_batches)
-        ops.append(TimelineOp(replica.device, replica.stage, micro_batch, kind, start, end, iteration, peer_device))
+        ops.append(
+            TimelineOp(device.device, device.stage, micro_batch, kind, start, end, iteration, peer_device, bucket)
+        )
     return ops
 
 
-def _simulated_iterations(plan: Plan) -> tuple[int, int, int]:
-    """(iterations to simulate, warm-up iterations before the measured ones, measured iterations)."""
-    if plan.pipeline_schedule.synchronous:
-        return 1, 0, 1
-    warmup = async_warmup_iterations(plan.n_stages, plan.micro_batches)
-    measured = async_measured_iterations(plan.n_stages, plan.micro_batches)
-    # Past the measured iterations, enough forwards that no stage drains while they run.
-    tail = math.ceil(plan.n_stages / plan.micro_batches)
+def simulated_iterations(plan: Plan) -> tuple[int, int, int]:
+    """(iterations the cost model simulates, warm-up iterations before the measured ones, measured iterations):
+    the schedule's ``window``."""
+    warmup, measured, tail = plan.pipeline_schedule.window(plan.n_stages, plan.micro_batches)
     return warmup + measured + tail, warmup, measured
 
 
-def simulated_programs(plan: Plan) -> tuple[Program, ...]:
-    """Per stage, the program the cost model simulates for ``plan``: the schedule's actions over the iterations
-    ``estimate`` simulates (one for a synchronous schedule)."""
-    return _stage_programs(plan.pipeline_schedule, plan.n_stages, plan.micro_batches, _simulated_iterations(plan)[0])
+def simulated_programs(plan: Plan, library: LayerLibrary) -> tuple[DeviceProgram, ...]:
+    """Every device's program as the cost model simulates it for ``plan``: over the iterations of
+    ``simulated_iterations`` (one for a synchronous schedule)."""
+    arrays = _layer_arrays(library)
+    steps = simulated_iterations(plan)[0]
+    return plan_programs(
+        plan, arrays.edges, arrays.param_bytes, steps, specs=library.specs() if plan.signatures else ()
+    )
 
 
 def _simulate(
     plan: Plan, cluster: Cluster, library: LayerLibrary, calibration: Calibration
-) -> tuple[_Simulation, list[_SimulatedReplica]]:
+) -> tuple[_Simulation, list[_SimulatedDevice]]:
     aggregates = _stage_aggregates(plan, library)
     terms = device_terms(library, cluster, calibration)
-    replicas = _make_replicas(plan, aggregates, terms)
-    _connect_replicas(replicas, cluster, aggregates, terms, calibration)
-    by_stage = simulated_programs(plan)
-    stage_allreduce_s = [
-        allreduce_s(cluster, devices, float(aggregates.param_bytes[s]), calibration, terms)
-        for s, devices in enumerate(plan.stage_devices)
-    ]
-    iterations = _simulated_iterations(plan)[0]
+    programs = simulated_programs(plan, library)
+    devices = _simulated_devices(plan, programs, aggregates, terms, cluster, calibration)
+    reduce_s: list[list[float]] = [[] for _ in range(plan.n_stages)]
+    for program in programs:
+        if program.replica == 0:
+            group = plan.stage_devices[program.stage]
+            reduce_s[program.stage] = [
+                allreduce_s(cluster, group, float(b.nbytes), calibration, terms) for b in program.buckets
+            ]
+    iterations = simulated_iterations(plan)[0]
 
     def run(durations: Mapping[OpKey, float]) -> _Simulation:
-        programs = [by_stage[r.stage] for r in replicas]
-        simulation = _Simulation(replicas, programs, stage_allreduce_s, iterations, durations)
+        simulation = _Simulation(devices, reduce_s, iterations, durations)
         simulation.run()
         return simulation
 
     hosts = shared_hosts(cluster, int(calibration.host_cores))
-    return (_settle_sharing(run, replicas, hosts, terms) if hosts else run({})), replicas
+    return (_settle_sharing(run, devices, hosts, terms) if hosts else run({})), devices
 
 
 SHARING_ROUNDS = 32
@@ -760,7 +892,7 @@ SHARING_TOLERANCE = 1e-4
 
 def _settle_sharing(
     run: Callable[[Mapping[OpKey, float]], _Simulation],
-    replicas: Sequence[_SimulatedReplica],
+    replicas: Sequence[_SimulatedDevice],
     hosts: Sequence[SharedHost],
     terms: Mapping[str, DeviceTerms],
 ) -> _Simulation:
@@ -793,7 +925,7 @@ def _settle_sharing(
 
 def _shared_durations(
     records: Sequence[Record],
-    replicas: Sequence[_SimulatedReplica],
+    replicas: Sequence[_SimulatedDevice],
     hosts: Sequence[SharedHost],
     terms: Mapping[str, DeviceTerms],
 ) -> dict[OpKey, float]:
@@ -811,7 +943,7 @@ def _shared_durations(
             others = [(host.threads[replicas[o[0]].device], o[2], o[3]) for o in ops if o[0] != r]
             pace = _Pace(others, host.threads[replica.device], host, terms[replica.device].figures)
             for _, kind, start, _, number in (op for op in ops if op[0] == r):
-                work = replica.update_s if kind == END_OF_ITERATION else replica.duration[kind]
+                work = replica.update_s if kind == UPDATE else replica.duration[kind]
                 durations[(r, kind, number)] = pace.finish(start, work) - start
     return durations
 
@@ -858,19 +990,17 @@ def estimate(
 ) -> Estimate:
     """Predict one training step of ``plan`` on ``cluster`` (see the module docstring for the semantics)."""
     _check_plan(plan, library, cluster)
-    simulation, replicas = _simulate(plan, cluster, library, calibration)
-    _, warmup, steps = _simulated_iterations(plan)
+    simulation, devices = _simulate(plan, cluster, library, calibration)
+    _, warmup, steps = simulated_iterations(plan)
     window = (simulation.iteration_end[warmup - 1] if warmup else 0.0, simulation.iteration_end[warmup + steps - 1])
     records = simulation.records
-    spans = (record[:4] for record in records if record[1] != "send")
-    busy, waiting = _window_totals(spans, range(len(replicas)), window)
-    device_of = [replica.device for replica in replicas]
+    spans = (record[:4] for record in records if record[1] not in ("send", "reduce"))
+    busy, waiting = _window_totals(spans, range(len(devices)), window)
+    device_of = [device.device for device in devices]
     compute, communication, idle = _per_step(
-        {device_of[r]: t for r, t in busy.items()}, {device_of[r]: t for r, t in waiting.items()}, window, steps
+        {device_of[d]: t for d, t in busy.items()}, {device_of[d]: t for d, t in waiting.items()}, window, steps
     )
-    memory = {
-        name: stage_memory_bytes(plan, library, s) for s, names in enumerate(plan.stage_devices) for name in names
-    }
+    memory = {name: need for s in range(plan.n_stages) for name, need in stage_memory_bytes(plan, library, s).items()}
     return Estimate(
         plan_id=plan.id,
         step_time=(window[1] - window[0]) / steps,
@@ -878,6 +1008,6 @@ def estimate(
         communication=communication,
         idle=idle,
         peak_memory=memory,
-        timeline=Timeline(lambda: _timeline_ops(records, replicas, plan.micro_batches)),
+        timeline=Timeline(lambda: _timeline_ops(records, devices, plan.micro_batches)),
         calibration=calibration,
     )

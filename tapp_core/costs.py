@@ -53,6 +53,7 @@ from tapp_core.cluster import Cluster, Link
 from tapp_core.errors import TappError
 from tapp_core.kinds import device_library
 from tapp_core.library import LayerLibrary
+from tapp_core.placement import Collective, traffic
 
 
 class CalibrationError(TappError):
@@ -414,15 +415,29 @@ def device_transfer_s(
     return over_link + staging_s(sender, receiver, nbytes, tensors, calibration)
 
 
-def ring_allreduce_s(replicas: int, param_bytes: float, links: Iterable[Link], calibration: Calibration) -> float:
-    """Ring allreduce of ``param_bytes`` among ``replicas`` over the slowest of ``links`` (least bandwidth, most
-    latency, taken separately)."""
-    if replicas == 1:
+def collective_s(
+    collective: Collective,
+    tensor_bytes: float,
+    shares: Sequence[float],
+    links: Iterable[Link],
+    calibration: Calibration,
+) -> float:
+    """A collective among a group with ``shares`` on a tensor of ``tensor_bytes``, over the slowest of ``links``
+    (least bandwidth, most latency, taken separately): each of its rounds a latency, and what the busiest device
+    sends (``placement.traffic``) over the bandwidth."""
+    moved = traffic(collective, tensor_bytes, shares)
+    if moved.rounds == 0:
         return 0.0
     chosen = list(links)
     bandwidth = min(link.bandwidth for link in chosen) * calibration.bandwidth_scale
     latency = max(link.latency for link in chosen) + calibration.per_message_s
-    return 2 * (replicas - 1) / replicas * param_bytes / bandwidth + 2 * (replicas - 1) * latency
+    return moved.bytes_per_device / bandwidth + moved.rounds * latency
+
+
+def ring_allreduce_s(replicas: int, param_bytes: float, links: Iterable[Link], calibration: Calibration) -> float:
+    """Ring allreduce of ``param_bytes`` among ``replicas``: ``2 (k - 1) / k * param bytes`` over the bandwidth and
+    ``2 (k - 1)`` latencies (``collective_s``)."""
+    return collective_s("allreduce", param_bytes, [1.0 / replicas] * replicas, links, calibration)
 
 
 def allreduce_s(

@@ -52,3 +52,37 @@ def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
         return "get_attr"
     target = node.target
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def layer_edges(graph_module: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    """(producer, consumer) layer indices of every edge between layers: the library's ``edges()``."""
+    index = layer_index(graph_module)
+    return [(index[node], index[user]) for node in index for user in node.users if user in index]
+
+
+def layer_parameters(graph_module: torch.fx.GraphModule) -> list[dict[str, nn.Parameter]]:
+    """Per layer, the parameters it uses by their names in the model, each charged once, to the first layer that
+    uses it (a leaf module's own, or one read with ``get_attr``)."""
+    names = {id(param): name for name, param in graph_module.named_parameters(remove_duplicate=False)}
+    seen: set[int] = set()
+    result: list[dict[str, nn.Parameter]] = []
+    for node in layer_nodes(graph_module):
+        params: list[nn.Parameter] = []
+        if node.op == "call_module":
+            params = list(graph_module.get_submodule(str(node.target)).parameters())
+        elif node.op == "get_attr":
+            holder, _, attr = str(node.target).rpartition(".")
+            value = getattr(graph_module.get_submodule(holder) if holder else graph_module, attr)
+            params = [value] if isinstance(value, nn.Parameter) else []
+        own = {}
+        for param in params:
+            if id(param) not in seen:
+                seen.add(id(param))
+                own[names[id(param)]] = param
+        result.append(own)
+    return result
+
+
+def layer_param_bytes(graph_module: torch.fx.GraphModule) -> list[int]:
+    """Bytes of the parameters each layer uses (``layer_parameters``)."""
+    return [sum(p.numel() * p.element_size() for p in own.values()) for own in layer_parameters(graph_module)]

@@ -31,11 +31,15 @@ import pandas as pd
 
 from tapp_core.errors import TappError
 from tapp_core.kinds import DeviceKind
+from tapp_core.placement import MODEL_INPUT, LayerSpec
 
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
 KINDS_FILE = "kinds.json"
 """In a folder of libraries, one per kind: the subfolders, the reference kind's first."""
+
+
+_SPECS: dict[int, tuple[tuple[Layer, ...], tuple[LayerSpec, ...]]] = {}
 
 
 class LibraryError(TappError):
@@ -121,6 +125,27 @@ class LayerLibrary:
 
     def edges(self) -> list[tuple[int, int]]:
         return [(layer.index, succ) for layer in self.layers for succ in layer.successors]
+
+    def specs(self) -> tuple[LayerSpec, ...]:
+        """The layers as the layout pass of ``tapp_core.placement`` reads them (cached while the layers stay)."""
+        snapshot = tuple(self.layers)
+        cached = _SPECS.get(id(self.layers))
+        if cached is None or cached[0] != snapshot:
+            specs = tuple(
+                LayerSpec(
+                    index=x.index,
+                    name=x.name,
+                    op=x.op,
+                    inputs=x.predecessors or (MODEL_INPUT,),
+                    shape=tuple(x.output_shape[1:]),
+                    has_params=x.param_bytes > 0,
+                )
+                for x in snapshot
+            )
+            if len(_SPECS) > 16:
+                _SPECS.clear()
+            cached = _SPECS[id(self.layers)] = (snapshot, specs)
+        return cached[1]
 
     def to_frame(self) -> pd.DataFrame:
         rows = []

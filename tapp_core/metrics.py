@@ -4,6 +4,14 @@ Step time: one training step is forward and backward of every micro-batch of one
 parameter update, on every device, until the last device is done. A run reports the median over the steps
 after the warm-up (at least ``MIN_STEPS`` of them after ``DEFAULT_WARMUP``).
 
+A schedule that flushes every step (gpipe, 1f1b: ``PipelineSchedule.synchronous``) is timed step by step, each
+step from a barrier of the plan's devices to the end of the last update. An asynchronous pipeline never drains:
+its step time is the steady-state time per mini-batch, over many mini-batches, with the pipeline's fill before
+them and its drain after them left out (``run_length``), each mini-batch's time the longest interval, over the
+devices, between two of a device's updates. The cost model estimates the same window (``PipelineSchedule.window``),
+and a race compares the two kinds alike: time per mini-batch, as a user training for an epoch sees it
+(``step_kind`` says which a number is).
+
 Communication share: for each device, the time it waited on sends/receives that did not overlap its compute,
 divided by the step time; then averaged over devices.
 
@@ -21,10 +29,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tapp_core.schedules import PipelineSchedule
 from tapp_core.stats import Interval
 
 DEFAULT_WARMUP = 2
 MIN_STEPS = 5
+
+
+def step_kind(schedule: PipelineSchedule) -> str:
+    """What a plan's step time measures, for tables and captions."""
+    return "time per step" if schedule.synchronous else "steady-state time per mini-batch"
+
+
+def run_length(
+    schedule: PipelineSchedule, n_stages: int, micro_batches: int, steps: int, warmup: int
+) -> tuple[int, int, int]:
+    """(steps to run, warm-up steps, untimed steps after the timed ones) for a measurement asked for ``steps`` steps
+    of which the first ``warmup`` are not timed: as asked for a synchronous schedule; an asynchronous one warms up
+    for at least its pipeline's fill and runs its drain's steps after the timed ones (``PipelineSchedule.window``)."""
+    if schedule.synchronous:
+        return steps, warmup, 0
+    fill, _, drain = schedule.window(n_stages, micro_batches)
+    first = max(warmup, fill)
+    return first + (steps - warmup) + drain, first, drain
 
 
 def step_time(step_times_s: Sequence[float], warmup: int = DEFAULT_WARMUP) -> float:

@@ -1,19 +1,21 @@
 """Plans: which layers form which pipeline stage, and which device(s) run each stage; and the checks a plan must
 pass to run.
 
-A stage may run on several devices: these are data-parallel replicas of the stage. Each micro-batch is cut
-into equal, contiguous sample ranges, one per replica (``replica_slices``), and the replicas average their
-gradients with an allreduce before the update. BSP is the plan with one stage on every device; single-device
-training is one stage on one device.
+A stage may run on several devices, a *group* (``tapp_core.placement``): each device takes its share of the stage's
+work (``stage_shares``; equal shares unless the plan gives them, e.g. in proportion to the devices' speeds). As
+data-parallel replicas, each device computes its share of every micro-batch's samples (``rows``) and the group
+sums its gradients with an allreduce before the update. BSP is the plan with one stage on every device;
+single-device training is one stage on one device.
 
-A plan's schedule is a name in ``tapp_core.schedules.SCHEDULES``, checked when the plan is made. The checks are
-parts that each caller combines as it needs (``validate`` runs them all): ``check_shape``, ``check_layers``,
-``check_stages_used``, ``check_edges``, ``check_devices``, ``check_replicas`` and ``check_memory``. Each raises
-``PlanError`` naming the layer, stage or device at fault.
+A plan's schedule is a name in ``tapp_core.schedules.SCHEDULES`` (with a ``staleness`` bound for ``async``),
+checked when the plan is made. The checks are parts that each caller combines as it needs (``validate`` runs them
+all): ``check_shape``, ``check_layers``, ``check_stages_used``, ``check_edges``, ``check_devices``,
+``check_groups`` and ``check_memory``. Each raises ``PlanError`` naming the layer, stage or device at fault.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -26,7 +28,20 @@ import numpy as np
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
-from tapp_core.schedules import PipelineSchedule, UnknownScheduleError, schedule_for
+from tapp_core.placement import (
+    DATA,
+    SAMPLES,
+    Layout,
+    PlacementError,
+    Split,
+    StageLayouts,
+    check_shares,
+    check_signature,
+    even_shares,
+    split_ranges,
+    stage_layouts,
+)
+from tapp_core.schedules import PipelineSchedule, UnknownScheduleError, schedule_for, schedule_spec
 
 # Bytes of training state per parameter byte: weights, gradients and SGD momentum.
 STATE_PER_PARAM_BYTE = 3
@@ -52,17 +67,82 @@ class Plan:
     """``stage_devices[s]`` are the devices running stage ``s`` (more than one: data-parallel replicas)."""
     planner: str = ""
     notes: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    staleness: int | None = None
+    """``async`` only: the most updates a gradient may be applied after the weights it was computed on (None: as
+    deep as the pipeline; 0: synchronous)."""
+    stage_shares: tuple[tuple[float, ...], ...] = ()
+    """Per stage, each device's share of its work; empty: equal shares on every stage."""
+    signatures: tuple[tuple[int, str], ...] = ()
+    """(layer, signature) of the layers of stages on several devices that run other than ``data``
+    (``tapp_core.placement``: ``col``, ``row``), by layer; every other layer runs ``data``."""
+    bucket_bytes: int | None = None
+    """Gradient bucket size of stages on several devices (``tapp_core.program``); None: the default; 0: one bucket,
+    reduced once the step's last backward is done (no overlap with the backward)."""
 
     def __post_init__(self) -> None:
         try:
-            schedule_for(self.schedule)
+            schedule_for(self.schedule, self.staleness)
         except UnknownScheduleError as exc:
             raise PlanError(str(exc)) from None
+        if list(self.signatures) != sorted(dict(self.signatures).items()) or DATA in dict(self.signatures).values():
+            object.__setattr__(
+                self, "signatures", tuple(sorted((k, v) for k, v in dict(self.signatures).items() if v != DATA))
+            )
+        if self.bucket_bytes is not None and self.bucket_bytes < 0:
+            raise PlanError(f"bucket_bytes must be 0 or more, got {self.bucket_bytes}")
+        if self.stage_shares and len(self.stage_shares) != len(self.stage_devices):
+            raise PlanError(f"plan gives shares for {len(self.stage_shares)} stages but has {len(self.stage_devices)}")
+        for stage, (shares, devices) in enumerate(zip(self.stage_shares, self.stage_devices, strict=False)):
+            if len(shares) != len(devices):
+                raise PlanError(f"stage {stage}: {len(shares)} shares for {len(devices)} devices")
 
     @property
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule object of ``schedule``: its order of operations, activations in flight and so on."""
-        return schedule_for(self.schedule)
+        return schedule_for(self.schedule, self.staleness)
+
+    def regrouped(
+        self, stage_of_layer: tuple[int, ...] | None = None, stage_devices: tuple[tuple[str, ...], ...] | None = None
+    ) -> Plan:
+        """This plan with other stages or device groups: a stage keeps its shares while it keeps its group (a new
+        group shares equally); the signatures stay on the layers still on a group of several devices."""
+        layers = self.stage_of_layer if stage_of_layer is None else stage_of_layer
+        groups = self.stage_devices if stage_devices is None else stage_devices
+        shares: tuple[tuple[float, ...], ...] = ()
+        if self.stage_shares:
+            old = dict(zip(self.stage_devices, self.stage_shares, strict=True))
+            shares = tuple(old.get(group, even_shares(len(group))) for group in groups)
+        signatures = tuple((x, sig) for x, sig in self.signatures if len(groups[layers[x]]) > 1)
+        return dataclasses.replace(
+            self, stage_of_layer=layers, stage_devices=groups, stage_shares=shares, signatures=signatures
+        )
+
+    @property
+    def schedule_spec(self) -> str:
+        """The schedule with its staleness bound, in one string (``async:1``; ``tapp_core.schedules.schedule_spec``)."""
+        return schedule_spec(self.schedule, self.staleness)
+
+    def shares(self, stage: int) -> tuple[float, ...]:
+        """Each device's share of ``stage``'s work, in the stage's device order."""
+        return self.stage_shares[stage] if self.stage_shares else even_shares(len(self.stage_devices[stage]))
+
+    def runs_split(self, stage: int) -> bool:
+        """Whether a layer of ``stage`` runs a signature other than ``data``."""
+        return any(self.stage_of_layer[layer] == stage for layer, _ in self.signatures)
+
+    def signature_of(self) -> dict[int, str]:
+        """Layer -> its signature, for the layers that run other than ``data``."""
+        return dict(self.signatures)
+
+    def layouts(self, library: LayerLibrary, stage: int) -> StageLayouts:
+        """How ``stage``'s group runs its layers (``placement.stage_layouts``)."""
+        return stage_layouts(
+            library.specs(), self.stage_layers(stage), self.signature_of(), len(self.stage_devices[stage])
+        )
+
+    def rows(self, stage: int) -> tuple[tuple[int, int], ...]:
+        """Each device's rows ``[start, stop)`` of every micro-batch of ``stage`` (``placement.split_ranges``)."""
+        return split_ranges(self.micro_batch_size, self.shares(stage))
 
     @property
     def n_stages(self) -> int:
@@ -79,9 +159,31 @@ class Plan:
     def stage_layers(self, stage: int) -> list[int]:
         return [i for i, s in enumerate(self.stage_of_layer) if s == stage]
 
+    def describe(self, library: LayerLibrary | None = None) -> str:
+        """The plan in one line: its stages (devices, shares where unequal, split layers by name with a library),
+        micro-batches and schedule (with its staleness bound), e.g. ``cpu0 | cpu1+cpu2 (0.6/0.4; fc1 col, fc2 row),
+        m=2, async (staleness 1)``."""
+        stages = []
+        for s, group in enumerate(self.stage_devices):
+            text = "+".join(group)
+            details = []
+            if self.stage_shares and len(set(self.stage_shares[s])) > 1:
+                details.append("/".join(f"{x:.2g}" for x in self.stage_shares[s]))
+            split = [
+                f"{library.layers[x].name if library else f'layer {x}'} {sig}"
+                for x, sig in self.signatures
+                if self.stage_of_layer[x] == s
+            ]
+            if split:
+                details.append(", ".join(split))
+            stages.append(f"{text} ({'; '.join(details)})" if details else text)
+        schedule = self.schedule + (f" (staleness {self.staleness})" if self.staleness is not None else "")
+        return f"{' | '.join(stages)}, m={self.micro_batches}, {schedule}"
+
     def canonical(self) -> dict[str, object]:
-        """The content that decides what runs; the id is its hash. Planner name and notes are not part of it."""
-        return {
+        """The content that decides what runs; the id is its hash. Planner name and notes are not part of it. The
+        fields a plan of an earlier version could not have are written only when set, so its id is unchanged."""
+        content: dict[str, object] = {
             "model": self.model,
             "batch_size": self.batch_size,
             "micro_batches": self.micro_batches,
@@ -89,6 +191,15 @@ class Plan:
             "stage_of_layer": list(self.stage_of_layer),
             "stage_devices": [list(d) for d in self.stage_devices],
         }
+        if self.staleness is not None:
+            content["staleness"] = self.staleness
+        if self.stage_shares:
+            content["stage_shares"] = [list(s) for s in self.stage_shares]
+        if self.bucket_bytes is not None:
+            content["bucket_bytes"] = self.bucket_bytes
+        if self.signatures:
+            content["signatures"] = {str(layer): name for layer, name in self.signatures}
+        return content
 
     @property
     def id(self) -> str:
@@ -126,6 +237,13 @@ class Plan:
                 stage_devices=tuple(tuple(str(d) for d in _items(devs)) for devs in _items(data["stage_devices"])),
                 planner=str(data.get("planner", "")),
                 notes=dict(notes),
+                staleness=None if data.get("staleness") is None else _integer(data["staleness"], "staleness"),
+                bucket_bytes=None if data.get("bucket_bytes") is None else _integer(data["bucket_bytes"], "bytes"),
+                signatures=_signatures(data.get("signatures") or {}),
+                stage_shares=tuple(
+                    tuple(_number(x, "stage_shares") for x in _items(shares))
+                    for shares in _items(data.get("stage_shares") or [])
+                ),
             )
         except PlanError as exc:
             raise PlanError(f"plan {source}: {exc}") from None
@@ -177,40 +295,67 @@ def _integer(value: object, name: str) -> int:
     raise TypeError(f"{name} must be an integer, got {value!r}")
 
 
+def _signatures(value: object) -> tuple[tuple[int, str], ...]:
+    if not isinstance(value, dict):
+        raise TypeError(f"signatures must map layers to signature names, got {value!r}")
+    return tuple(sorted((_integer(layer, "signatures"), str(name)) for layer, name in value.items()))
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise TypeError(f"{name} must hold numbers, got {value!r}")
+
+
 def _items(value: object) -> list[object]:
     if isinstance(value, list | tuple):
         return list(value)
     raise TypeError(f"expected a list, got {value!r}")
 
 
-def replica_slices(n_samples: int, n_replicas: int) -> list[tuple[int, int]]:
-    """The contiguous sample range ``[start, stop)`` each replica of a stage takes from a micro-batch."""
-    share = n_samples // n_replicas
-    return [(r * share, (r + 1) * share) for r in range(n_replicas)]
-
-
-def replicas_divide(micro_batch_size: int, n_replicas: int) -> bool:
-    """Whether ``n_replicas`` replicas split a micro-batch into equal ranges with no sample left over."""
-    return micro_batch_size % n_replicas == 0
-
-
-def replica_memory_bytes(plan: Plan, stage: int, param_bytes: float, activation_bytes: float) -> float:
-    """Peak memory of one replica of ``stage``, whose layers hold ``param_bytes`` of parameters and output
-    ``activation_bytes`` per sample: training state, the weight versions the schedule stashes, and the
-    activations of the micro-batches it has in flight. Integers give an exact integer."""
+def device_memory_bytes(plan: Plan, stage: int, samples: int, param_bytes: float, activation_bytes: float) -> float:
+    """Peak memory of a device of ``stage`` that computes ``samples`` rows of each micro-batch and holds
+    ``param_bytes`` of parameters whose layers output ``activation_bytes`` per sample: training state, the weight
+    versions the schedule stashes, and the activations of the micro-batches it has in flight. Integers give an
+    exact integer."""
     schedule = plan.pipeline_schedule
     in_flight = schedule.in_flight(stage, plan.n_stages, plan.micro_batches)
     versions = schedule.weight_versions(stage, plan.n_stages, plan.micro_batches)
-    samples = plan.micro_batch_size // len(plan.stage_devices[stage])
     return STATE_PER_PARAM_BYTE * param_bytes + versions * param_bytes + in_flight * activation_bytes * samples
 
 
-def stage_memory_bytes(plan: Plan, library: LayerLibrary, stage: int) -> int:
-    """Peak memory of one replica of ``stage`` (``replica_memory_bytes`` of its layers)."""
+def stage_memory_bytes(plan: Plan, library: LayerLibrary, stage: int) -> dict[str, int]:
+    """Peak memory of each device of ``stage`` (``device_memory_bytes`` of its layers and its rows; on a stage
+    whose layers run split signatures, each layer's weights and outputs as its layouts hold them)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
-    params = sum(layer.param_bytes for layer in layers)
-    activations = sum(layer.activation_bytes for layer in layers)
-    return int(replica_memory_bytes(plan, stage, params, activations))
+    devices = plan.stage_devices[stage]
+    if not plan.runs_split(stage):
+        params = sum(layer.param_bytes for layer in layers)
+        activations = sum(layer.activation_bytes for layer in layers)
+        return {
+            device: int(device_memory_bytes(plan, stage, stop - start, params, activations))
+            for device, (start, stop) in zip(devices, plan.rows(stage), strict=True)
+        }
+    layouts = plan.layouts(library, stage)
+    shares = plan.shares(stage)
+    out = {}
+    for d, (device, (start, stop)) in enumerate(zip(devices, plan.rows(stage), strict=True)):
+        rows = stop - start
+        held_params, per_row = 0.0, 0.0
+        for x in layers:
+            held_params += x.param_bytes * (shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0)
+            per_row += x.activation_bytes * _rows_held(layouts.outputs[x.index], shares[d], rows, plan)
+        out[device] = int(device_memory_bytes(plan, stage, rows, held_params, per_row))
+    return out
+
+
+def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:
+    """A device's part of a layer's output held as ``output``, per row of the micro-batch the device computes: its
+    rows (Split(0)), its share of every row (a feature split), or every row (Broadcast, PartialSum)."""
+    if output == SAMPLES:
+        return 1.0
+    held = plan.micro_batch_size * (share if isinstance(output, Split) else 1.0)
+    return held / max(rows, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -291,20 +436,40 @@ def check_devices(plan: Plan, cluster: Cluster) -> None:
             seen[device] = stage
 
 
-def check_replicas(plan: Plan) -> None:
-    """Every stage's replicas split its micro-batches into equal sample ranges."""
+def check_groups(plan: Plan) -> None:
+    """Every stage's shares are valid for its devices and give every device at least one row of a micro-batch."""
     for stage, devices in enumerate(plan.stage_devices):
-        if not replicas_divide(plan.micro_batch_size, len(devices)):
-            raise PlanError(
-                f"stage {stage} has {len(devices)} replicas, which do not divide the micro-batch of {plan.micro_batch_size} samples"
-            )
+        try:
+            check_shares(plan.shares(stage), len(devices))
+        except PlacementError as exc:
+            raise PlanError(f"stage {stage}: {exc}") from None
+        for device, (start, stop) in zip(devices, plan.rows(stage), strict=True):
+            if stop <= start:
+                raise PlanError(
+                    f"device {device!r} of stage {stage} gets no sample of the micro-batch of {plan.micro_batch_size}: "
+                    f"{len(devices)} devices with shares {list(plan.shares(stage))}"
+                )
+
+
+def check_signatures(plan: Plan, library: LayerLibrary) -> None:
+    """Every signature names a layer of the library that may run it on its stage's group (``placement``)."""
+    specs = library.specs()
+    for layer, signature in plan.signatures:
+        if not 0 <= layer < len(specs):
+            raise PlanError(f"signature {signature!r} is given for layer {layer}, but the model has {len(specs)}")
+        devices = len(plan.stage_devices[plan.stage_of_layer[layer]])
+        if devices == 1:
+            raise PlanError(f"layer {specs[layer].name} has signature {signature!r} but its stage runs on one device")
+        try:
+            check_signature(specs[layer], signature, devices)
+        except PlacementError as exc:
+            raise PlanError(str(exc)) from None
 
 
 def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     """Every device has the memory its stage needs (``stage_memory_bytes``)."""
-    for stage, devices in enumerate(plan.stage_devices):
-        need = stage_memory_bytes(plan, library, stage)
-        for name in devices:
+    for stage in range(plan.n_stages):
+        for name, need in stage_memory_bytes(plan, library, stage).items():
             have = cluster.device(name).memory
             if need > have:
                 raise PlanError(
@@ -335,7 +500,8 @@ def validate(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:
     check_stages_used(plan.stage_of_layer, plan.n_stages)
     check_edges(plan.stage_of_layer, library.edges(), layer_name)
     check_devices(plan, cluster)
-    check_replicas(plan)
+    check_groups(plan)
+    check_signatures(plan, library)
     check_memory(plan, library, cluster)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import platform
 import statistics
 import time
@@ -31,12 +30,11 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx
-from torch import nn
 from torch.nn import functional as F
 
 from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
-from tapp_core.graph import ModelError, layer_index, op_type
+from tapp_core.graph import ModelError, layer_index, layer_param_bytes, op_type
 from tapp_core.library import Layer, LayerLibrary
 from tapp_core.runtime import gpu
 
@@ -150,26 +148,6 @@ class _FactsInterpreter(torch.fx.Interpreter):
             output_shape=tuple(tensors[0].shape) if tensors else (),
         )
         return out
-
-
-def _param_bytes_per_layer(graph_module: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node]) -> list[int]:
-    """Bytes of the parameters each layer uses, every parameter charged once, to the first layer that uses it."""
-    seen: set[int] = set()
-    result = []
-    for node in nodes:
-        params: list[torch.Tensor] = []
-        if node.op == "call_module":
-            params = list(graph_module.get_submodule(str(node.target)).parameters())
-        elif node.op == "get_attr":
-            value = operator.attrgetter(str(node.target))(graph_module)
-            params = [value] if isinstance(value, nn.Parameter) else []
-        total = 0
-        for param in params:
-            if id(param) not in seen:
-                seen.add(id(param))
-                total += param.numel() * param.element_size()
-        result.append(total)
-    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -413,7 +391,7 @@ def _layer_times(run: _Run, steps: Sequence[_StepTimes], batch_size: int) -> _La
 def _layers(
     graph_module: torch.fx.GraphModule, index: dict[torch.fx.Node, int], facts: _FactsInterpreter, times: _LayerTimes
 ) -> list[Layer]:
-    param_bytes = _param_bytes_per_layer(graph_module, list(index))
+    param_bytes = layer_param_bytes(graph_module)
     layers = []
     for node, i in index.items():
         fact = facts.facts[node]

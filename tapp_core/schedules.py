@@ -1,86 +1,148 @@
-"""Pipeline schedules: the order in which one stage runs forwards, backwards and updates.
+"""Pipeline schedules: the order in which one stage runs its forwards, backwards and updates.
 
-This module is the one definition of a schedule's semantics. The runtime's engine runs ``actions(...)``; the cost
-model simulates the same list over its iterations; a plan's memory asks ``in_flight`` and ``weight_versions``;
-the planners' lower bound asks ``synchronous`` and ``round_trip_cover``. A schedule only orders work; the engine
-runs it over a stage and a transport.
+A schedule is a small class with a name in the registry (``SCHEDULE_CLASSES``; ``schedule_for(name, staleness)``
+returns one). Its ``compute_order`` is a stage's forwards, backwards and updates over a number of steps; the
+communication around them (the receives before and the sends after each, the gradient reductions before each
+update) is added to it by ``tapp_core.program``, once for the runtime and the cost model alike. Everything else
+about a schedule follows from its order and is computed from it, never restated: the micro-batches a stage holds
+at its peak (``in_flight``), the weight versions it must keep (``weight_versions``: a forward whose backward comes
+after an update ran on weights that are no longer current), whether it flushes every step (``synchronous``), and
+the iterations a steady state needs (``window``).
 
 Micro-batches are numbered globally, ``step * micro_batches + j``, so a schedule can run across steps (the
 asynchronous one does). Every replica of a stage runs its stage's order. BSP and single-device training are
-one-stage plans under GPipe. ``SCHEDULE_CLASSES`` is the registry of the schedules a plan may name
-(``SCHEDULES``); ``schedule_for(name)`` returns one, and names the choices for an unknown name.
+one-stage plans.
+
+``async`` is PipeDream's and APapo's asynchronous pipeline: 1F1B across steps with no flush, at most
+``n_stages - stage`` micro-batches in flight on a stage, and a stage updates as soon as it has run the backward of
+its step's last micro-batch. Its ``staleness`` K bounds the weight delay: a stage runs the forward of step t only
+once it has applied the update of step t - K - 1, so every gradient is applied at most K updates after the weights
+it was computed on were current. K = 0 is synchronous 1F1B; no bound (None) lets the pipeline's depth decide.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tapp_core.errors import TappError
 
-ActionKind = Literal["forward", "backward", "update"]
+ActionKind = Literal[
+    "forward", "backward", "update", "recv_forward", "send_forward", "recv_backward", "send_backward", "reduce"
+]
+COMPUTE_ACTIONS: frozenset[str] = frozenset({"forward", "backward", "update"})
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
+    """One step of a device's program.
+
+    ``index`` is the global micro-batch of a forward, a backward, or a send or receive of one of their tensors,
+    and the step of an update or a reduction. A send or receive names its ``peer`` (the other device's position in
+    the plan's device order), the cut ``values`` it carries (each by the library index of the layer that produced
+    it) and the micro-batch ``rows`` ``[lo, hi)`` it carries of them. A reduction names its gradient ``bucket``.
+    """
+
     kind: ActionKind
     index: int
-    """The global micro-batch for forward and backward; the step for update."""
+    peer: int = -1
+    values: tuple[int, ...] = ()
+    rows: tuple[int, int] = (0, 0)
+    bucket: int = -1
+
+    def __str__(self) -> str:
+        if self.kind in ("update", "reduce"):
+            where = f" bucket {self.bucket}" if self.kind == "reduce" else ""
+            return f"{self.kind}{where} of step {self.index}"
+        text = f"{self.kind.replace('_', ' ')} of micro-batch {self.index}"
+        if self.peer >= 0:
+            direction = "from" if self.kind.startswith("recv") else "to"
+            text += (
+                f" {direction} device #{self.peer} (values {list(self.values)}, rows {self.rows[0]}..{self.rows[1]})"
+            )
+        return text
 
 
 class UnknownScheduleError(TappError):
-    """A schedule name that is not in the registry; the message lists the choices."""
-
-
-def _one_f_one_b(stage: int, n_stages: int, n_micro: int) -> list[tuple[ActionKind, int]]:
-    """Warm-up forwards, then one forward and one backward in turn, then the remaining backwards."""
-    warmup = min(n_stages - stage - 1, n_micro)
-    order: list[tuple[ActionKind, int]] = [("forward", i) for i in range(warmup)]
-    for i in range(n_micro - warmup):
-        order += [("forward", warmup + i), ("backward", i)]
-    order += [("backward", i) for i in range(n_micro - warmup, n_micro)]
-    return order
+    """A schedule name (or staleness) that the registry does not have; the message lists the choices."""
 
 
 class PipelineSchedule(ABC):
     name: ClassVar[str]
-    synchronous: ClassVar[bool] = True
-    """Synchronous schedules flush the pipeline every step, so they train exactly like one device."""
-    stashes_weights: ClassVar[bool] = False
-    """Each backward uses the weights its forward used, so a stage keeps a weight version per micro-batch in
-    flight."""
-
-    def actions(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> list[Action]:
-        """Every action of ``stage`` over ``steps`` steps, in order: the program the runtime runs and the cost
-        model simulates."""
-        order: list[Action] = []
-        for step in range(steps):
-            base = step * micro_batches
-            order += [Action(kind, base + j) for kind, j in self.step_order(stage, n_stages, micro_batches)]
-            order.append(Action("update", step))
-        return order
+    staleness: int | None = 0
+    """The most updates a gradient may be applied after the weights it was computed on (0: synchronous)."""
 
     @abstractmethod
-    def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        """Forwards and backwards of one step, micro-batches numbered 0..micro_batches-1."""
+    def compute_order(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> tuple[Action, ...]:
+        """Every forward, backward and update of ``stage`` over ``steps`` steps, in order."""
 
-    @abstractmethod
+    @property
+    def synchronous(self) -> bool:
+        """Every step's forwards run on the weights of the step before: the plan trains exactly like one device."""
+        return self.staleness == 0
+
+    def window(self, n_stages: int, micro_batches: int) -> tuple[int, int, int]:
+        """(warm-up steps, measured steps, steps after them) that give a steady-state time per step: one measured
+        step for a synchronous schedule. Otherwise the pipeline fill plus one step of warm-up, enough measured
+        steps to cover ``MEASURED_MICRO_BATCHES_PER_STAGE`` micro-batches per stage (the steady state may repeat
+        only every few steps), and enough steps after them that no stage drains while they run."""
+        if self.synchronous:
+            return 0, 1, 0
+        fill = math.ceil(n_stages / micro_batches)
+        measured = max(MIN_MEASURED_STEPS, math.ceil(MEASURED_MICRO_BATCHES_PER_STAGE * n_stages / micro_batches))
+        return fill + 1, measured, fill
+
     def in_flight(self, stage: int, n_stages: int, micro_batches: int) -> int:
         """Micro-batches whose activations ``stage`` holds at its peak (forwards done, backwards not yet)."""
+        return _peaks(self, stage, n_stages, micro_batches)[0]
 
     def weight_versions(self, stage: int, n_stages: int, micro_batches: int) -> int:
-        """Extra weight versions ``stage`` keeps at its peak: one per micro-batch in flight when it stashes
-        weights, none otherwise."""
-        return self.in_flight(stage, n_stages, micro_batches) if self.stashes_weights else 0
+        """Extra weight versions ``stage`` keeps at its peak: one per distinct version that forwards in flight ran
+        on, where some forward's backward comes after an update (weight stashing); none otherwise."""
+        return _peaks(self, stage, n_stages, micro_batches)[1]
+
+    def stashes_weights(self, stage: int, n_stages: int, micro_batches: int) -> bool:
+        return self.weight_versions(stage, n_stages, micro_batches) > 0
 
     def round_trip_cover(self, stage: int, n_stages: int, micro_batches: int) -> int:
         """Backwards ``stage`` runs between the forward and the backward of a step's last micro-batch: the time
         they take can hide that micro-batch's round trip through the later stages."""
-        order = self.step_order(stage, n_stages, micro_batches)
+        order = self.compute_order(stage, n_stages, micro_batches, 1)
         last = micro_batches - 1
-        first, stop = order.index(("forward", last)), order.index(("backward", last))
-        return sum(1 for kind, _ in order[first + 1 : stop] if kind == "backward")
+        first = order.index(Action("forward", last))
+        stop = order.index(Action("backward", last))
+        return sum(1 for action in order[first + 1 : stop] if action.kind == "backward")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(staleness={self.staleness})"
+
+
+MIN_MEASURED_STEPS = 3
+MEASURED_MICRO_BATCHES_PER_STAGE = 4
+
+
+@functools.lru_cache(maxsize=1024)
+def _peaks(schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches: int) -> tuple[int, int]:
+    """(micro-batches in flight, extra weight versions) at their peaks over enough steps for a steady state."""
+    warmup, measured, tail = schedule.window(n_stages, micro_batches)
+    order = schedule.compute_order(stage, n_stages, micro_batches, warmup + measured + tail + 1)
+    version = 0
+    flying: dict[int, int] = {}  # micro-batch -> the weight version its forward ran on
+    peak_flying = peak_versions = 0
+    stashes = False
+    for action in order:
+        if action.kind == "forward":
+            flying[action.index] = version
+        elif action.kind == "backward":
+            stashes = flying.pop(action.index) != version or stashes
+        else:
+            version += 1
+        peak_flying = max(peak_flying, len(flying))
+        peak_versions = max(peak_versions, len(set(flying.values())))
+    return peak_flying, (peak_versions if stashes else 0)
 
 
 class GPipe(PipelineSchedule):
@@ -88,51 +150,67 @@ class GPipe(PipelineSchedule):
 
     name = "gpipe"
 
-    def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        forwards: list[tuple[ActionKind, int]] = [("forward", j) for j in range(micro_batches)]
-        return forwards + [("backward", j) for j in reversed(range(micro_batches))]
+    def compute_order(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> tuple[Action, ...]:
+        order: list[Action] = []
+        for step in range(steps):
+            base = step * micro_batches
+            order += [Action("forward", base + j) for j in range(micro_batches)]
+            order += [Action("backward", base + j) for j in reversed(range(micro_batches))]
+            order.append(Action("update", step))
+        return tuple(order)
 
-    def in_flight(self, stage: int, n_stages: int, micro_batches: int) -> int:
-        return micro_batches
+
+def _one_f_one_b(stage: int, n_stages: int, micro_batches: int, steps: int, staleness: int | None) -> list[Action]:
+    """1F1B over ``steps`` steps: a forward whenever fewer than ``n_stages - stage`` micro-batches are in flight and
+    the staleness bound lets the forward's step start (this stage has applied the update of step t - K - 1), a
+    backward otherwise; each step's update right after the backward of its last micro-batch."""
+    cap = n_stages - stage
+    total = micro_batches * steps
+    order: list[Action] = []
+    forwards = backwards = updates = 0
+    while backwards < total:
+        step = forwards // micro_batches
+        allowed = staleness is None or step - staleness - 1 < updates
+        if forwards < total and forwards - backwards < cap and allowed:
+            order.append(Action("forward", forwards))
+            forwards += 1
+            continue
+        order.append(Action("backward", backwards))
+        backwards += 1
+        if backwards % micro_batches == 0:
+            order.append(Action("update", backwards // micro_batches - 1))
+            updates += 1
+    return order
 
 
 class OneFOneB(PipelineSchedule):
-    """Synchronous 1F1B (PipeDream-flush): at most ``n_stages - stage`` micro-batches in flight on a stage."""
+    """Synchronous 1F1B (PipeDream-flush): at most ``n_stages - stage`` micro-batches in flight on a stage, and
+    the pipeline drains before every update."""
 
     name = "1f1b"
 
-    def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        return _one_f_one_b(stage, n_stages, micro_batches)
-
-    def in_flight(self, stage: int, n_stages: int, micro_batches: int) -> int:
-        return min(micro_batches, n_stages - stage)
+    def compute_order(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> tuple[Action, ...]:
+        return tuple(_one_f_one_b(stage, n_stages, micro_batches, steps, staleness=0))
 
 
 class Async(PipelineSchedule):
-    """PipeDream/APapo: 1F1B across steps with no flush, and weight stashing.
-
-    Step k+1's first forwards run before step k's update on all but the last stage; a stage updates as soon
-    as it has done the backward of its step's last micro-batch, and each backward uses the weights its forward
-    used. Running across steps, a stage has ``n_stages - stage`` micro-batches in flight however few a step has.
-    """
+    """PipeDream/APapo: 1F1B across steps with weight stashing, bounded by ``staleness`` (see the module)."""
 
     name = "async"
-    synchronous = False
-    stashes_weights = True
 
-    def actions(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> list[Action]:
-        order: list[Action] = []
-        for kind, g in _one_f_one_b(stage, n_stages, micro_batches * steps):
-            order.append(Action(kind, g))
-            if kind == "backward" and g % micro_batches == micro_batches - 1:
-                order.append(Action("update", g // micro_batches))
-        return order
+    def __init__(self, staleness: int | None = None) -> None:
+        if staleness is not None and staleness < 0:
+            raise UnknownScheduleError(f"staleness must be 0 or more, got {staleness}")
+        self.staleness = staleness
 
-    def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        return _one_f_one_b(stage, n_stages, micro_batches)
+    def compute_order(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> tuple[Action, ...]:
+        return tuple(_one_f_one_b(stage, n_stages, micro_batches, steps, self.staleness))
 
-    def in_flight(self, stage: int, n_stages: int, micro_batches: int) -> int:
-        return n_stages - stage
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Async) and other.staleness == self.staleness
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.staleness))
 
 
 class ForwardOnly(PipelineSchedule):
@@ -140,27 +218,47 @@ class ForwardOnly(PipelineSchedule):
 
     name = "forward"
 
-    def actions(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> list[Action]:
-        return [Action("forward", g) for g in range(micro_batches * steps)]
+    def compute_order(self, stage: int, n_stages: int, micro_batches: int, steps: int) -> tuple[Action, ...]:
+        return tuple(Action("forward", g) for g in range(micro_batches * steps))
 
-    def step_order(self, stage: int, n_stages: int, micro_batches: int) -> list[tuple[ActionKind, int]]:
-        return [("forward", j) for j in range(micro_batches)]
 
-    def in_flight(self, stage: int, n_stages: int, micro_batches: int) -> int:
-        return 0  # no backward follows, so no activations are kept for one
-
+FORWARD_ONLY = ForwardOnly()
 
 SCHEDULE_CLASSES: dict[str, type[PipelineSchedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Async)}
 SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_CLASSES)
 """The schedule names a plan may give."""
+BOUNDED: frozenset[str] = frozenset({Async.name})
+"""The schedules that take a staleness bound."""
 
-# Schedules hold no state, so one instance of each serves every caller.
-_INSTANCES: dict[str, PipelineSchedule] = {name: cls() for name, cls in SCHEDULE_CLASSES.items()}
+_INSTANCES: dict[tuple[str, int | None], PipelineSchedule] = {}
 
 
-def schedule_for(name: str) -> PipelineSchedule:
-    """The schedule called ``name``; ``UnknownScheduleError`` (a ``ValueError``) naming the choices otherwise."""
+def schedule_for(name: str, staleness: int | None = None) -> PipelineSchedule:
+    """The schedule called ``name`` (with ``staleness``, for those that take one); ``UnknownScheduleError`` (a
+    ``ValueError``) naming the choices otherwise. Schedules hold no state, so one instance serves every caller."""
+    cls = SCHEDULE_CLASSES.get(name)
+    if cls is None:
+        raise UnknownScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if staleness is not None and name not in BOUNDED:
+        raise UnknownScheduleError(f"schedule {name!r} takes no staleness (only {', '.join(sorted(BOUNDED))} does)")
+    key = (name, staleness)
+    if key not in _INSTANCES:
+        _INSTANCES[key] = Async(staleness) if cls is Async else cls()
+    return _INSTANCES[key]
+
+
+def schedule_spec(name: str, staleness: int | None = None) -> str:
+    """One string for a schedule and its staleness bound, as planners pass it around: ``async:1``, ``1f1b`` (a
+    staleness is dropped for a schedule that takes none)."""
+    return f"{name}:{staleness}" if staleness is not None and name in BOUNDED else name
+
+
+def parse_schedule_spec(spec: str) -> tuple[str, int | None]:
+    """(name, staleness) of a ``schedule_spec``; ``UnknownScheduleError`` for a name or bound that is not one."""
+    name, _, bound = spec.partition(":")
     try:
-        return _INSTANCES[name]
-    except KeyError:
-        raise UnknownScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}") from None
+        staleness = int(bound) if bound else None
+    except ValueError:
+        raise UnknownScheduleError(f"schedule {spec!r}: the staleness after ':' must be a whole number") from None
+    schedule_for(name, staleness)
+    return name, staleness

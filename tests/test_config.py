@@ -140,7 +140,7 @@ def test_a_sweep_is_a_list_of_configurations_of_the_same_settings() -> None:
         ({"train_seconds": 1.0}, 0.3, (3, 1)),  # 3 steps: 3 parts of 1
         ({"train_seconds": 1.0}, 5.0, (1, 1)),  # slower than the budget: one step
         ({"train_epochs": 2, "train_steps": 10}, 0.25, (2, 10)),  # whole epochs, each cut to 10 steps
-        ({"train_seconds": 10.0, "train_steps": 3}, 0.1, (4, 3)),
+        ({"train_seconds": 10.0, "train_steps": 3}, 0.1, (3, 3)),
     ],
 )
 def test_the_training_budget_is_the_plans_own_steps(

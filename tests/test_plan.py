@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,6 @@ from tapp_core.plan import (
     PlanError,
     check_edges,
     check_layers,
-    replica_slices,
     single_stage_plan,
     stage_memory_bytes,
     validate,
@@ -73,7 +73,10 @@ def test_valid_plan_passes() -> None:
         (two_stage(micro_batches=3), r"batch size 8 is not divisible by 3 micro-batches"),
         (two_stage(stage_of_layer=(0, 0, 1, 2)), r"layer 3 \(l3\) is on stage 2"),
         (two_stage(model="other"), r"plan is for model 'other'"),
-        (two_stage(stage_devices=(("d0",), ("d1", "d2", "d3"))), r"3 replicas, which do not divide"),
+        (
+            two_stage(micro_batches=4, stage_devices=(("d0",), ("d1", "d2", "d3"))),
+            r"device 'd3' of stage 1 gets no sample of the micro-batch of 2",
+        ),
     ],
 )
 def test_invalid_plans_name_the_problem(plan: Plan, message: str) -> None:
@@ -86,7 +89,10 @@ def test_schedule_is_checked_when_the_plan_is_made() -> None:
         two_stage(schedule="zigzag")
     with pytest.raises(PlanError, match=r"plan <plan>: unknown schedule 'zigzag'"):
         Plan.from_dict(two_stage().to_dict() | {"schedule": "zigzag", "id": None})
-    assert two_stage(schedule="async").pipeline_schedule.stashes_weights
+    assert two_stage(schedule="async").pipeline_schedule.stashes_weights(0, 2, 2)
+    assert not two_stage(schedule="async", staleness=0).pipeline_schedule.stashes_weights(0, 2, 2)
+    with pytest.raises(PlanError, match=r"schedule 'gpipe' takes no staleness \(only async does\)"):
+        two_stage(staleness=1)
 
 
 def test_layer_and_edge_checks_work_on_any_graph() -> None:
@@ -123,18 +129,52 @@ def test_memory_by_schedule() -> None:
     ofob = Plan("toy", 8, 4, "1f1b", (0, 1), (("d0",), ("d1",)))
     asyn = Plan("toy", 8, 4, "async", (0, 1), (("d0",), ("d1",)))
     # gpipe stashes all 4 micro-batches: 3*1 + 4*(10*2) = 83
-    assert stage_memory_bytes(gpipe, library, 0) == 83
+    assert stage_memory_bytes(gpipe, library, 0) == {"d0": 83}
     # 1f1b stage 0 of 2 holds 2 in flight: 3 + 2*20 = 43; the last stage holds 1: 3 + 20 = 23
-    assert stage_memory_bytes(ofob, library, 0) == 43
-    assert stage_memory_bytes(ofob, library, 1) == 23
-    # async also stashes one weight version per in-flight micro-batch: 3 + 2*1 + 2*20 = 45
-    assert stage_memory_bytes(asyn, library, 0) == 45
+    assert stage_memory_bytes(ofob, library, 0) == {"d0": 43}
+    assert stage_memory_bytes(ofob, library, 1) == {"d1": 23}
+    # async also stashes the weight versions its in-flight micro-batches ran on (2 at most): 3 + 2*1 + 2*20 = 45
+    assert stage_memory_bytes(asyn, library, 0) == {"d0": 45}
+    # with staleness 0 it is 1f1b: no version stashed
+    assert stage_memory_bytes(dataclasses.replace(asyn, staleness=0), library, 0) == {"d0": 43}
 
 
-def test_replica_slices_and_single_stage() -> None:
-    assert replica_slices(8, 2) == [(0, 4), (4, 8)]
-    assert replica_slices(6, 3) == [(0, 2), (2, 4), (4, 6)]
+def test_rows_follow_the_shares_and_single_stage() -> None:
+    even = single_stage_plan(chain_library(3), ["d0", "d1"], batch_size=8)
+    assert even.rows(0) == ((0, 4), (4, 8))
+    uneven = dataclasses.replace(even, batch_size=7, stage_shares=((0.75, 0.25),))
+    assert uneven.rows(0) == ((0, 5), (5, 7))  # 5.25 and 1.75: the spare sample to the larger remainder
+    assert Plan.from_json(uneven.to_json()) == uneven
+    with pytest.raises(PlanError, match=r"device 'd1' of stage 0 gets no sample"):
+        validate(dataclasses.replace(even, batch_size=1), chain_library(3), make_cluster([1, 1]))
     library = chain_library(3)
     bsp = single_stage_plan(library, ["d0", "d1"], planner="bsp")
     assert bsp.n_stages == 1 and bsp.stage_devices == (("d0", "d1"),) and bsp.stage_of_layer == (0, 0, 0)
     validate(bsp, library, make_cluster([1, 1]))
+
+
+def test_shares_must_fit_their_groups() -> None:
+    with pytest.raises(PlanError, match=r"stage 1: 2 shares for 1 devices"):
+        two_stage(stage_shares=((1.0,), (0.5, 0.5)))
+    with pytest.raises(PlanError, match=r"shares must sum to 1"):
+        validate(
+            two_stage(stage_devices=(("d0",), ("d1", "d2")), stage_shares=((1.0,), (0.5, 0.2))),
+            chain_library(4),
+            make_cluster([1, 1, 1]),
+        )
+
+
+def test_every_field_survives_json_and_the_id_is_its_content() -> None:
+    plan = two_stage(
+        schedule="async",
+        staleness=1,
+        stage_devices=(("d0",), ("d1", "d2")),
+        stage_shares=((1.0,), (0.75, 0.25)),
+        signatures={"2": "col", "3": "row"},
+        bucket_bytes=0,
+    )
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.id == plan.id
+    assert again.signatures == ((2, "col"), (3, "row")) and again.staleness == 1 and again.bucket_bytes == 0
+    assert plan.describe() == "d0 | d1+d2 (0.75/0.25; layer 2 col, layer 3 row), m=2, async (staleness 1)"
+    assert two_stage().id == two_stage(signatures={"2": "data"}).id, "data is every layer's default: no field"

@@ -111,10 +111,12 @@ def test_every_planner_returns_a_valid_plan(name: str, make_library) -> None:
 
 def test_no_contiguous_plan_beats_the_oracle() -> None:
     library, cluster = chain_library(), small_cluster()
-    best = get_planner("oracle", micro_batches=(1, 2, 4)).plan(library, cluster)
-    assert best.notes["proved_optimal"] is True
+    both = ("1f1b", "async")
+    best = get_planner("oracle", micro_batches=(1, 2, 4), schedules=both).plan(library, cluster)
+    assert best.notes["proved_optimal"] is True and set(best.notes["schedule_estimates_s"]) == set(both)
     for name in ("even", "pipetorch", "autoddl", "tapp"):  # all of them build contiguous plans
-        plan = get_planner(name, micro_batches=(1, 2, 4), **QUICK.get(name, {})).plan(library, cluster)
+        options = {"schedules": both, **QUICK.get(name, {})}
+        plan = get_planner(name, micro_batches=(1, 2, 4), **options).plan(library, cluster)
         assert all(a <= b for a, b in itertools.pairwise(plan.stage_of_layer))
         assert plan.notes["estimated_step_time_s"] >= best.notes["estimated_step_time_s"] - 1e-12, name
 
@@ -153,6 +155,8 @@ def test_options_are_listed_with_their_defaults() -> None:
         "batch_size",
         "micro_batches",
         "schedule",
+        "schedules",
+        "staleness",
         "seed",
         "progress",
         "calibration",

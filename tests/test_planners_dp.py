@@ -433,12 +433,13 @@ def test_shrinking_moves_give_valid_plans_with_fewer_devices_or_stages() -> None
     assert dropped == [(("d0",), ("d2",), ("d3",))], "one replica per class: d0 and d1 are interchangeable"
     assert len(list(dropped_replicas(groups))) == 2
     merged = list(merged_neighbours(plan))
-    assert len(merged) == 3 + 2, "d0+d1+d2 would be 3 replicas, which do not divide the micro-batch of 32"
+    assert len(merged) == 3 + 3, "d0+d1+d2 are 3 replicas of 11, 11 and 10 samples of the micro-batch of 32"
     for move in merged:
         validate(move, library, cluster)
         assert move.n_stages == 2 and len(move.devices) <= len(plan.devices)
     assert merged[0].stage_devices == (("d0", "d1"), ("d3",)) and cuts_of(merged[0]) == [8]
-    assert merged[1].stage_devices == (("d2",), ("d3",)) and merged[4].stage_devices == (("d0", "d1"), ("d2", "d3"))
+    assert merged[1].stage_devices == (("d2",), ("d3",)) and merged[5].stage_devices == (("d0", "d1"), ("d2", "d3"))
+    assert merged[2].rows(0) == ((0, 11), (11, 22), (22, 32))
     assert [
         p.stage_devices for p in merged_neighbours(dataclasses.replace(plan, stage_devices=(("d0",), ("d1",), ("d2",))))
     ][2] == (("d0", "d1"), ("d2",))

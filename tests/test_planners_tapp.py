@@ -92,7 +92,7 @@ def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library: Callabl
     sample = policy.sample(64, torch.Generator().manual_seed(0))
     for plan in sample.plans:
         assert len(set(plan.devices)) == len(plan.devices)
-        assert all((64 // plan.micro_batches) % len(devices) == 0 for devices in plan.stage_devices)
+        assert all(64 // plan.micro_batches >= len(devices) for devices in plan.stage_devices)
         validate(plan, library, cluster)
     assert any(len(devices) > 1 for plan in sample.plans for devices in plan.stage_devices)  # replicas are sampled
     assert len({plan.n_stages for plan in sample.plans}) > 1
@@ -233,7 +233,8 @@ def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> N
     pool = FakePool(PlanEvaluator(library, cluster))
     reward = MeasuredReward(pool, library, cluster)
     plan = get_planner("single").plan(library, cluster)
-    too_big = Plan(**{**plan.__dict__, "stage_devices": (("d0", "d1", "d2"),)})  # 3 replicas do not divide 64
+    # 3 devices but 2 samples in each of its 32 micro-batches: one device would get none
+    too_big = Plan(**{**plan.__dict__, "stage_devices": (("d0", "d1", "d2"),), "micro_batches": 32})
     assert reward.step_times([too_big]) == [math.inf]
     assert pool.measured == []
 
@@ -263,7 +264,9 @@ def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -
 
 def _polish(search: TappSearch) -> Polish:
     config = search.config
-    return Polish(search.library, search.cluster, search.simulated, config.micro_batch_choices, lambda: False)
+    return Polish(
+        search.library, search.cluster, search.simulated, config.micro_batch_choices, config.schedules, lambda: False
+    )
 
 
 def _relay_case() -> TappSearch:
@@ -476,6 +479,7 @@ def test_a_polish_stopped_early_keeps_the_best_it_found() -> None:
         search.cluster,
         search.simulated,
         search.config.micro_batch_choices,
+        search.config.schedules,
         lambda: search.simulated.evaluations >= evaluations + 30,
     )
     best = polish.run(starts[0], starts)

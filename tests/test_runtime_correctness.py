@@ -15,6 +15,7 @@ import torch
 
 from tapp_core.cluster import Cluster, parse_cluster
 from tapp_core.graph import layer_nodes
+from tapp_core.metrics import run_length
 from tapp_core.models import build_model, build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime import OptimizerConfig, WorkerPool, make_optimizer, micro_batch_loss
@@ -102,11 +103,16 @@ SYNC_CASES = [
     ("parameter-free-middle-1f1b-3", "pool3", "mlp", "1f1b", (2, 3), (("d0",), ("d1",), ("d2",))),
     ("replicated-last-gpipe-3", "pool3", "tiny_cnn", "gpipe", (3,), (("d0",), ("d1", "d2"))),
     ("replicated-first-1f1b-3", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",))),
+    ("bsp-3-uneven", "pool3", "tiny_cnn", "gpipe", (), (("d0", "d1", "d2"),), ((0.5, 0.3, 0.2),)),
+    ("uneven-replicas-1f1b-3", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",)), ((0.75, 0.25), (1.0,))),
+    ("async-staleness-0-is-1f1b", "pool3", "tiny_branchy", "async:0", (3, 8), (("d0",), ("d1",), ("d2",))),
 ]
 
 
 @pytest.mark.parametrize(
-    ("pool_name", "model", "schedule", "cuts", "devices"), [c[1:] for c in SYNC_CASES], ids=[c[0] for c in SYNC_CASES]
+    ("pool_name", "model", "schedule", "cuts", "devices", "shares"),
+    [(*c[1:6], c[6] if len(c) > 6 else ()) for c in SYNC_CASES],
+    ids=[str(c[0]) for c in SYNC_CASES],
 )
 def test_synchronous_plan_trains_like_one_device(
     request: pytest.FixtureRequest,
@@ -115,9 +121,16 @@ def test_synchronous_plan_trains_like_one_device(
     schedule: str,
     cuts: tuple[int, ...],
     devices: tuple[tuple[str, ...], ...],
+    shares: tuple[tuple[float, ...], ...],
 ) -> None:
+    """Uneven shares give devices unequal rows of every micro-batch; ``async:0`` is the asynchronous schedule held
+    to staleness 0, which must be synchronous 1F1B."""
     pool: WorkerPool = request.getfixturevalue(pool_name)
-    plan = Plan(model, BATCH, MICRO_BATCHES, schedule, stages_by_cuts(model, cuts), devices)  # type: ignore[arg-type]
+    name, _, bound = schedule.partition(":")
+    plan = Plan(
+        model, BATCH, MICRO_BATCHES, name, stages_by_cuts(model, cuts), devices,
+        staleness=int(bound) if bound else None, stage_shares=shares,
+    )  # fmt: skip
     measurement, parameters = pool.run_steps(
         plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
     )
@@ -139,14 +152,16 @@ def test_skip_value_really_skips_a_stage() -> None:
     assert len(graph.stage_inputs[1]) == 2, "two tensors must cross the first cut"
 
 
-def async_reference(model: str, cuts: tuple[int, ...], n_stages: int) -> dict[str, torch.Tensor]:
+def async_reference(
+    model: str, cuts: tuple[int, ...], n_stages: int, staleness: int | None = None, steps: int = STEPS
+) -> dict[str, torch.Tensor]:
     """PipeDream's rule replayed in one process: micro-batch g's gradient is taken, on every stage, at the
     weights that stage had when it ran g's forward (the number of updates before it in the stage's order)."""
-    schedule = Async()
+    schedule = Async(staleness)
     version_at_forward: list[dict[int, int]] = []
     for stage in range(n_stages):
         updates, seen = 0, {}
-        for action in schedule.actions(stage, n_stages, MICRO_BATCHES, STEPS):
+        for action in schedule.compute_order(stage, n_stages, MICRO_BATCHES, steps):
             if action.kind == "update":
                 updates += 1
             elif action.kind == "forward":
@@ -170,7 +185,7 @@ def async_reference(model: str, cuts: tuple[int, ...], n_stages: int) -> dict[st
     history = [[{n: live[n].detach().clone() for n in names_of_stage[s]}] for s in range(n_stages)]
     batches = SyntheticBatches(BATCH, seed=SEED)
     size = BATCH // MICRO_BATCHES
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = batches.get(step)
         grads = {n: torch.zeros_like(p) for n, p in live.items()}
         for j in range(MICRO_BATCHES):
@@ -192,9 +207,14 @@ def async_reference(model: str, cuts: tuple[int, ...], n_stages: int) -> dict[st
 
 
 @pytest.mark.parametrize(
-    ("pool_name", "model", "cuts", "devices"),
-    [("pool2", "mlp", (4,), (("d0",), ("d1",))), ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)))],
-    ids=["mlp-2", "branchy-3"],
+    ("pool_name", "model", "cuts", "devices", "staleness"),
+    [
+        ("pool2", "mlp", (4,), (("d0",), ("d1",)), None),
+        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), None),
+        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), 1),
+        ("pool3", "tiny_cnn", (4,), (("d0", "d2"), ("d1",)), None),
+    ],
+    ids=["mlp-2", "branchy-3", "branchy-3-staleness-1", "replicated-first-cnn"],
 )
 def test_async_uses_the_weights_of_each_forward(
     request: pytest.FixtureRequest,
@@ -202,15 +222,31 @@ def test_async_uses_the_weights_of_each_forward(
     model: str,
     cuts: tuple[int, ...],
     devices: tuple[tuple[str, ...], ...],
+    staleness: int | None,
 ) -> None:
     pool: WorkerPool = request.getfixturevalue(pool_name)
-    plan = Plan(model, BATCH, MICRO_BATCHES, "async", stages_by_cuts(model, cuts), devices)
+    plan = Plan(model, BATCH, MICRO_BATCHES, "async", stages_by_cuts(model, cuts), devices, staleness=staleness)
     measurement, parameters = pool.run_steps(
         plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
     )
     assert measurement.ok, measurement.error
-    want = async_reference(model, cuts, len(devices))
+    ran, _, _ = run_length(plan.pipeline_schedule, plan.n_stages, MICRO_BATCHES, STEPS, 1)  # fill and drain too
+    want = async_reference(model, cuts, len(devices), staleness, ran)
     assert_same_parameters(parameters, want, model)
     synchronous, _ = reference(model, MICRO_BATCHES)
     differs = max(float((want[n] - synchronous[n]).abs().max()) for n in want)
     assert differs > 10 * ATOL, "async must not train like the synchronous schedules here, or this test shows nothing"
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_the_runtime_holds_the_staleness_bound(pool3: WorkerPool, staleness: int) -> None:
+    """Every backward reports how many updates its stage applied since the forward's weights were current: never
+    more than K, and K itself somewhere (three stages and one micro-batch per step are deep enough for 2)."""
+    plan = Plan("mlp", 4, 1, "async", stages_by_cuts("mlp", (2, 4)), (("d0",), ("d1",), ("d2",)), staleness=staleness)
+    measurement, _ = pool3.run_steps(plan, steps=8, warmup=1, seed=SEED, optimizer=OPTIMIZER)
+    assert measurement.ok, measurement.error
+    ages = measurement.extra["weight_ages"]
+    assert isinstance(ages, dict) and set(ages) == {"d0", "d1", "d2"}
+    assert len({len(a) for a in ages.values()}) == 1 and len(ages["d0"]) >= 8  # the fill and drain run too
+    assert max(max(a) for a in ages.values()) == staleness
+    assert max(ages["d2"]) == 0, "the last stage runs each backward right after its forward"

@@ -122,8 +122,8 @@ def test_a_rank_killed_during_a_plan_gives_a_clear_error_and_a_fresh_pool(pool: 
 def test_invalid_plans_fail_before_reaching_the_workers(pool: WorkerPool) -> None:
     unknown = Plan("mlp", 16, 4, "gpipe", (0,) * 6, (("nowhere",),))
     assert "unknown device 'nowhere'" in (pool.measure(unknown).error or "")
-    uneven = Plan("mlp", 16, 4, "gpipe", (0,) * 6, (("d0", "d1", "d2"),))
-    assert "do not divide the micro-batch" in (pool.measure(uneven).error or "")
+    starved = Plan("mlp", 4, 4, "gpipe", (0,) * 6, (("d0", "d1", "d2"),))
+    assert "gets no sample of the micro-batch of 1" in (pool.measure(starved).error or "")
     wrong_layers = Plan("mlp", 16, 4, "gpipe", (0,) * 5, (("d0",),))
     error = pool.measure(wrong_layers, steps=3, warmup=1).error or ""
     assert "plan places 5 layers but the traced model has 6" in error

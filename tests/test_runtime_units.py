@@ -11,11 +11,11 @@ import torch
 
 from tapp_core.cluster import parse_cluster
 from tapp_core.models import build_traced_model
+from tapp_core.placement import even_shares, row_routes, split_ranges
 from tapp_core.plan import Plan, PlanError
 from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, TrainJob
-from tapp_core.runtime.layout import Layout, Route
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
 from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
@@ -28,27 +28,27 @@ def kinds(actions: list[Action]) -> str:
 
 
 def test_gpipe_fills_then_drains_last_micro_batch_first() -> None:
-    assert kinds(GPipe().actions(0, 2, 3, 1)) == "F0 F1 F2 B2 B1 B0 U0"
-    assert kinds(GPipe().actions(1, 2, 2, 2)) == "F0 F1 B1 B0 U0 F2 F3 B3 B2 U1"
+    assert kinds(GPipe().compute_order(0, 2, 3, 1)) == "F0 F1 F2 B2 B1 B0 U0"
+    assert kinds(GPipe().compute_order(1, 2, 2, 2)) == "F0 F1 B1 B0 U0 F2 F3 B3 B2 U1"
 
 
 def test_one_f_one_b_keeps_at_most_stages_minus_stage_in_flight() -> None:
-    assert kinds(OneFOneB().actions(0, 3, 4, 1)) == "F0 F1 F2 B0 F3 B1 B2 B3 U0"
-    assert kinds(OneFOneB().actions(2, 3, 4, 1)) == "F0 B0 F1 B1 F2 B2 F3 B3 U0"
+    assert kinds(OneFOneB().compute_order(0, 3, 4, 1)) == "F0 F1 F2 B0 F3 B1 B2 B3 U0"
+    assert kinds(OneFOneB().compute_order(2, 3, 4, 1)) == "F0 B0 F1 B1 F2 B2 F3 B3 U0"
     for stage in range(3):
         in_flight = peak = 0
-        for action in OneFOneB().actions(stage, 3, 8, 1):
+        for action in OneFOneB().compute_order(stage, 3, 8, 1):
             in_flight += {"forward": 1, "backward": -1, "update": 0}[action.kind]
             peak = max(peak, in_flight)
         assert peak == 3 - stage
 
 
 def test_async_runs_across_steps_and_updates_after_each_steps_last_backward() -> None:
-    actions = Async().actions(0, 2, 2, 2)
+    actions = Async().compute_order(0, 2, 2, 2)
     assert kinds(actions) == "F0 F1 B0 F2 B1 U0 F3 B2 B3 U1"
     # F2 (step 1) runs before U0: on the old weights, hence weight stashing.
-    assert Async.stashes_weights and not Async.synchronous
-    assert kinds(Async().actions(1, 2, 2, 2)) == "F0 B0 F1 B1 U0 F2 B2 F3 B3 U1"
+    assert Async().stashes_weights(0, 2, 2) and not Async().synchronous
+    assert kinds(Async().compute_order(1, 2, 2, 2)) == "F0 B0 F1 B1 U0 F2 B2 F3 B3 U1"
 
 
 def test_unknown_schedule_names_the_choices() -> None:
@@ -56,20 +56,14 @@ def test_unknown_schedule_names_the_choices() -> None:
         schedule_for("zero-bubble")
 
 
-def test_routes_between_unequal_replica_counts_cover_every_row_once() -> None:
-    layout = Layout(stage_ranks=((0, 1), (2, 3, 4)), micro_batch_size=6)
-    assert layout.rows(0, 1) == (3, 6)
-    assert layout.rows(1, 1) == (2, 4)
-    assert layout.routes(0, 0, 1) == [Route(2, 1, 0, 2), Route(3, 1, 2, 3)]
-    assert layout.routes(1, 1, 0) == [Route(0, 0, 0, 1), Route(1, 0, 1, 2)]
-    covered = sorted(
-        layout.rows(1, r)[0] + route.lo + i
-        for r in range(3)
-        for route in layout.routes(1, r, 0)
-        for i in range(route.hi - route.lo)
-    )
-    assert covered == list(range(6))
-    assert layout.position(4) == (1, 2) and layout.position(9) is None
+def test_routes_between_unequal_groups_cover_every_row_once() -> None:
+    routes = row_routes(6, even_shares(2), even_shares(3))
+    assert split_ranges(6, even_shares(3))[1] == (2, 4)
+    assert [(r.sender, r.receiver, r.lo, r.hi) for r in routes] == [
+        (0, 0, 0, 2), (0, 1, 2, 3), (1, 1, 3, 4), (1, 2, 4, 6)
+    ]  # fmt: skip
+    uneven = row_routes(7, (0.5, 0.5), (0.6, 0.2, 0.2))
+    assert sorted(i for r in uneven for i in range(r.lo, r.hi)) == list(range(7))
 
 
 def test_split_reports_values_crossing_cuts_and_skipping_stages() -> None:
@@ -263,8 +257,8 @@ def test_plans_that_cannot_run_are_refused_before_the_workers() -> None:
         check_runnable(Plan("mlp", 8, 2, "gpipe", (0,) * 6, (("z",),)), cluster)
     with pytest.raises(PlanError, match="not divisible by 3"):
         check_runnable(Plan("mlp", 8, 3, "gpipe", (0,) * 6, (("a",),)), cluster)
-    with pytest.raises(PlanError, match="do not divide the micro-batch of 3"):
-        check_runnable(Plan("mlp", 6, 2, "gpipe", (0,) * 6, (("a", "b"),)), cluster)
+    with pytest.raises(PlanError, match="device 'b' of stage 0 gets no sample of the micro-batch of 1"):
+        check_runnable(Plan("mlp", 2, 2, "gpipe", (0,) * 6, (("a", "b"),)), cluster)
 
 
 def test_stages_own_their_parameters_and_never_change_the_cached_model() -> None:

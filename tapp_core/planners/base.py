@@ -22,7 +22,7 @@ from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
-from tapp_core.schedules import SCHEDULES
+from tapp_core.schedules import SCHEDULES, UnknownScheduleError, parse_schedule_spec, schedule_spec
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,18 @@ _METHODS: tuple[Method, ...] = (
         "Pipe-Torch's dynamic programming over device speeds and links",
     ),
     Method("pipedream", "pipedream:PipeDreamPlanner", "PipeDream/APapo", "the antichain DP of PipeDream and APapo"),
-    Method("autoddl", "autoddl:AutoDdlPlanner", "AutoDDL", "coordinate descent over the cost model"),
+    Method(
+        "autoddl",
+        "autoddl:AutoDdlPlanner",
+        "AutoDDL",
+        "coordinate descent over the cost model, with operator parallelism (SBP layouts) inside stages",
+    ),
+    Method(
+        "pipeline-cd",
+        "pipeline_cd:PipelineCdPlanner",
+        "Pipeline CD",
+        "coordinate descent over the cost model, pipelines only (no operator parallelism)",
+    ),
     Method(
         "oracle",
         "oracle:OraclePlanner",
@@ -146,13 +157,32 @@ class PlannerBase:
     micro_batches: Sequence[int] | None = None
     """Micro-batch counts to choose from; None: those of ``DEFAULT_MICRO_BATCHES`` that divide the batch."""
     schedule: str = "1f1b"
+    """The schedule of the plans a planner builds (a searching planner's default when ``schedules`` is None)."""
+    schedules: Sequence[str] | None = None
+    """The schedules a searching planner may choose among (each its best plan; the fastest wins); None: just
+    ``schedule``."""
+    staleness: int | None = None
+    """The staleness bound of the asynchronous schedule (``tapp_core.schedules``); None: the pipeline's depth."""
     seed: int = 0
     progress: ProgressCallback | None = field(default=None, repr=False)
     calibration: Calibration = DEFAULT_CALIBRATION
 
+    searches_schedules: ClassVar[bool] = False
+    """Whether ``_plan`` chooses among ``schedule_specs`` itself; otherwise ``plan`` runs it once per schedule."""
+
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise PlannerError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.schedules is not None:
+            self.schedules = tuple(dict.fromkeys(self.schedules))
+            if not self.schedules:
+                raise PlannerError("schedules must name at least one schedule")
+        for name in self.schedules or (self.schedule,):
+            if name not in SCHEDULES:
+                raise PlannerError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.staleness is not None:
+            try:
+                parse_schedule_spec(schedule_spec("async", self.staleness))
+            except UnknownScheduleError as exc:
+                raise PlannerError(str(exc)) from None
         if self.batch_size is not None and self.batch_size <= 0:
             raise PlannerError(f"batch_size must be positive, got {self.batch_size}")
         if self.micro_batches is not None:
@@ -171,7 +201,7 @@ class PlannerBase:
         if budget is not None and budget <= 0:
             raise PlannerError(f"budget must be a positive number of reward evaluations, got {budget}")
         started = time.perf_counter()
-        found = self._plan(library, cluster, budget, progress or self.progress)
+        found = self._plan_each_schedule(library, cluster, budget, progress or self.progress)
         wall = time.perf_counter() - started
         predicted = estimate(found, library, cluster, self.calibration).step_time
         notes = {"search_wall_s": wall, "evaluations": 0, **found.notes, "estimated_step_time_s": predicted}
@@ -181,6 +211,34 @@ class PlannerBase:
         self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
     ) -> Plan:
         raise NotImplementedError
+
+    def _plan_each_schedule(
+        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
+    ) -> Plan:
+        """``_plan``, once per schedule unless the planner chooses among them itself (each with its share of the
+        budget); the plan the cost model finds fastest, with every schedule's estimate in its notes."""
+        names = self.schedules or (self.schedule,)
+        if len(names) == 1 or self.searches_schedules:
+            return self._plan(library, cluster, budget, progress)
+        share = None if budget is None else max(1, budget // len(names))
+        found: dict[str, tuple[float, Plan]] = {}
+        for name in names:
+            one = dataclasses.replace(self, schedule=name, schedules=None)
+            plan = one._plan(library, cluster, share, progress)
+            found[name] = (estimate(plan, library, cluster, self.calibration).step_time, plan)
+        best = min(found, key=lambda name: found[name][0])
+        notes = {**found[best][1].notes, "schedule_estimates_s": {name: t for name, (t, _) in found.items()}}
+        return dataclasses.replace(found[best][1], notes=notes)
+
+    @property
+    def schedule_spec(self) -> str:
+        """``schedule`` with the staleness bound where it takes one (``tapp_core.schedules.schedule_spec``)."""
+        return schedule_spec(self.schedule, self.staleness)
+
+    @property
+    def schedule_specs(self) -> tuple[str, ...]:
+        """Every schedule this planner may choose, each with its staleness bound."""
+        return tuple(schedule_spec(name, self.staleness) for name in (self.schedules or (self.schedule,)))
 
     def resolved_batch_size(self, library: LayerLibrary) -> int:
         return self.batch_size or library.batch_size

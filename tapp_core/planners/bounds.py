@@ -1,7 +1,7 @@
 """A lower bound on the cost model's step time of a contiguous plan, cheap enough to prune an exhaustive search.
 
 Every worker runs its operations one at a time, so an async step (a steady-state iteration) lasts at least
-as long as the busiest worker's compute, allreduce and update. The synchronous schedules add dependency
+as long as the busiest worker's compute (or its gradient reductions, which may overlap it) and its update. The synchronous schedules add dependency
 chains. When stage ``s`` consumes the output of the layer just before it (and so on back to stage ``c``):
 
 - its first forward waits for micro-batch 0's forwards and transfers through stages ``c..s-1``;
@@ -29,7 +29,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.costs import Calibration, allreduce_s, compute_s, device_transfer_s, transfer_s, update_s
 from tapp_core.library import LayerLibrary
 from tapp_core.planners.costs import DeviceCosts, LayerCosts
-from tapp_core.schedules import PipelineSchedule, schedule_for
+from tapp_core.schedules import PipelineSchedule, parse_schedule_spec, schedule_for
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,10 @@ class PartTerms:
 
     forward: float
     backward: float
+    reduce: float
+    """The replicas' gradient reductions (which may overlap the backward, ``tapp_core.program``)."""
     tail: float
+    """The update."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class StageTerms:
     """One micro-batch's forward on the fastest replica."""
     chain_backward: float
     tail: float
-    """Allreduce plus the slowest update among the replicas."""
+    """The slowest update among the replicas."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ class StepTimeBound:
         self.calibration = calibration
         self.least_per_call_s = min(t.figures.per_micro_batch_s for t in self.device_costs.terms.values())
         """The least fixed cost of one operation on any device."""
-        self.schedule: PipelineSchedule = schedule_for(schedule)
+        self.schedule: PipelineSchedule = schedule_for(*parse_schedule_spec(schedule))
         self.micro_batches = micro_batches
         self._round_trip_cover: dict[tuple[int, int], int] = {}
         n = len(library.layers)
@@ -183,7 +186,8 @@ class StepTimeBound:
                 PartTerms(
                     compute_s(0.0, own_forward, group.share, part.slowest, part.per_call_s),
                     compute_s(0.0, own_backward, group.share, part.slowest, part.per_call_s),
-                    allreduce + part.update_fixed + part.update_per_byte * params,
+                    allreduce,
+                    part.update_fixed + part.update_per_byte * params,
                 )
             )
             chain_forward.append(compute_s(0.0, own_forward, group.share, part.fastest, part.per_call_s))
@@ -241,11 +245,13 @@ class StepTimeBound:
         return max(self._replica_bound(part, chain, stage, n_stages, round_trip) for part in terms.busy)
 
     def _replica_bound(self, part: PartTerms, chain: Chain, stage: int, n_stages: int, round_trip: float) -> float:
+        # The reductions may run during the backward (but not before the stage's work starts); the update waits for
+        # the last of them.
         own = self.own(part, stage, n_stages, round_trip)
         if not self.schedule.synchronous:
-            return own + part.tail
+            return max(own, part.reduce) + part.tail
         after = part.tail if chain.tail is None else max(part.tail, chain.backward + chain.tail)
-        return chain.forward + own + after
+        return chain.forward + max(own + after, part.reduce + part.tail)
 
     def next_chain(self, chain: Chain, terms: StageTerms, transfer_out: float) -> Chain:
         """The chain the next stage continues, if it depends on this one."""

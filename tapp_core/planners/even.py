@@ -75,7 +75,7 @@ class EvenPlanner(PlannerBase):
         devices = [[d] for d in cluster.device_names[:n_stages]]
         evaluator = PlanEvaluator(library, cluster, self.calibration)
         candidates = [
-            contiguous_plan(library, cuts, devices, m, self.schedule, self.resolved_batch_size(library))
+            contiguous_plan(library, cuts, devices, m, self.schedule_spec, self.resolved_batch_size(library))
             for m in self.micro_batch_choices(library)
         ]
         plan, step_time = evaluator.best(candidates)

@@ -14,11 +14,10 @@ names, so large clusters of a few kinds of device cost a few moves, not one per 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from tapp_core.plan import Plan, replicas_divide
+from tapp_core.plan import Plan
 from tapp_core.planners.space import stages_from_cuts
 
 Groups = tuple[tuple[str, ...], ...]
@@ -95,7 +94,7 @@ def dropped_replicas(groups: Groups, class_of: Mapping[str, int] | None = None) 
 
 def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     """A contiguous plan with two neighbouring stages made one, on the first's devices, the second's, or both
-    (replicas, where their count divides the micro-batch); the devices it no longer uses are left idle."""
+    (replicas, where each gets a sample of the micro-batch); the devices it no longer uses are left idle."""
     cuts = cuts_of(plan)
     if cuts is None:
         return
@@ -104,13 +103,13 @@ def merged_neighbours(plan: Plan) -> Iterator[Plan]:
     for j in range(len(cuts)):
         stages = stages_from_cuts(n, [*cuts[:j], *cuts[j + 1 :]])
         both = (*groups[j], *groups[j + 1])
-        merged = [groups[j], groups[j + 1]] + ([both] if replicas_divide(plan.micro_batch_size, len(both)) else [])
+        merged = [groups[j], groups[j + 1]] + ([both] if len(both) <= plan.micro_batch_size else [])
         for group in merged:
             devices = (*groups[:j], group, *groups[j + 2 :])
-            yield dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices)
+            yield plan.regrouped(stage_of_layer=stages, stage_devices=devices)
 
 
 def collapsed(plan: Plan, devices: Sequence[str]) -> Iterator[Plan]:
     """The whole model on one of ``devices``, a single-stage plan each, at the plan's micro-batch count."""
     for device in devices:
-        yield dataclasses.replace(plan, stage_of_layer=(0,) * len(plan.stage_of_layer), stage_devices=((device,),))
+        yield plan.regrouped(stage_of_layer=(0,) * len(plan.stage_of_layer), stage_devices=((device,),))

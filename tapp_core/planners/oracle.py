@@ -21,6 +21,10 @@ the notes say which part was cut (``groupings_cut``, ``incumbents_cut``).
 
 ``best_cuts`` is the branch and bound on one device grouping alone (TAPP's polish uses it on the best groupings it
 found).
+
+What the space leaves out (the notes' ``leaves_out`` says so on every plan): operator parallelism (a group's layers
+run data parallel, never split: ``placement`` signatures) and unequal shares (a group shares its work equally). Its
+optimum is the optimum of pipelines of data-parallel stages; a plan with split layers can beat it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from tapp_core.planners.bounds import Chain, StepTimeBound
 from tapp_core.planners.costs import device_classes, relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
+
+LEAVES_OUT = "split layers (operator parallelism) and unequal shares: groups run data parallel with equal shares"
 
 MAX_DEVICES = 16
 """The oracle refuses larger clusters: it enumerates every ordered grouping of the devices."""
@@ -193,7 +199,7 @@ class OraclePlanner(PlannerBase):
         deadline = started + self.time_limit_s if self.time_limit_s else math.inf
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
-        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule, m, batch) for m in choices}
+        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule_spec, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
         evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
         quarter = started + (deadline - started) / 4
@@ -202,7 +208,7 @@ class OraclePlanner(PlannerBase):
         incumbents_ends = time.perf_counter() + (deadline - time.perf_counter()) / 2
         incumbents = self._incumbents(library, groupings, positions, choices, evaluator, batch, incumbents_ends)
         incumbents_cut = len(incumbents) < len(groupings) * len(choices)
-        search = _Search(library, positions, evaluator, self.schedule, batch, deadline, budget)
+        search = _Search(library, positions, evaluator, self.schedule_spec, batch, deadline, budget)
         search.complete = not (groupings_cut or incumbents_cut)
         for done, (_, grouping, m) in enumerate(sorted(incumbents, key=lambda item: item[0]), start=1):
             search.run(grouping, m, bound_of[m])
@@ -231,6 +237,7 @@ class OraclePlanner(PlannerBase):
             "groupings_cut": groupings_cut,
             "incumbents_cut": incumbents_cut,
             "pruned": search.pruned,
+            "leaves_out": LEAVES_OUT,
         }
         return dataclasses.replace(evaluator.best_plan, notes=notes)
 
@@ -257,7 +264,7 @@ class OraclePlanner(PlannerBase):
             shares = [len(g) * min(speeds[d] for d in g) for g in grouping]
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
-                plan = contiguous_plan(library, cuts, grouping, m, self.schedule, batch)
+                plan = contiguous_plan(library, cuts, grouping, m, self.schedule_spec, batch)
                 out.append((evaluator.step_time(plan), grouping, m))
         return out
 

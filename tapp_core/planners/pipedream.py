@@ -28,6 +28,7 @@ from tapp_core.planners.antichain import DownSets, down_sets
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
 from tapp_core.planners.costs import DeviceCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
+from tapp_core.schedules import parse_schedule_spec
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,9 @@ def class_orders(cluster: Cluster, limit: int = 120) -> list[tuple[str, ...]]:
 class PipeDreamPlanner(PlannerBase):
     name = "pipedream"
 
+    schedule: str = "async"
+    """PipeDream and APapo run their pipelines asynchronously, with weight stashing."""
+
     candidates: int = 3
     """How many of the best DP partitions are costed with every micro-batch choice."""
     max_down_sets_per_block: int = 512
@@ -174,7 +178,7 @@ class PipeDreamPlanner(PlannerBase):
                 continue
             tried.add(solution.stages)
             for m in choices:
-                evaluator.step_time(_plan_from(solution, states, library, batch, m, self.schedule))
+                evaluator.step_time(_plan_from(solution, states, library, batch, m, self.schedule_spec))
         if evaluator.best_plan is None:
             raise PlannerError(f"PipeDream found no partition of {library.model} that fits cluster {cluster.name!r}")
         notes = {
@@ -191,11 +195,13 @@ def _plan_from(
     stage_of_layer = np.zeros(len(library.layers), dtype=np.int64)
     for k, (state, _) in enumerate(solution.stages[:-1]):
         stage_of_layer[~states.members[state]] = k + 1
+    name, staleness = parse_schedule_spec(schedule)
     return Plan(
         model=library.model,
         batch_size=batch,
         micro_batches=micro_batches,
-        schedule=schedule,
+        schedule=name,
+        staleness=staleness,
         stage_of_layer=tuple(int(s) for s in stage_of_layer),
         stage_devices=tuple(devices for _, devices in solution.stages),
     )

@@ -120,7 +120,7 @@ class PipeTorchPlanner(PlannerBase):
                 if tried >= self.candidates and evaluator.best_plan is not None:
                     break
                 devices = [[d] for d in partition.devices]
-                evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule, batch))
+                evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule_spec, batch))
         if evaluator.best_plan is None:
             raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
         notes: dict[str, object] = {"evaluations": evaluator.evaluations, "orders": orders}

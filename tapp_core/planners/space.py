@@ -14,6 +14,7 @@ import numpy as np
 from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.planners.costs import LayerCosts
+from tapp_core.schedules import parse_schedule_spec
 
 
 def stages_from_cuts(n_layers: int, cuts: Sequence[int]) -> tuple[int, ...]:
@@ -32,13 +33,17 @@ def contiguous_plan(
     schedule: str,
     batch_size: int,
 ) -> Plan:
+    """The plan of a cut list and its stages' device groups; ``schedule`` may carry a staleness bound
+    (``schedules.schedule_spec``: ``async:1``)."""
     if len(stage_devices) != len(cuts) + 1:
         raise ValueError(f"{len(cuts)} cuts make {len(cuts) + 1} stages, but {len(stage_devices)} device groups given")
+    name, staleness = parse_schedule_spec(schedule)
     return Plan(
         model=library.model,
         batch_size=batch_size,
         micro_batches=micro_batches,
-        schedule=schedule,
+        schedule=name,
+        staleness=staleness,
         stage_of_layer=stages_from_cuts(len(library.layers), cuts),
         stage_devices=tuple(tuple(group) for group in stage_devices),
     )

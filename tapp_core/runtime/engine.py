@@ -1,10 +1,11 @@
-"""The engine: runs one stage replica's schedule, moving cut values with the transport.
+"""The engine: runs one device's program (``tapp_core.program``) over its stage, moving cut values with the transport.
 
-Receives are posted a window of actions ahead, so data lands while the stage computes; sends return at once.
-Gradients accumulate over the micro-batches of a step, replicas sum them with one allreduce of a flat buffer,
-and the optimiser steps. With weight stashing (async), each forward runs on a snapshot of the weights current
-at that moment, and its backward computes the gradient at that snapshot; the gradient is then applied to the
-live weights at the stage's next update, as in PipeDream.
+The program is the list the cost model simulates: receives, forwards, sends, backwards, reductions and updates,
+in order. The engine posts each receive a window of actions ahead, so data lands while the stage computes; a send
+returns at once; a compute action waits for the receives listed before it. Gradients accumulate over a step's
+micro-batches; on a stage of several devices each gradient bucket is summed across them as soon as the step's last
+backward has made it (``runtime.gradients``), and the update waits for every bucket. Weight versions follow from the
+schedule: where a forward's backward comes after an update, the forward runs on a snapshot of its weights.
 
 On a GPU the host queues work without waiting for it, as a plain PyTorch loop does: the first stage's batches
 are prefetched onto the GPU (``DeviceBatches``), received tensors land in pinned memory and are copied
@@ -16,26 +17,30 @@ its step time is the GPU's, not the host's.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
 
+from tapp_core.plan import Plan
+from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
 from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.emulation import Emulation
-from tapp_core.runtime.layout import Layout, Route
+from tapp_core.runtime.gradients import StageGradients
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
-from tapp_core.runtime.stage import MODEL_INPUT, Stage
+from tapp_core.runtime.stage import MODEL_INPUT, CutValue, ModelGraph, Stage
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
-from tapp_core.schedules import Action, ForwardOnly, PipelineSchedule
+from tapp_core.schedules import FORWARD_ONLY, Action, PipelineSchedule
 
 TAG_MICRO_BATCHES = 1024
 """Micro-batch numbers wrap in tags; MPI keeps messages of one tag between two ranks in order anyway."""
 
 
-def data_tag(value: int, backward: bool, micro_batch: int) -> int:
-    return DATA_TAG_BASE + (value * 2 + int(backward)) * TAG_MICRO_BATCHES + micro_batch % TAG_MICRO_BATCHES
+def data_tag(layer: int, backward: bool, micro_batch: int) -> int:
+    """The tag of cut value ``layer``'s tensor (its gradient, ``backward``) of one micro-batch."""
+    return DATA_TAG_BASE + (layer * 2 + int(backward)) * TAG_MICRO_BATCHES + micro_batch % TAG_MICRO_BATCHES
 
 
 @dataclass
@@ -52,7 +57,9 @@ class RankRecord:
     blocked_s: list[float] = field(default_factory=list)
     """Every wait on other ranks, pipeline bubbles included."""
     loss: list[float] = field(default_factory=list)
-    """Last stage only: this replica's share of each step's mini-batch loss."""
+    """Last stage only: this device's share of each step's mini-batch loss."""
+    weight_ages: list[int] = field(default_factory=list)
+    """Per backward, in order: updates applied between its forward and it (the staleness its gradient meets)."""
 
 
 @dataclass
@@ -108,66 +115,68 @@ class _InFlight:
     version: int
 
 
-@dataclass
-class _Posted:
-    """Receive buffers of one action: per value, one buffer per peer stage (sums for gradients of fan-out)."""
+ValueMap = Mapping[int, torch.Tensor]
+"""Tensors by the library index of the layer that made the cut value."""
+Buffers = dict[tuple[str, int, int, int], torch.Tensor]
+"""(direction, cut value, micro-batch, peer's stage) -> this device's rows of what that stage sent."""
 
-    buffers: dict[int, list[torch.Tensor]]
-    receipts: list[Receipt]
+
+@dataclass
+class PlanPlace:
+    """Where this rank stands in a plan: its position in the plan's device order, and every position's pool rank."""
+
+    plan: Plan
+    position: int
+    pool_ranks: tuple[int, ...]
 
 
 class StageEngine:
     def __init__(
         self,
         stage: Stage,
-        layout: Layout,
-        rank: int,
+        place: PlanPlace,
+        graph: ModelGraph,
         transport: Transport,
-        schedule: PipelineSchedule,
         optimizer: OptimizerConfig,
         emulation: Emulation,
-        batch_size: int,
-        micro_batches: int,
-        replica_comm: MPI.Comm | None = None,
+        group_comm: MPI.Comm | None = None,
     ) -> None:
-        position = layout.position(rank)
-        if position is None or position[0] != stage.index:
-            raise ValueError(f"rank {rank} does not run stage {stage.index} in this layout")
+        """``group_comm``: the stage's devices, when it has several."""
         self.stage = stage
-        self.replica = position[1]
-        self.layout = layout
+        self.place = place
+        self.plan = place.plan
+        self.graph = graph
         self.transport = transport
-        self.schedule = schedule
         self.emulation = emulation
-        self.batch_size = batch_size
-        self.micro_batches = micro_batches
-        self.replica_comm = replica_comm
-        self.replica_peers = [r for r in layout.stage_ranks[stage.index] if r != rank]
-        self.rows = layout.rows(stage.index, self.replica)
-        self.local_rows = self.rows[1] - self.rows[0]
-        self.in_routes: dict[int, list[Route]] = {
-            v.index: layout.routes(stage.index, self.replica, v.producer)
-            for v in stage.inputs
-            if v.producer != MODEL_INPUT
-        }
-        self.out_routes: dict[int, list[list[Route]]] = {
-            v.index: [layout.routes(stage.index, self.replica, c) for c in v.consumers] for v in stage.outputs
-        }
+        self.schedule: PipelineSchedule = self.plan.pipeline_schedule
+        programs = self._programs(1)
+        template = programs[place.position]
+        self.replica = template.replica
+        self.rows = template.rows
+        self.local_rows = template.samples
         self.params = dict(stage.module.named_parameters())
+        group = [
+            place.pool_ranks[p.position] for p in programs if p.stage == stage.index and p.position != place.position
+        ]
+        stashes = self.schedule.stashes_weights(stage.index, self.plan.n_stages, self.plan.micro_batches)
+        layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
+        self.gradients = StageGradients(self.params, stashes, template.buckets, layer_of, transport, group_comm, group)
         self.clock = ComputeClock(stage.device, emulation)
         self._pin = stage.device.type == "cuda"
         """Receive into pinned host memory, so the copies to the GPU need not block."""
+        self._stage_at = [s for s, devices in enumerate(self.plan.stage_devices) for _ in devices]
+        """The stage of every position in the plan's device order."""
+        self._values = {v.layer: v for v in (*stage.inputs, *stage.outputs)}
         self._step_loss: dict[int, torch.Tensor] = {}
-        self._flat_grads: torch.Tensor | None = None
-        """The replicas' allreduce buffer, kept from step to step: a fresh one of AlexNet's 89 MiB of gradients
-        cost a 1-thread rank some 40 ms of page faults every step."""
         # A stage of parameter-free layers (activations, pooling) has nothing to update.
         self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
-        self._lookahead = 2 * (micro_batches + len(layout.stage_ranks)) + 2
+        self._lookahead = 4 * (self.plan.micro_batches + self.plan.n_stages) + 8
         self._in_flight: dict[int, _InFlight] = {}
-        self._version = 0
-        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
-        self._snapshot_users: dict[int, int] = {}
+        self._to_send: dict[str, dict[int, ValueMap]] = {FORWARD: {}, BACKWARD: {}}
+        """Per direction and micro-batch: the tensors the sends after the last compute action take rows of."""
+
+    def _programs(self, steps: int, schedule: PipelineSchedule | None = None) -> tuple[DeviceProgram, ...]:
+        return plan_programs(self.plan, self.graph.edges, self.graph.param_bytes, steps, schedule)
 
     # --- running --------------------------------------------------------------------------------------------
 
@@ -185,30 +194,40 @@ class StageEngine:
 
     def _train(self, steps: int, batches: BatchSource) -> RankRecord:
         record = RankRecord(stage=self.stage.index, replica=self.replica)
-        actions = self.schedule.actions(self.stage.index, self.stage.graph.n_stages, self.micro_batches, steps)
+        actions = list(self._programs(steps)[self.place.position].actions())
+        final = _final_backwards(actions)
         losses = [0.0] * steps
-        compute = 0.0
-        window_start = time.perf_counter()
-        wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
-        posted: dict[int, _Posted] = {}
+        buffers: Buffers = {}
+        pending: list[Receipt] = []
+        posted: dict[int, list[Receipt]] = {}
         next_post = 0
+        compute, window_start = 0.0, time.perf_counter()
+        wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
         for i, action in enumerate(actions):
             if i == 0 or (self.schedule.synchronous and actions[i - 1].kind == "update"):
                 self.transport.barrier()
                 window_start, compute = time.perf_counter(), 0.0
                 wait_mark, blocked_mark = self.transport.wait_s, self.transport.blocked_s
             while next_post < len(actions) and next_post <= i + self._lookahead:
-                posted[next_post] = self._post(actions[next_post])
+                posted[next_post] = self._post(actions[next_post], buffers)
                 next_post += 1
             self.transport.control.check()
-            if action.kind == "forward":
-                compute += self._forward(action.index, posted.pop(i), batches, training=True)
-            elif action.kind == "backward":
-                compute += self._backward(action.index, posted.pop(i))
-            else:
-                posted.pop(i)
-                compute += self._update()
-                compute += self.clock.settle()
+            pending += posted.pop(i)
+            kind = action.kind
+            if kind == "forward":
+                compute += self._forward(action.index, pending, buffers, batches, record)
+                pending = []
+            elif kind == "backward":
+                self.gradients.final_backward(i in final)
+                compute += self._backward(action.index, pending, buffers, record)
+                self.gradients.final_backward(False)
+                pending = []
+            elif kind in ("send_forward", "send_backward"):
+                self._send(action)
+            elif kind == "reduce":
+                self.gradients.start_reduction(action.bucket)
+            elif kind == "update":
+                compute += self._update() + self.clock.settle()
                 end = time.perf_counter()
                 if action.index in self._step_loss:
                     losses[action.index] = float(self._step_loss.pop(action.index))
@@ -233,197 +252,173 @@ class StageEngine:
         """Forward-only pass over ``n_batches`` batches (eval mode); the last stage counts loss and hits."""
         self.stage.module.eval()
         result = EvalRecord()
-        actions = ForwardOnly().actions(self.stage.index, self.stage.graph.n_stages, self.micro_batches, n_batches)
-        posted: dict[int, _Posted] = {}
+        actions = list(self._programs(n_batches, FORWARD_ONLY)[self.place.position].actions())
+        buffers: Buffers = {}
+        pending: list[Receipt] = []
+        posted: dict[int, list[Receipt]] = {}
         next_post = 0
         with torch.no_grad():
             for i, action in enumerate(actions):
                 while next_post < len(actions) and next_post <= i + self._lookahead:
-                    posted[next_post] = self._post(actions[next_post])
+                    posted[next_post] = self._post(actions[next_post], buffers)
                     next_post += 1
                 self.transport.control.check()
-                self._forward(action.index, posted.pop(i), batches, training=False, evaluation=result)
+                pending += posted.pop(i)
+                if action.kind == "forward":
+                    self._forward(action.index, pending, buffers, batches, None, evaluation=result)
+                    pending = []
+                elif action.kind == "send_forward":
+                    self._send(action)
                 self.transport.progress()
         self.transport.flush()
         self.clock.settle()
         self.stage.module.train()
         return result
 
-    # --- actions ----------------------------------------------------------------------------------------------
+    # --- communication ------------------------------------------------------------------------------------------
 
-    def _post(self, action: Action) -> _Posted:
-        posted = _Posted(buffers={}, receipts=[])
-        if action.kind == "forward":
-            for value in self.stage.inputs:
-                if value.producer == MODEL_INPUT:
-                    continue
-                buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype, pin_memory=self._pin)
-                for route in self.in_routes[value.index]:
-                    tag = data_tag(value.index, False, action.index)
-                    posted.receipts.append(self.transport.irecv(buffer[route.lo : route.hi], route.peer, tag))
-                posted.buffers[value.index] = [buffer]
-        elif action.kind == "backward" and not self.stage.is_last:
-            for value in self.stage.outputs:
-                if not value.requires_grad:
-                    continue
-                buffers = []
-                for routes in self.out_routes[value.index]:
-                    buffer = torch.empty(value.shape(self.local_rows), dtype=value.dtype, pin_memory=self._pin)
-                    for route in routes:
-                        tag = data_tag(value.index, True, action.index)
-                        posted.receipts.append(self.transport.irecv(buffer[route.lo : route.hi], route.peer, tag))
-                    buffers.append(buffer)
-                posted.buffers[value.index] = buffers
-        return posted
+    def _post(self, action: Action, buffers: Buffers) -> list[Receipt]:
+        """Post the receives of ``action`` (none for other kinds) into this device's rows of their buffers."""
+        if action.kind not in ("recv_forward", "recv_backward"):
+            return []
+        backward = action.kind == "recv_backward"
+        direction = BACKWARD if backward else FORWARD
+        peer_stage = self._stage_at[action.peer]
+        lo, hi = action.rows[0] - self.rows[0], action.rows[1] - self.rows[0]
+        receipts = []
+        for layer in action.values:
+            key = (direction, layer, action.index, peer_stage)
+            buffer = buffers.get(key)
+            if buffer is None:
+                value = self._value(layer)
+                buffer = buffers[key] = torch.empty(
+                    value.shape(self.local_rows), dtype=value.dtype, pin_memory=self._pin
+                )
+            tag = data_tag(layer, backward, action.index)
+            receipts.append(self.transport.irecv(buffer[lo:hi], self.place.pool_ranks[action.peer], tag))
+        return receipts
+
+    def _value(self, layer: int) -> CutValue:
+        value = self._values.get(layer)
+        if value is None:
+            raise KeyError(f"stage {self.stage.index} neither takes nor makes the output of layer {layer}")
+        return value
+
+    def _send(self, action: Action) -> None:
+        backward = action.kind == "send_backward"
+        lo, hi = action.rows[0] - self.rows[0], action.rows[1] - self.rows[0]
+        tensors = self._to_send[BACKWARD if backward else FORWARD][action.index]
+        for layer in action.values:
+            tag = data_tag(layer, backward, action.index)
+            self.transport.isend(tensors[layer][lo:hi], self.place.pool_ranks[action.peer], tag)
+
+    # --- compute -----------------------------------------------------------------------------------------------
 
     def _forward(
         self,
         micro_batch: int,
-        posted: _Posted,
+        receipts: Sequence[Receipt],
+        buffers: Buffers,
         batches: BatchSource,
-        training: bool,
+        record: RankRecord | None,
         evaluation: EvalRecord | None = None,
     ) -> float:
-        step, j = divmod(micro_batch, self.micro_batches)
+        training = record is not None
+        step, j = divmod(micro_batch, self.plan.micro_batches)
         device = self.stage.device
         if self._reads_data:
             x, y = batches.get(step)
-            first = j * (self.batch_size // self.micro_batches) + self.rows[0]
+            first = j * self.plan.micro_batch_size + self.rows[0]
             x, y = x[first : first + self.local_rows], y[first : first + self.local_rows]
-        self.transport.wait(posted.receipts)
+        self.transport.wait(receipts)
         inputs = []
         for value in self.stage.inputs:
             if value.producer == MODEL_INPUT:
                 tensor = x.to(device)
             else:
-                tensor = posted.buffers[value.index][0].to(device, non_blocking=True)
+                tensor = buffers.pop((FORWARD, value.layer, micro_batch, value.producer)).to(device, non_blocking=True)
                 if training and value.requires_grad:
                     tensor.requires_grad_(True)
             inputs.append(tensor)
 
         start = self.clock.start()
-        params, version = self._weights_for_forward() if training else (None, 0)
+        params, version = self.gradients.weights_for_forward() if training else (None, 0)
         outputs = self.stage.forward(inputs, params)
         loss = None
         if self.stage.is_last:
             labels = y.to(device)
-            loss = micro_batch_loss(outputs[0], labels, self.batch_size)
+            loss = micro_batch_loss(outputs[0], labels, self.plan.batch_size)
             if training:  # kept on the device until the step ends: reading it would wait for the GPU
                 so_far = self._step_loss.get(step)
                 self._step_loss[step] = loss.detach() if so_far is None else so_far + loss.detach()
             if evaluation is not None:
                 keep = labels != IGNORED_LABEL
-                evaluation.loss_sum += float(loss) * self.batch_size
+                evaluation.loss_sum += float(loss) * self.plan.batch_size
                 evaluation.correct += int((outputs[0].argmax(1) == labels)[keep].sum())
                 evaluation.samples += int(keep.sum())
         compute = self.clock.stop(start)
-
-        for value, output in zip(self.stage.outputs, outputs, strict=True):
-            for routes in self.out_routes[value.index]:
-                for route in routes:
-                    tag = data_tag(value.index, False, micro_batch)
-                    self.transport.isend(output[route.lo : route.hi], route.peer, tag)
+        self._sending(FORWARD, micro_batch, {v.layer: out for v, out in zip(self.stage.outputs, outputs, strict=True)})
         if training:
             self._in_flight[micro_batch] = _InFlight(inputs, outputs, loss, version)
         return compute
 
-    def _backward(self, micro_batch: int, posted: _Posted) -> float:
+    def _backward(self, micro_batch: int, receipts: Sequence[Receipt], buffers: Buffers, record: RankRecord) -> float:
         context = self._in_flight.pop(micro_batch)
-        self.transport.wait(posted.receipts)
+        self.transport.wait(receipts)
         start = self.clock.start()
         if context.loss is not None:
             torch.autograd.backward(context.loss)
         else:
             tensors, grads = [], []
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):
-                if value.index in posted.buffers and output.requires_grad:
-                    buffers = posted.buffers[value.index]
-                    grad = buffers[0].to(self.stage.device, non_blocking=True)
-                    for extra in buffers[1:]:
+                parts = [buffers.pop((BACKWARD, value.layer, micro_batch, s)) for s in value.consumers]
+                if output.requires_grad and parts:
+                    grad = parts[0].to(self.stage.device, non_blocking=True)
+                    for extra in parts[1:]:
                         grad = grad + extra.to(self.stage.device, non_blocking=True)
                     tensors.append(output)
                     grads.append(grad)
             if tensors:
                 torch.autograd.backward(tensors, grads)
-        if self.schedule.stashes_weights:
-            self._snapshot_users[context.version] -= 1
+        record.weight_ages.append(self.gradients.backward_done(context.version))
         compute = self.clock.stop(start)
-
-        for value, tensor in zip(self.stage.inputs, context.inputs, strict=True):
-            if value.producer == MODEL_INPUT or not value.requires_grad:
-                continue
-            grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-            for route in self.in_routes[value.index]:
-                self.transport.isend(grad[route.lo : route.hi], route.peer, data_tag(value.index, True, micro_batch))
+        self._sending(
+            BACKWARD,
+            micro_batch,
+            {
+                value.layer: tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+                for value, tensor in zip(self.stage.inputs, context.inputs, strict=True)
+                if value.producer != MODEL_INPUT
+            },
+        )
         return compute
 
+    def _sending(self, direction: str, micro_batch: int, tensors: ValueMap) -> None:
+        """Keep what the sends right after this compute action take; the earlier action's sends are all posted."""
+        self._to_send[FORWARD].clear()
+        self._to_send[BACKWARD].clear()
+        self._to_send[direction][micro_batch] = tensors
+
     def _update(self) -> float:
-        compute = 0.0
-        if self.schedule.stashes_weights:
-            start = self.clock.start()
-            self._fold_stashed_grads()
-            compute += self.clock.stop(start)
+        self.gradients.prepare_update()
         if self.optimizer is None:
-            return compute
-        if self.replica_comm is not None:
-            self._allreduce_grads()
+            self.gradients.updated()
+            return 0.0
         start = self.clock.start()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.schedule.stashes_weights:
-            self._version += 1
-            self._drop_unused_snapshots()
-        return compute + self.clock.stop(start)
+        self.gradients.updated()
+        return self.clock.stop(start)
 
-    def _allreduce_grads(self) -> None:
-        """Sum the replicas' gradients in one flat buffer; each parameter's gradient becomes a view of it until the
-        update has used it (``zero_grad(set_to_none=True)`` drops the views before the next step fills it)."""
-        params = list(self.params.values())
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        size = sum(g.numel() for g in grads)
-        flat = self._flat_grads
-        if flat is None or flat.numel() != size or flat.dtype != grads[0].dtype:
-            flat = self._flat_grads = torch.empty(size, dtype=grads[0].dtype, device=grads[0].device)
-        torch.cat([g.reshape(-1) for g in grads], out=flat)
-        assert self.replica_comm is not None
-        self.transport.allreduce_sum_(flat, self.replica_comm, self.replica_peers)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)
-            offset += n
 
-    # --- weight stashing ----------------------------------------------------------------------------------------
-
-    def _weights_for_forward(self) -> tuple[dict[str, torch.Tensor] | None, int]:
-        if not self.schedule.stashes_weights:
-            return None, 0
-        version = self._version
-        if version not in self._snapshots:
-            self._snapshots[version] = {n: p.detach().clone().requires_grad_(True) for n, p in self.params.items()}
-            self._snapshot_users[version] = 0
-        self._snapshot_users[version] += 1
-        return self._snapshots[version], version
-
-    def _fold_stashed_grads(self) -> None:
-        """Move the gradients the snapshots gathered into the live parameters, before the update.
-
-        Every backward done so far belongs to this step or an earlier one (the update follows the step's last
-        backward), and earlier steps' gradients were folded at their updates, so this is exactly this step's.
-        """
-        with torch.no_grad():
-            for snapshot in self._snapshots.values():
-                for name, param in self.params.items():
-                    grad = snapshot[name].grad
-                    if grad is None:
-                        continue
-                    if param.grad is None:
-                        param.grad = grad
-                    else:
-                        param.grad.add_(grad)
-                    snapshot[name].grad = None
-
-    def _drop_unused_snapshots(self) -> None:
-        for version in [v for v, users in self._snapshot_users.items() if users == 0 and v != self._version]:
-            del self._snapshots[version]
-            del self._snapshot_users[version]
+def _final_backwards(actions: Sequence[Action]) -> set[int]:
+    """The positions of each step's last backward: the backward before each update."""
+    final: set[int] = set()
+    last = -1
+    for i, action in enumerate(actions):
+        if action.kind == "backward":
+            last = i
+        elif action.kind == "update" and last >= 0:
+            final.add(last)
+            last = -1
+    return final

@@ -42,13 +42,15 @@ class PlanSetup:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureJob:
-    """Train ``steps`` steps on synthetic batches and time them; the first ``warmup`` steps are not counted."""
+    """Train ``steps`` steps on synthetic batches and time them; the first ``warmup`` steps and the last ``tail``
+    are not counted (``metrics.run_length``)."""
 
     id: int
     timeout_s: float
     setup: PlanSetup
     steps: int
     warmup: int
+    tail: int = 0
     collect_parameters: bool = False
     """Send every parameter and buffer back after the last step."""
 

@@ -14,17 +14,19 @@ from tapp_core.cluster import Cluster
 from tapp_core.metrics import DEFAULT_WARMUP, Measurement
 from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan, PlanError
+from tapp_core.program import check_programs, plan_programs
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.pool import DEFAULT_STEPS, WorkerPool, check_runnable, mpiexec_command
 from tapp_core.runtime.results import TrainResult
-from tapp_core.runtime.stage import StageError, check_stage_assignment
+from tapp_core.runtime.stage import ModelGraph, StageError, check_stage_assignment
 
 __all__ = ["check_before_launch", "measure", "mpiexec_command", "train"]
 
 
 def check_before_launch(plan: Plan, cluster: Cluster, model: str | None = None) -> None:
     """What can be checked before any rank starts: ``check_runnable`` (schedule, shape, devices), then the plan
-    against the model's traced layers (one stage per layer, no edge running backward).
+    against the model's traced layers (one stage per layer, no edge running backward), then every device's
+    program (``tapp_core.program.check_programs``: every send received, no deadlock).
 
     Raises ``PlanError`` (``ModelError`` if the model cannot be built or traced). Memory needs a layer library:
     ``tapp_core.plan.validate`` checks it.
@@ -35,6 +37,9 @@ def check_before_launch(plan: Plan, cluster: Cluster, model: str | None = None) 
         check_stage_assignment(graph_module, plan.stage_of_layer, plan.n_stages)
     except StageError as exc:
         raise PlanError(str(exc)) from None
+    graph = ModelGraph.of(graph_module)
+    warmup, measured, tail = plan.pipeline_schedule.window(plan.n_stages, plan.micro_batches)
+    check_programs(plan_programs(plan, graph.edges, graph.param_bytes, max(2, warmup + measured + tail)))
 
 
 def measure(

@@ -52,8 +52,8 @@ import torch
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
-from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement
-from tapp_core.plan import Plan, PlanError, check_devices, check_replicas, check_shape, check_stages_used
+from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement, run_length
+from tapp_core.plan import Plan, PlanError, check_devices, check_groups, check_shape, check_stages_used
 from tapp_core.runtime import placement
 from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
 from tapp_core.runtime.guard import ProcessId, set_parent_death_signal
@@ -117,12 +117,14 @@ def mpiexec_command(
 
 def check_runnable(plan: Plan, cluster: Cluster) -> None:
     """The checks that need neither the model nor a layer library (the plan's schedule is checked when it is
-    made): shape, a layer on every stage, devices known and used once, replicas dividing the micro-batch. Raises
-    ``PlanError`` naming the first problem."""
+    made): shape, a layer on every stage, devices known and used once, every device of a group a sample of each
+    micro-batch. Raises ``PlanError`` naming the first problem."""
     check_shape(plan)
     check_stages_used(plan.stage_of_layer, plan.n_stages)
     check_devices(plan, cluster)
-    check_replicas(plan)
+    check_groups(plan)
+    if plan.signatures:
+        raise PlanError("the runtime does not run split signatures (col, row) yet; only data parallel stages")
 
 
 def pool_devices(cluster: Cluster, devices: Sequence[str] | None) -> tuple[str, ...]:
@@ -558,6 +560,7 @@ class WorkerPool:
         if steps <= warmup:
             error = f"{steps} steps leave none after {warmup} warm-up steps"
             return Measurement.failed(plan.id, error, setup.emulate), {}
+        steps, warmup, tail = run_length(plan.pipeline_schedule, plan.n_stages, plan.micro_batches, steps, warmup)
         try:
             self.check_plan(plan)
         except PlanError as exc:
@@ -568,6 +571,7 @@ class WorkerPool:
             setup=setup,
             steps=steps,
             warmup=warmup,
+            tail=tail,
             collect_parameters=collect_parameters,
         )
         reply = self._request(job)

@@ -25,14 +25,12 @@ from tapp_core.plan import Plan
 from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.emulation import Emulation, configure_threads, now
-from tapp_core.runtime.engine import StageEngine
-from tapp_core.runtime.jobs import MeasureJob, PlanJob, PlanSetup, PrepareJob, TrainJob, WorkJob
-from tapp_core.runtime.layout import Layout
+from tapp_core.runtime.engine import PlanPlace, StageEngine
+from tapp_core.runtime.jobs import MeasureJob, PlanJob, PrepareJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
 from tapp_core.runtime.results import OUT_OF_MEMORY, RankResult
-from tapp_core.runtime.stage import Stage, StageFactory, split_stages
+from tapp_core.runtime.stage import StageFactory, split_stages
 from tapp_core.runtime.transport import Control, PlanAborted, PlanTimeout, Transport, poll, sweep_abandoned
-from tapp_core.schedules import schedule_for
 
 
 def torch_device(device: Device) -> torch.device:
@@ -58,8 +56,13 @@ def tool_rank(cluster_json: Path, tool: str) -> tuple[MPI.Intracomm, Cluster, to
     return comm, cluster, device
 
 
-def plan_ranks(layout: Layout) -> list[int]:
-    return [rank for ranks in layout.stage_ranks for rank in ranks]
+def plan_stage(plan: Plan, position: int) -> tuple[int, int]:
+    """(stage, index in the stage's group) of the device at ``position`` of the plan's device order."""
+    for stage, devices in enumerate(plan.stage_devices):
+        if position < len(devices):
+            return stage, position
+        position -= len(devices)
+    raise ValueError(f"the plan has no device at position {position}")
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -137,12 +140,12 @@ class PlanCommunicators:
 
         poll([self._plan_request, self._header_request], past_deadline)
 
-    def join(self, layout: Layout, stage: int) -> MPI.Intracomm:
-        """Make the plan's group and this stage's replica group (only the plan's ranks call this); returns the first."""
-        self.pipeline = self.plan.Create_group(self.plan.Get_group().Incl(sorted(plan_ranks(layout))))
-        ranks = layout.stage_ranks[stage]
+    def join(self, place: PlanPlace, stage: int) -> MPI.Intracomm:
+        """Make the plan's group and this stage's group (only the plan's ranks call this); returns the first."""
+        self.pipeline = self.plan.Create_group(self.plan.Get_group().Incl(sorted(place.pool_ranks)))
+        ranks = [r for p, r in enumerate(place.pool_ranks) if plan_stage(place.plan, p)[0] == stage]
         if len(ranks) > 1:
-            self.replicas = self.plan.Create_group(self.plan.Get_group().Incl(list(ranks)))
+            self.replicas = self.plan.Create_group(self.plan.Get_group().Incl(ranks))
         return self.pipeline
 
     def free(self) -> None:
@@ -195,14 +198,13 @@ class Rank:
         try:
             comms.wait(control.deadline)
             setup, plan = job.setup, job.setup.plan
-            layout = self.layout(plan)
-            position = layout.position(self.rank)
-            if position is None:
+            place = self.place(plan)
+            if place is None:
                 result.status = "idle"
                 comms.free()
                 return result
-            result.stage, result.replica = position
-            pipeline = comms.join(layout, result.stage)
+            result.stage, result.replica = plan_stage(plan, place.position)
+            pipeline = comms.join(place, result.stage)
             reset_peak_memory(self.device)
             stage = self.factory.stage(
                 setup.model, setup.seed, plan.stage_of_layer, plan.n_stages, result.stage, self.device
@@ -210,7 +212,8 @@ class Rank:
             emulation = Emulation.for_rank(self.cluster, list(self.devices), self.rank, setup.emulate)
             hosts = {self.cluster.device(d).host for d in plan.devices}
             transport = Transport(comms.plan, comms.header, pipeline, control, emulation, shared_clock=len(hosts) == 1)
-            engine = self._engine(setup, layout, stage, transport, emulation, comms.replicas)
+            graph = self.factory.graph(setup.model, setup.seed)
+            engine = StageEngine(stage, place, graph, transport, setup.optimizer, emulation, comms.replicas)
             result.setup_s = now() - start
             if isinstance(job, MeasureJob):
                 self._measure(engine, job, result)
@@ -224,39 +227,16 @@ class Rank:
             control.close()
         return result
 
-    def layout(self, plan: Plan) -> Layout:
-        """The plan's stages as ranks of this pool."""
+    def place(self, plan: Plan) -> PlanPlace | None:
+        """This rank's place in ``plan`` (None when the plan does not use its device)."""
         rank_of = {name: i for i, name in enumerate(self.devices)}
         missing = [d for d in plan.devices if d not in rank_of]
         if missing:
             raise ValueError(
                 f"plan uses device(s) {', '.join(missing)} that this pool of {self.cluster.name!r} did not start"
             )
-        return Layout(tuple(tuple(rank_of[d] for d in devs) for devs in plan.stage_devices), plan.micro_batch_size)
-
-    def _engine(
-        self,
-        setup: PlanSetup,
-        layout: Layout,
-        stage: Stage,
-        transport: Transport,
-        emulation: Emulation,
-        replicas: MPI.Intracomm | None,
-    ) -> StageEngine:
-        plan = setup.plan
-        schedule = schedule_for(plan.schedule)
-        return StageEngine(
-            stage,
-            layout,
-            self.rank,
-            transport,
-            schedule,
-            setup.optimizer,
-            emulation,
-            plan.batch_size,
-            plan.micro_batches,
-            replicas,
-        )
+        ranks = tuple(rank_of[d] for d in plan.devices)
+        return PlanPlace(plan, ranks.index(self.rank), ranks) if self.rank in ranks else None
 
     def _fail(self, exc: Exception, result: RankResult, control: Control, transport: Transport | None) -> None:
         """Record ``exc`` in ``result``, tell the other ranks (unless they told us) and drop the plan's traffic."""
@@ -279,6 +259,7 @@ class Rank:
         record = engine.train(job.steps, batches)
         result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
         result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
+        result.weight_ages = record.weight_ages
         if job.collect_parameters and result.replica == 0:
             state = engine.stage.named_state()
             result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}

@@ -32,6 +32,8 @@ class RankResult:
     wait_s: list[float] = field(default_factory=list)
     blocked_s: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
+    weight_ages: list[int] = field(default_factory=list)
+    """Per backward, in order: the updates applied since its forward (``RankRecord.weight_ages``)."""
     peak_memory_bytes: int = 0
     setup_s: float = 0.0
     parameters: dict[str, torch.Tensor] | None = None
@@ -55,13 +57,15 @@ def first_error(results: Sequence[RankResult]) -> str | None:
 
 
 def assemble_measurement(
-    plan_id: str, results: Sequence[RankResult], warmup: int, emulated: bool, plan_stages: int
+    plan_id: str, results: Sequence[RankResult], warmup: int, emulated: bool, plan_stages: int, tail: int = 0
 ) -> Measurement:
+    """One Measurement from every rank's record; the last ``tail`` steps (an asynchronous pipeline's drain) are
+    dropped."""
     error = first_error(results)
     if error is not None:
         return Measurement.failed(plan_id, error, emulated=emulated)
     active = [r for r in results if r.status == "ok"]
-    n_steps = min(len(r.step_s) for r in active)
+    n_steps = min(len(r.step_s) for r in active) - tail
     step_times = [max(r.step_s[k] for r in active) for k in range(n_steps)]
     median_step = step_time(step_times, warmup)
     wait = {r.device: statistics.median(r.wait_s[warmup:n_steps]) for r in active}
@@ -87,6 +91,7 @@ def assemble_measurement(
             "setup_s": max(r.setup_s for r in active),
             "warmup": warmup,
             "device_blocked_s": {r.device: statistics.median(r.blocked_s[warmup:n_steps]) for r in active},
+            "weight_ages": {r.device: list(r.weight_ages) for r in active},
         },
     )
 
@@ -174,7 +179,7 @@ def assemble_reply(job: WorkJob, results: Sequence[RankResult]) -> Reply:
         return Reply(id=job.id, error=first_error(results), setup_s=max(r.setup_s for r in results))
     plan, emulated = job.setup.plan, job.setup.emulate
     if isinstance(job, MeasureJob):
-        measurement = assemble_measurement(plan.id, results, job.warmup, emulated, plan.n_stages)
+        measurement = assemble_measurement(plan.id, results, job.warmup, emulated, plan.n_stages, job.tail)
         parameters: dict[str, torch.Tensor] = {}
         if job.collect_parameters:
             for r in results:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
-from tapp_core.graph import layer_index, layer_nodes
+from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters
 from tapp_core.models import INPUT_SHAPE, build_traced_model
 from tapp_core.plan import PlanError, check_edges, check_layers, check_stages_used
 
@@ -39,6 +39,9 @@ class CutValue:
 
     index: int
     name: str
+    layer: int
+    """The library index of the layer that computes it (``MODEL_INPUT`` for the model's input): how programs
+    (``tapp_core.program``) name it."""
     producer: int
     consumers: tuple[int, ...]
     sample_shape: tuple[int, ...]
@@ -104,10 +107,11 @@ def split_stages(
         raise StageError(f"the model takes {len(placeholders)} inputs; the runtime feeds exactly one (the images)")
     samples = _trace_values(split, torch.randn(2, *input_shape))
     flow = _ValueFlow.of(split, placeholders[0], n_stages)
+    by_name = {node.name: i for node, i in index.items()}
     graph = PipelineGraph(
         n_stages=n_stages,
         values=tuple(
-            _cut_value(v, node, flow.producers[v], flow.consumers(v), samples[node])
+            _cut_value(v, node, _layer_of(split, node, by_name), flow.producers[v], flow.consumers(v), samples[node])
             for v, node in enumerate(flow.nodes)
         ),
         stage_inputs=tuple(flow.stage_inputs[s] for s in range(n_stages)),
@@ -184,13 +188,33 @@ class _ValueFlow:
             )
 
 
+def _layer_of(split: torch.fx.GraphModule, node: torch.fx.Node, by_name: Mapping[str, int]) -> int:
+    """The layer of the traced model whose output the split's top-level value ``node`` is: a stage's submodule
+    returns its values under their names in the traced model."""
+    if node.op == "placeholder":
+        return MODEL_INPUT
+    call, position = (node, None) if node.op == "call_module" else (node.args[0], node.args[1])
+    assert isinstance(call, torch.fx.Node)
+    submodule = split.get_submodule(str(call.target))
+    assert isinstance(submodule, torch.fx.GraphModule)
+    output = next(n for n in submodule.graph.nodes if n.op == "output")
+    returned = output.args[0]
+    if position is not None:
+        assert isinstance(returned, tuple | list) and isinstance(position, int)
+        returned = returned[position]
+    assert isinstance(returned, torch.fx.Node)
+    return by_name[returned.name]
+
+
 def _graph_node(arg: torch.fx.node.Argument, user: torch.fx.Node) -> torch.fx.Node:
     if not isinstance(arg, torch.fx.Node):
         raise StageError(f"{user.name} takes a constant ({arg!r}) where the split model passes values between stages")
     return arg
 
 
-def _cut_value(index: int, node: torch.fx.Node, producer: int, consumers: tuple[int, ...], sample: Any) -> CutValue:
+def _cut_value(
+    index: int, node: torch.fx.Node, layer: int, producer: int, consumers: tuple[int, ...], sample: Any
+) -> CutValue:
     """Describe value ``index`` from what it held when the split model ran on two samples."""
     name = node.name
     if not isinstance(sample, torch.Tensor):
@@ -205,6 +229,7 @@ def _cut_value(index: int, node: torch.fx.Node, producer: int, consumers: tuple[
     return CutValue(
         index=index,
         name=name,
+        layer=layer,
         producer=producer,
         consumers=consumers,
         sample_shape=tuple(sample.shape[1:]),
@@ -297,6 +322,10 @@ class Stage:
     def named_parameters(self) -> dict[str, nn.Parameter]:
         return {self._names[name]: p for name, p in self.module.named_parameters()}
 
+    def parameter_names(self) -> dict[str, str]:
+        """The stage module's parameter names -> the model's."""
+        return {name: self._names[name] for name, _ in self.module.named_parameters()}
+
     def named_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under the original model's names."""
         return {
@@ -314,6 +343,25 @@ class Stage:
         return list(result) if isinstance(result, tuple) else [result]
 
 
+@dataclass(frozen=True)
+class ModelGraph:
+    """What programs need of a traced model (``tapp_core.program``): its layer edges, each layer's parameter bytes,
+    and the layer that owns each parameter (by the model's names); the same facts a layer library holds."""
+
+    edges: tuple[tuple[int, int], ...]
+    param_bytes: tuple[int, ...]
+    layer_of_param: Mapping[str, int]
+
+    @classmethod
+    def of(cls, graph_module: torch.fx.GraphModule) -> ModelGraph:
+        owners = layer_parameters(graph_module)
+        return cls(
+            edges=tuple(layer_edges(graph_module)),
+            param_bytes=tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners),
+            layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
+        )
+
+
 class StageFactory:
     """Builds stages from (model spec, seed, plan), caching traced models and splits across plans on one rank.
 
@@ -326,6 +374,7 @@ class StageFactory:
         self.input_shape = tuple(input_shape)
         self._models: dict[tuple[str, int], torch.fx.GraphModule] = {}
         self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
+        self._graphs: dict[tuple[str, int], tuple[torch.fx.GraphModule, ModelGraph]] = {}
 
     MAX_MODELS = 4
     MAX_SPLITS = 64
@@ -340,6 +389,14 @@ class StageFactory:
                 self._splits = {k: v for k, v in self._splits.items() if k[:2] != oldest}
             self._models[key] = build_traced_model(model, num_classes=self.num_classes, seed=seed)
         return self._models[key]
+
+    def graph(self, model: str, seed: int) -> ModelGraph:
+        """The traced model's ``ModelGraph`` (cached with it)."""
+        key = (model, seed)
+        if key not in self._graphs or self._graphs[key][0] is not self.traced(model, seed):
+            traced = self.traced(model, seed)
+            self._graphs[key] = (traced, ModelGraph.of(traced))
+        return self._graphs[key][1]
 
     def split(
         self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int

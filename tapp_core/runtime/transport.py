@@ -1,4 +1,4 @@
-"""Point-to-point tensors and the gradient allreduce over MPI buffer methods (Isend/Irecv/Iallreduce).
+"""Point-to-point tensors and the gradient allreduces over MPI buffer methods (Isend/Irecv/Iallreduce).
 
 Every operation is nonblocking, and every wait polls (Test, then a short sleep) instead of blocking in MPI:
 that lets a wait notice another rank's abort or the plan's deadline, and keeps a waiting rank from spinning
@@ -126,6 +126,20 @@ class Receipt:
 
 
 @dataclass
+class Reduction:
+    """A started allreduce of one flat gradient buffer."""
+
+    requests: list[MPI.Request]
+    flat: torch.Tensor
+    host: torch.Tensor
+    """What MPI sums: ``flat`` itself, or its host copy (a GPU buffer without CUDA-aware MPI)."""
+    started: np.ndarray
+    """When the last device started it (the maximum over the devices, once done)."""
+    nbytes: int
+    peers: list[int]
+
+
+@dataclass
 class _StagedSend:
     """A send of a CUDA tensor waiting for its copy (or, CUDA-aware, for the compute that makes it)."""
 
@@ -157,7 +171,7 @@ class Transport:
     """Every wait, bubbles included."""
     _sends: list[tuple[MPI.Request, object]] = field(default_factory=list)
     _receives: dict[int, Receipt] = field(default_factory=dict)
-    _collective: tuple[list[MPI.Request], object] | None = None
+    _collectives: list[Reduction] = field(default_factory=list)
     _staged: deque[_StagedSend] = field(default_factory=deque)
     _copy_streams: dict[int, torch.cuda.Stream] = field(default_factory=dict)
 
@@ -231,26 +245,41 @@ class Transport:
         self.blocked_s += end - start
         self.progress()
 
-    def allreduce_sum_(self, flat: torch.Tensor, comm: MPI.Comm, peers: list[int]) -> None:
-        """Sum ``flat`` in place over ``comm`` (the replicas of a stage; ``peers`` their ranks in the plan)."""
-        start = time.perf_counter()
+    def start_allreduce(self, flat: torch.Tensor, comm: MPI.Comm, peers: list[int]) -> Reduction:
+        """Start summing ``flat`` in place over ``comm`` (the devices of a stage; ``peers`` their ranks in the pool);
+        returns at once. ``finish_reductions`` waits for it."""
         host = flat.to("cpu") if flat.is_cuda and self._stage_through_host else flat
         if host.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"allreduce of {host.dtype} gradients is not supported")
         requests = [comm.Iallreduce(MPI.IN_PLACE, host.numpy() if not host.is_cuda else host, op=MPI.SUM)]
         started = np.array([now()])
+        # Every device's start, maximised: when the last one joined (the reduction cannot go before that).
+        requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
+        reduction = Reduction(requests, flat, host, started, host.numel() * host.element_size(), peers)
+        self._collectives.append(reduction)
+        return reduction
+
+    def finish_reductions(self, reductions: Sequence[Reduction]) -> None:
+        """Wait for ``reductions`` (started in this order on one communicator) and, emulated, for the link time each
+        takes one after another. The wait counts as communication from when the last device joined the last one."""
+        if not reductions:
+            return
+        start = now()
+        poll([r for reduction in reductions for r in reduction.requests], self._check)
         if self.emulation.enabled:
-            requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
-        self._collective = (requests, (host, started))
-        poll(requests, self._check)
-        self._collective = None
-        if self.emulation.enabled:
-            nbytes = host.numel() * host.element_size()
-            sleep_until(float(started[0]) + self.emulation.allreduce_time(peers, nbytes))
-        if host is not flat:
-            flat.copy_(host)
-        self.wait_s += time.perf_counter() - start
-        self.blocked_s += time.perf_counter() - start
+            link_free = 0.0
+            for reduction in reductions:
+                link_free = max(link_free, float(reduction.started[0]))
+                link_free += self.emulation.allreduce_time(reduction.peers, reduction.nbytes)
+            sleep_until(link_free)
+        for reduction in reductions:
+            if reduction.host is not reduction.flat:
+                reduction.flat.copy_(reduction.host)
+            self._collectives.remove(reduction)
+        end = now()
+        joined = float(reductions[-1].started[0]) if self.shared_clock else start
+        self.wait_s += max(0.0, end - max(start, joined))
+        self.blocked_s += end - start
 
     def barrier(self) -> None:
         """A barrier of the plan's ranks, not counted as communication (it waits for peers, not for data)."""
@@ -280,7 +309,7 @@ class Transport:
         if self._sends:
             abandon([r for r, _ in self._sends], self._sends)
             self._sends = []
-        if self._collective is not None:
-            abandon(*self._collective)
-            self._collective = None
+        for reduction in self._collectives:
+            abandon(reduction.requests, reduction)
+        self._collectives.clear()
         self._staged.clear()  # never posted; the host allocator keeps the pinned copies until they are done

@@ -169,7 +169,7 @@ def model_needs(
 ) -> ModelNeeds:
     """The model's ``ModelNeeds`` at this batch size and schedule."""
     memory = min(
-        stage_memory_bytes(contiguous_plan(library, [], [["device"]], m, schedule, batch_size), library, 0)
+        stage_memory_bytes(contiguous_plan(library, [], [["device"]], m, schedule, batch_size), library, 0)["device"]
         for m in micro_batch_choices
     )
     costs = LayerCosts.from_library(library)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,11 @@ class TappPlanner(PlannerBase, SearchOptions):
     the planner's own are below."""
 
     name = "tapp"
+    searches_schedules = True
+
+    schedules: Sequence[str] | None = ("1f1b", "async")
+    """TAPP chooses between the synchronous and the asynchronous pipeline unless told otherwise (every sample's
+    schedule is one of the policy's decisions)."""
 
     groups: int | None = None
     """Most pipeline stages the policy samples (the polish's relay stages may add more); None: one per device, at
@@ -58,7 +63,7 @@ class TappPlanner(PlannerBase, SearchOptions):
             seed=self.seed,
             batch_size=self.resolved_batch_size(library),
             micro_batch_choices=self.micro_batch_choices(library),
-            schedule=self.schedule,
+            schedules=self.schedule_specs,
             policy=PolicyConfig(groups=min(self.groups or DEFAULT_GROUPS, len(cluster.devices), len(library.layers))),
         )
 

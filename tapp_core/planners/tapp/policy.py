@@ -1,8 +1,12 @@
-"""TAPP's policy: both networks and the micro-batch choice, sampled together into valid plans.
+"""TAPP's policy: both networks and the micro-batch and schedule choices, sampled together into valid plans.
 
 One sample is: a number of stages ``k`` and a group among the first ``k`` for every layer (partition network), the
-monotone repair (``repair``), a device for every non-empty group in pipeline order and, for every device left over,
-a group to replicate or none (allocation network), and a micro-batch count among those the replica counts divide.
+monotone repair (``repair``), a schedule among the search's (its one-hot joins every group's features, so the
+allocation network knows which schedule it places for), a device for every non-empty group in pipeline order and,
+for every device left over, a group to join or none (allocation network), for every group of several devices how
+it runs its layers (``patterns.PATTERNS``: data parallel with equal shares, or a split of its Linear and Conv2d
+layers with shares in proportion to its devices' speeds), and a micro-batch count among those that give every
+device of a group a sample.
 So one stage on one device, with every other device idle, is a sample like any other. ``sample`` returns the
 plans and the log-probability of each sample (with gradients, for REINFORCE) and the policy's entropy.
 """
@@ -19,8 +23,10 @@ from torch.nn import functional as F
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
+from tapp_core.placement import even_shares
 from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts, relative_speeds
+from tapp_core.planners.costs import LayerCosts, relative_speeds, speed_shares
+from tapp_core.planners.patterns import PATTERNS, pattern_signatures, splittable, with_signatures
 from tapp_core.planners.tapp.features import (
     DEVICE_FEATURES,
     METRIC_NAMES,
@@ -32,6 +38,7 @@ from tapp_core.planners.tapp.features import (
 )
 from tapp_core.planners.tapp.networks import AllocationNetwork, PartitionNetwork
 from tapp_core.planners.tapp.repair import compact, monotone_groups, repair_weights
+from tapp_core.schedules import parse_schedule_spec
 
 EMBEDDING_DIM = 16
 NEG_INF = -1e9
@@ -67,6 +74,10 @@ class Actions:
     """(samples, devices) group each left-over device replicates, -1 for none (and for placed devices)."""
     micro: np.ndarray
     """(samples,) index into the micro-batch choices."""
+    schedule: np.ndarray
+    """(samples,) index into the schedule choices."""
+    patterns: np.ndarray
+    """(samples, groups) index into ``PATTERNS`` of every group of several devices, -1 for the others."""
 
 
 @dataclass
@@ -93,7 +104,7 @@ class PolicySample:
     log_prob: torch.Tensor
     """(samples,) log-probability of every sample's decisions, with gradients."""
     entropy: torch.Tensor
-    """Mean over the five kinds of decision of the mean entropy per decision, with gradients."""
+    """Mean over the seven kinds of decision of the mean entropy per decision, with gradients."""
 
 
 def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
@@ -126,8 +137,9 @@ class TappPolicy(nn.Module):
         config: PolicyConfig,
         micro_batch_choices: Sequence[int],
         batch_size: int,
-        schedule: str,
+        schedules: str | Sequence[str],
     ) -> None:
+        """``schedules``: the schedule choices (``schedules.schedule_spec``; one string: the only one)."""
         super().__init__()
         features = layer_features(library)
         self.library = library
@@ -135,7 +147,8 @@ class TappPolicy(nn.Module):
         self.device_names = cluster.device_names
         self.micro_batch_choices = tuple(micro_batch_choices)
         self.batch_size = batch_size
-        self.schedule = schedule
+        self.schedules = (schedules,) if isinstance(schedules, str) else tuple(schedules)
+        self._schedule_specs = [parse_schedule_spec(spec) for spec in self.schedules]
         groups = config.groups
         relative = relative_speeds(library, cluster)
         speeds = np.array([relative[name] for name in cluster.device_names])
@@ -150,7 +163,7 @@ class TappPolicy(nn.Module):
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
         self.register_buffer("op_ids", features.op_ids)
         self.register_buffer("numeric", features.numeric)
-        needs = model_needs(library, self.micro_batch_choices, batch_size, schedule)
+        needs = model_needs(library, self.micro_batch_choices, batch_size, self.schedules[0])
         self.register_buffer("devices", device_features(cluster, needs, speeds.tolist()))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
@@ -162,9 +175,14 @@ class TappPolicy(nn.Module):
             layer_dim, groups, config.hidden, torch.tensor(shares, dtype=torch.float32), config.partition_prior
         )
         self.group_layer_dim = EMBEDDING_DIM + len(METRIC_NAMES)
-        group_dim = self.group_layer_dim + 1 + 2 * groups
+        group_dim = self.group_layer_dim + 1 + 2 * groups + len(self.schedules)
         self.allocation = AllocationNetwork(group_dim, len(DEVICE_FEATURES), config.key_dim)
         self.micro_batch_logits = nn.Parameter(torch.zeros(len(self.micro_batch_choices)))
+        self.schedule_logits = nn.Parameter(torch.zeros(len(self.schedules)))
+        self.pattern_logits = nn.Parameter(torch.zeros(groups, len(PATTERNS)))
+        self.splittable = splittable(library)
+        self.weights = {x.index: x.param_bytes for x in library.layers}
+        self.speed_of = dict(zip(self.device_names, speeds.tolist(), strict=True))
 
     # --- sampling and scoring ----------------------------------------------------------------------------------
 
@@ -187,12 +205,13 @@ class TappPolicy(nn.Module):
         return (
             plan.model == self.library.model
             and plan.batch_size == self.batch_size
-            and plan.schedule == self.schedule
+            and plan.schedule_spec in self.schedules
             and plan.micro_batches in self.micro_batch_choices
             and plan.n_stages <= self.config.groups
             and len(order) == len(self.library.layers)
             and order == sorted(order)
             and set(plan.devices) <= set(self.device_names)
+            and all(p >= 0 for p, g in zip(self._patterns_of(plan), plan.stage_devices, strict=False) if len(g) > 1)
         )
 
     def draw_partition(
@@ -248,7 +267,27 @@ class TappPolicy(nn.Module):
             placed=placed,
             replicas=replicas,
             micro=np.array([self.micro_batch_choices.index(plan.micro_batches) for plan in plans]),
+            schedule=np.array([self.schedules.index(plan.schedule_spec) for plan in plans]),
+            patterns=np.array([self._patterns_of(plan) for plan in plans], dtype=np.int64).reshape(len(plans), -1),
         )
+
+    def _patterns_of(self, plan: Plan) -> list[int]:
+        """The pattern of every group slot of ``plan`` (-1: one device, or none matches)."""
+        out = [-1] * self.config.groups
+        for g, group in enumerate(plan.stage_devices):
+            if len(group) < 2:
+                continue
+            for k in range(len(PATTERNS)):
+                probe = np.full(self.config.groups, -1, dtype=np.int64)
+                probe[g] = k
+                signatures, shares = self._placements(np.asarray(plan.stage_of_layer), plan.stage_devices, probe)
+                mine = tuple((x, s) for x, s in plan.signatures if plan.stage_of_layer[x] == g)
+                own_shares = plan.shares(g)
+                expected = shares[g] if shares else even_shares(len(group))
+                if mine == signatures and own_shares == expected:
+                    out[g] = k
+                    break
+        return out
 
     def complete(
         self,
@@ -257,11 +296,17 @@ class TappPolicy(nn.Module):
         generator: torch.Generator | None,
         forced: Actions | None = None,
     ) -> PolicySample:
-        """The allocation network's and the micro-batch decisions for repaired ``stages`` (one row per sample)."""
+        """The schedule, the allocation network's and the micro-batch decisions for repaired ``stages`` (one row
+        per sample)."""
         groups = self.config.groups
         count = stages.shape[0]
         n_stages = stages.max(axis=1) + 1
+        schedule, schedule_log_prob, schedule_entropy = self._categorical(
+            self.schedule_logits, count, generator, None if forced is None else forced.schedule
+        )
+        chosen = F.one_hot(torch.as_tensor(schedule), len(self.schedules)).float()
         slots = self._group_vectors(draw.layer_vectors[:, : self.group_layer_dim], stages)
+        slots = torch.cat([slots, chosen[:, None, :].expand(count, groups, len(self.schedules))], dim=2)
         active = torch.arange(groups)[None, :] < torch.as_tensor(n_stages)[:, None]
         placed, place_log_prob, place_entropy = self._place(
             slots, stages, active, generator, None if forced is None else forced.placed
@@ -273,10 +318,59 @@ class TappPolicy(nn.Module):
         micro, micro_log_prob, micro_entropy = self._micro_batches(
             replicas, generator, None if forced is None else forced.micro
         )
-        log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob
-        entropy = torch.stack([draw.stage_entropy, draw.entropy, place_entropy, replica_entropy, micro_entropy]).mean()
-        plans = [self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s]) for s in range(count)]
+        patterns, pattern_log_prob, pattern_entropy = self._patterns(
+            replicas, generator, None if forced is None else forced.patterns
+        )
+        log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob + schedule_log_prob
+        log_prob = log_prob + pattern_log_prob
+        entropy = torch.stack(
+            [
+                draw.stage_entropy,
+                draw.entropy,
+                place_entropy,
+                replica_entropy,
+                micro_entropy,
+                schedule_entropy,
+                pattern_entropy,
+            ]
+        ).mean()
+        plans = [
+            self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s], int(schedule[s]), patterns[s])
+            for s in range(count)
+        ]
         return PolicySample(plans, log_prob, entropy)
+
+    def _patterns(
+        self, replicas: np.ndarray, generator: torch.Generator | None, forced: np.ndarray | None
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """A pattern for every group of several devices (-1 for the others), their log-probability and entropy."""
+        samples, groups = replicas.shape[0], self.config.groups
+        grouped = np.zeros((samples, groups), dtype=bool)
+        for s in range(samples):
+            grouped[s, replicas[s][replicas[s] >= 0]] = True
+        log_p = F.log_softmax(self.pattern_logits, dim=1)
+        if forced is None:
+            flat = torch.multinomial(log_p.exp().detach(), samples, replacement=True, generator=generator)
+            chosen = flat.T.numpy()
+        else:
+            chosen = np.maximum(forced, 0)
+        mask = torch.as_tensor(grouped)
+        picked = log_p[torch.arange(groups)[None, :], torch.as_tensor(chosen)]
+        entropy = -(log_p.exp() * log_p).sum(dim=1)
+        weighted = (entropy[None, :] * mask).sum() / mask.sum().clamp(min=1)
+        return np.where(grouped, chosen, -1), (picked * mask).sum(dim=1), weighted
+
+    @staticmethod
+    def _categorical(
+        logits: torch.Tensor, count: int, generator: torch.Generator | None, forced: np.ndarray | None
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """``count`` draws from one categorical (or the ``forced`` ones): choices, log-probabilities, entropy."""
+        log_p = F.log_softmax(logits, dim=0)
+        if forced is None:
+            chosen = torch.multinomial(log_p.exp().detach(), count, replacement=True, generator=generator)
+        else:
+            chosen = torch.as_tensor(forced)
+        return chosen.numpy(), log_p[chosen], -(log_p.exp() * log_p).sum()
 
     def _group_vectors(self, layer_vectors: torch.Tensor, stages: np.ndarray) -> torch.Tensor:
         groups = self.config.groups
@@ -370,15 +464,14 @@ class TappPolicy(nn.Module):
         return replicas, log_prob, entropy
 
     def _dividing(self, replicas: np.ndarray) -> np.ndarray:
-        """``replicas`` with the last replicas of a stage left idle until the stage's device count divides the
-        largest micro-batch (so some micro-batch count suits every stage): a sample never fails for its count."""
+        """``replicas`` with the last replicas of a stage left idle until every device of the stage gets a sample
+        of the largest micro-batch (so some micro-batch count suits every stage): a sample never fails for it."""
         largest = self.batch_size // min(self.micro_batch_choices)
         out = replicas.copy()
         for s in range(out.shape[0]):
             for g in np.unique(out[s][out[s] >= 0]):
                 extra = np.flatnonzero(out[s] == g)
-                keep = max(k for k in range(1, len(extra) + 2) if largest % k == 0) - 1
-                out[s, extra[keep:]] = -1
+                out[s, extra[largest - 1 :]] = -1
         return out
 
     def _micro_batches(
@@ -390,7 +483,7 @@ class TappPolicy(nn.Module):
             for g in replicas[s][replicas[s] >= 0]:
                 counts[s, g] += 1
         sizes = np.array([self.batch_size // m for m in self.micro_batch_choices])
-        fits = (sizes[None, None, :] % counts[:, :, None] == 0).all(axis=1)
+        fits: np.ndarray = np.all(sizes[None, None, :] >= counts[:, :, None], axis=1)
         fits[~fits.any(axis=1)] = True  # no count fits: sample one anyway and let the plan fail
         mask = ~torch.as_tensor(fits)
         log_p = F.log_softmax(self.micro_batch_logits.expand(samples, -1).masked_fill(mask, NEG_INF), dim=1)
@@ -402,16 +495,45 @@ class TappPolicy(nn.Module):
         entropy = -(log_p.exp() * log_p.masked_fill(mask, 0.0)).sum(dim=1).mean()
         return np.array(self.micro_batch_choices)[chosen.numpy()], log_prob, entropy
 
-    def _plan(self, stages: np.ndarray, n_stages: int, placed: np.ndarray, replicas: np.ndarray, micro: int) -> Plan:
+    def _plan(
+        self,
+        stages: np.ndarray,
+        n_stages: int,
+        placed: np.ndarray,
+        replicas: np.ndarray,
+        micro: int,
+        schedule: int,
+        patterns: np.ndarray,
+    ) -> Plan:
+        name, staleness = self._schedule_specs[schedule]
         devices = []
         for g in range(n_stages):
             extra = [self.device_names[d] for d in range(len(self.device_names)) if replicas[d] == g]
             devices.append((self.device_names[placed[g]], *extra))
+        signatures, shares = self._placements(stages, devices, patterns)
         return Plan(
             model=self.library.model,
             batch_size=self.batch_size,
             micro_batches=int(micro),
-            schedule=self.schedule,
+            schedule=name,
+            staleness=staleness,
             stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
+            signatures=signatures,
+            stage_shares=shares,
         )
+
+    def _placements(
+        self, stages: np.ndarray, devices: Sequence[tuple[str, ...]], patterns: np.ndarray
+    ) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[float, ...], ...]]:
+        """The signatures and shares the groups' patterns give: data parallel groups share equally, split ones in
+        proportion to their devices' speeds."""
+        chosen: dict[int, str] = {}
+        shares = [even_shares(len(group)) for group in devices]
+        for g, group in enumerate(devices):
+            if len(group) > 1 and PATTERNS[patterns[g]] != "data":
+                layers = [x for x in self.splittable if stages[x] == g]
+                chosen.update(pattern_signatures(PATTERNS[patterns[g]], layers, self.weights))
+                shares[g] = speed_shares(self.speed_of, group)
+        uneven = any(s != even_shares(len(s)) for s in shares)
+        return with_signatures((), chosen), (tuple(shares) if uneven else ())

@@ -49,6 +49,7 @@ from tapp_core.planners.moves import (
 from tapp_core.planners.oracle import best_cuts
 from tapp_core.planners.space import balanced_cuts, stages_from_cuts
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
+from tapp_core.schedules import parse_schedule_spec
 
 SPAN = 32
 """Largest boundary shift a descent tries, in layers (it tries 1, 2, 4, ... up to it)."""
@@ -85,6 +86,7 @@ class Polish:
         cluster: Cluster,
         reward: RewardSource,
         micro_batch_choices: Sequence[int],
+        schedules: Sequence[str],
         exhausted: Callable[[], bool],
         calibration: Calibration = DEFAULT_CALIBRATION,
         deadline: float = math.inf,
@@ -94,6 +96,8 @@ class Polish:
         self.cluster = cluster
         self.reward = reward
         self.micro_batch_choices = tuple(micro_batch_choices)
+        self.schedules = tuple(parse_schedule_spec(spec) for spec in schedules)
+        """(name, staleness) of every schedule the search may choose."""
         self.exhausted = exhausted
         self.speeds = relative_speeds(library, cluster)
         """Per device, its speed relative to the library's kind (its own kind's library and its speed)."""
@@ -162,7 +166,7 @@ class Polish:
             self.cluster,
             grouping[0],
             grouping[1],
-            template.schedule,
+            template.schedule_spec,
             template.batch_size,
             self.calibration,
             below_s,
@@ -215,10 +219,14 @@ class Polish:
         return best
 
     def shifts(self, plan: Plan, span: int) -> list[Plan]:
-        """Every micro-batch count; every boundary of a contiguous plan moved by powers of two up to ``span``, and
-        every two neighbouring boundaries moved together (a stage shifted whole: a small stage between two large
-        ones moves only so)."""
-        neighbours = [dataclasses.replace(plan, micro_batches=m) for m in self.micro_batch_choices]
+        """Every micro-batch count and schedule; every boundary of a contiguous plan moved by powers of two up to
+        ``span``, and every two neighbouring boundaries moved together (a stage shifted whole: a small stage between
+        two large ones moves only so)."""
+        neighbours = [
+            dataclasses.replace(plan, micro_batches=m, schedule=name, staleness=staleness)
+            for m in self.micro_batch_choices
+            for name, staleness in self.schedules
+        ]
         cuts = cuts_of(plan)
         if cuts is None:
             return neighbours
@@ -229,14 +237,14 @@ class Polish:
             for shift in (sign * size for size in sizes for sign in (-1, 1)):
                 if cut + shift in allowed:
                     stages = stages_from_cuts(n, moved_cut(cuts, j, cut + shift))
-                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages))
+                    neighbours.append(plan.regrouped(stage_of_layer=stages))
         for j in range(len(cuts) - 1):
             low = cuts[j - 1] if j > 0 else 0
             high = cuts[j + 2] if j + 2 < len(cuts) else n
             for shift in (sign * size for size in sizes for sign in (-1, 1)):
                 if low < cuts[j] + shift and cuts[j + 1] + shift < high:
                     moved = (*cuts[:j], cuts[j] + shift, cuts[j + 1] + shift, *cuts[j + 2 :])
-                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages_from_cuts(n, moved)))
+                    neighbours.append(plan.regrouped(stage_of_layer=stages_from_cuts(n, moved)))
         return neighbours
 
     def device_moves(self, plan: Plan) -> list[Plan]:
@@ -244,20 +252,20 @@ class Polish:
         interchangeable devices); each of these also with its stages re-balanced to the new speeds
         (``rebalanced``)."""
         groups = plan.stage_devices
-        moves = [dataclasses.replace(plan, stage_devices=swapped) for swapped in swapped_groups(groups, self.class_of)]
+        moves = [plan.regrouped(stage_devices=swapped) for swapped in swapped_groups(groups, self.class_of)]
         unused = one_per_class(unused_devices(groups, self.cluster.device_names), self.class_of)
         for stage in range(len(groups)):
             for device in unused:
-                moves.append(dataclasses.replace(plan, stage_devices=with_group(groups, stage, (device,))))
+                moves.append(plan.regrouped(stage_devices=with_group(groups, stage, (device,))))
                 replicated = with_group(groups, stage, (*groups[stage], device))
-                moves.append(dataclasses.replace(plan, stage_devices=replicated))
+                moves.append(plan.regrouped(stage_devices=replicated))
         return moves + [self.rebalanced(move) for move in moves]
 
     def shrink_moves(self, plan: Plan) -> list[Plan]:
         """Moves to fewer devices or stages: a replica dropped (one per class) or two neighbouring stages merged,
         each also re-balanced; the whole model on one of the plan's devices (one per class)."""
         groups = plan.stage_devices
-        moves = [dataclasses.replace(plan, stage_devices=fewer) for fewer in dropped_replicas(groups, self.class_of)]
+        moves = [plan.regrouped(stage_devices=fewer) for fewer in dropped_replicas(groups, self.class_of)]
         moves += list(merged_neighbours(plan))
         moves += [self.rebalanced(move) for move in moves if move.n_stages > 1]
         used = [d for group in groups for d in group]
@@ -287,7 +295,7 @@ class Polish:
                 stages = stages_from_cuts(n, [*cuts[:j], low, low + 1, *cuts[j + 1 :]])
                 for relay in relays:
                     devices = (*plan.stage_devices[: j + 1], relay, *plan.stage_devices[j + 1 :])
-                    moves.append(dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices))
+                    moves.append(plan.regrouped(stage_of_layer=stages, stage_devices=devices))
         return moves
 
     def _relay_groups(self, unused: Sequence[str]) -> list[tuple[str, ...]]:
@@ -308,7 +316,7 @@ class Polish:
         work = self.layer_work(plan.micro_batch_size)
         shares = [len(group) * min(self.speeds[d] for d in group) for group in plan.stage_devices]
         cuts = balanced_cuts(work.tolist(), shares)
-        return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
+        return plan.regrouped(stage_of_layer=stages_from_cuts(len(work), cuts))
 
     def layer_work(self, samples: int) -> np.ndarray:
         """Per-layer work per sample at micro-batches of ``samples`` (what the polish re-balances by), cached."""

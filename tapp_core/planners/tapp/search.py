@@ -86,7 +86,8 @@ class SearchConfig(SearchOptions):
     seed: int = 0
     batch_size: int = 64
     micro_batch_choices: tuple[int, ...] = DEFAULT_MICRO_BATCHES
-    schedule: str = "1f1b"
+    schedules: tuple[str, ...] = ("1f1b",)
+    """The schedules the policy chooses among, each with its staleness bound (``schedules.schedule_spec``)."""
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(groups=1))
 
     def to_dict(self) -> dict[str, object]:
@@ -96,7 +97,9 @@ class SearchConfig(SearchOptions):
     def from_dict(cls, data: Mapping[str, Any]) -> SearchConfig:
         values = dict(data)
         values["policy"] = PolicyConfig(**values["policy"])
-        for name in ("micro_batch_choices", "initial_splits"):
+        if "schedule" in values:  # a checkpoint of a search that had one schedule
+            values["schedules"] = (values.pop("schedule"),)
+        for name in ("micro_batch_choices", "initial_splits", "schedules"):
             values[name] = tuple(values[name])
         return cls(**values)
 
@@ -177,7 +180,7 @@ class _Member:
                 dataclasses.replace(config.policy, initial_split=split),
                 config.micro_batch_choices,
                 config.batch_size,
-                config.schedule,
+                config.schedules,
             )
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
@@ -315,7 +318,7 @@ class TappSearch:
             self.simulated,
             c.batch_size,
             c.micro_batch_choices,
-            c.schedule,
+            c.schedules,
             c.seed,
             self._calibration,
         )
@@ -514,8 +517,14 @@ class TappSearch:
         return dataclasses.replace(winner, planner=chosen.planner, notes=notes)
 
     def _final_candidates(self) -> list[Plan]:
-        """The best distinct plans by the cost model and by measurement, for the final race."""
-        by_estimate = _distinct(sorted(self.remembered("simulated"), key=lambda t: t.step_time_s), FINAL_BY_ESTIMATE)
+        """The best distinct plans by the cost model and by measurement, for the final race; by the cost model,
+        also the best of each schedule and the warm start's best (so that a family the cost model ranks too well,
+        such as split layers it overrates, cannot crowd out another)."""
+        simulated = sorted(self.remembered("simulated"), key=lambda t: t.step_time_s)
+        by_estimate = _distinct(simulated, FINAL_BY_ESTIMATE)
+        for spec in self.config.schedules:
+            by_estimate += _distinct([t for t in simulated if t.plan.schedule_spec == spec], 1)
+        by_estimate += [c.timed.plan for c in self.warm[:1]]
         assert self.measured is not None
         measured = _distinct(self.remembered("measured"))
         now = self.measured.step_times(measured)  # what every measured plan's rounds say now, all pooled
@@ -545,6 +554,7 @@ class TappSearch:
             self.cluster,
             self.simulated,
             self.config.micro_batch_choices,
+            self.config.schedules,
             exhausted,
             self._calibration,
             deadline,

@@ -28,6 +28,7 @@ from tapp_core.planners.base import get_planner
 from tapp_core.planners.costs import device_classes
 from tapp_core.planners.space import contiguous_plan
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
+from tapp_core.schedules import parse_schedule_spec
 
 WARM_PLANNERS = ("bsp", "even", "pipedream", "autoddl")
 SINGLE = "single:"
@@ -54,7 +55,8 @@ class WarmStart:
     reward: RewardSource
     batch_size: int
     micro_batch_choices: tuple[int, ...]
-    schedule: str
+    schedules: tuple[str, ...]
+    """The search's schedules (``schedules.schedule_spec``); a single device runs the first."""
     seed: int
     calibration: Calibration
 
@@ -96,7 +98,7 @@ class WarmStart:
         for group in device_classes(self.cluster):
             device = group[0]
             plans = [
-                contiguous_plan(self.library, [], [[device]], m, self.schedule, self.batch_size)
+                contiguous_plan(self.library, [], [[device]], m, self.schedules[0], self.batch_size)
                 for m in self.micro_batch_choices
             ]
             times = self.reward.step_times(plans)
@@ -105,11 +107,15 @@ class WarmStart:
         return out
 
     def _planned(self, name: str, budget: int | None) -> Plan | None:
+        """The planner's plan, choosing among the search's schedules."""
+        specs = [parse_schedule_spec(spec) for spec in self.schedules]
         planner = get_planner(
             name,
             batch_size=self.batch_size,
             micro_batches=self.micro_batch_choices,
-            schedule=self.schedule,
+            schedule=specs[0][0],
+            schedules=[name for name, _ in specs],
+            staleness=next((k for _, k in specs if k is not None), None),
             seed=self.seed,
             calibration=self.calibration,
         )

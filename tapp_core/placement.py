@@ -1,0 +1,448 @@
+"""Placement: how the devices of one stage hold each tensor, and what it costs to change how they hold it.
+
+The devices of a stage form a *group*; each device takes a *share* of the group's work (``shares``, fractions
+that sum to 1; equal unless a plan says otherwise, e.g. in proportion to each device's speed). A tensor is held
+by the group in one of three layouts (OneFlow's SBP, as AutoDDL uses them):
+
+``Split(dim)``
+    each device holds a contiguous slice of the tensor along ``dim``, its share of it (``split_ranges``);
+``Broadcast``
+    every device holds the whole tensor;
+``PartialSum``
+    every device holds a tensor of the full shape, and the tensor is their sum.
+
+Data-parallel replicas are one case: every layer's input and output ``Split(0)`` (each device its share of the
+samples), its weights ``Broadcast``, and the weights' gradients ``PartialSum`` until the update allreduces them.
+
+A layout change is a collective among the group (``conversion``): Split to Broadcast is an allgather, PartialSum
+to Broadcast an allreduce, PartialSum to Split a reduce-scatter, Split along one dimension to Split along another
+an all-to-all, and Broadcast to Split or to PartialSum is local (each device keeps its slice, or one device keeps
+the tensor and the others zeros). ``traffic`` says what a collective moves: the bytes each device sends over its
+link and the number of message rounds, on the bandwidth-optimal ring algorithms (AutoDDL's cost table). The time
+this takes on a cluster's links is ``tapp_core.costs``' business.
+
+Between stages, every tensor crosses as ``Split(0)`` on both sides: each device of the receiving stage gets its
+share of the samples from the devices of the sending stage that hold them (``row_routes``).
+
+This module imports no other module of the project: the plan, the memory check, the cost model, the runtime and
+the planners all ask it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    def __str__(self) -> str:
+        return "B"
+
+
+@dataclass(frozen=True, slots=True)
+class PartialSum:
+    def __str__(self) -> str:
+        return "P"
+
+
+Layout = Split | Broadcast | PartialSum
+SAMPLES = Split(0)
+"""Split along the samples: how data-parallel replicas hold activations, and how every tensor crosses a cut."""
+BROADCAST = Broadcast()
+PARTIAL_SUM = PartialSum()
+
+
+class PlacementError(ValueError):
+    """Shares or layouts that cannot describe a group; the message names the problem."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shares: how a group divides its work
+
+SHARE_DIGITS = 6
+"""Shares are rounded to this many decimals, so that a plan's id does not depend on float noise."""
+
+
+def even_shares(devices: int) -> tuple[float, ...]:
+    return tuple(1.0 / devices for _ in range(devices))
+
+
+def normalized_shares(weights: Sequence[float]) -> tuple[float, ...]:
+    """``weights`` scaled to sum to 1 and rounded (``SHARE_DIGITS``); the last takes the rounding's rest."""
+    if not weights or min(weights) <= 0 or not all(math.isfinite(w) for w in weights):
+        raise PlacementError(f"shares must be positive numbers, got {list(weights)}")
+    total = sum(weights)
+    rounded = [round(w / total, SHARE_DIGITS) for w in weights[:-1]]
+    return (*rounded, round(1.0 - sum(rounded), SHARE_DIGITS))
+
+
+def check_shares(shares: Sequence[float], devices: int) -> None:
+    """One positive share per device, summing to 1 (to the rounding of ``SHARE_DIGITS``)."""
+    if len(shares) != devices:
+        raise PlacementError(f"{len(shares)} shares for {devices} devices")
+    if min(shares) <= 0 or not all(math.isfinite(s) for s in shares):
+        raise PlacementError(f"shares must be positive, got {list(shares)}")
+    if abs(sum(shares) - 1.0) > 10 ** (1 - SHARE_DIGITS) * devices:
+        raise PlacementError(f"shares must sum to 1, got {list(shares)} (sum {sum(shares):.6g})")
+
+
+def split_sizes(total: int, shares: Sequence[float]) -> tuple[int, ...]:
+    """``total`` items divided by ``shares``: each device's exact share rounded down, and the items left over one each
+    to the devices whose shares lost most to the rounding (ties: the first). Even shares of a divisible total give
+    equal sizes."""
+    exact = [total * s for s in shares]
+    sizes = [math.floor(x + 1e-9) for x in exact]
+    left = total - sum(sizes)
+    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[: max(0, left)]:
+        sizes[i] += 1
+    return tuple(sizes)
+
+
+def split_ranges(total: int, shares: Sequence[float]) -> tuple[tuple[int, int], ...]:
+    """Each device's contiguous range ``[start, stop)`` of ``total`` items (``split_sizes``), in device order."""
+    ranges = []
+    start = 0
+    for size in split_sizes(total, shares):
+        ranges.append((start, start + size))
+        start += size
+    return tuple(ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class RowRoute:
+    """Rows ``[lo, hi)`` of a micro-batch that device ``sender`` of one group holds and device ``receiver`` of
+    another needs (indices are the devices' positions in their groups)."""
+
+    sender: int
+    receiver: int
+    lo: int
+    hi: int
+
+
+def row_routes(rows: int, sender_shares: Sequence[float], receiver_shares: Sequence[float]) -> tuple[RowRoute, ...]:
+    """How a tensor of ``rows`` samples held ``Split(0)`` by one group reaches another group that holds it
+    ``Split(0)``: every overlap of a sender's rows with a receiver's, in sender then receiver order."""
+    routes = []
+    for p, (p_lo, p_hi) in enumerate(split_ranges(rows, sender_shares)):
+        for q, (q_lo, q_hi) in enumerate(split_ranges(rows, receiver_shares)):
+            lo, hi = max(p_lo, q_lo), min(p_hi, q_hi)
+            if lo < hi:
+                routes.append(RowRoute(p, q, lo, hi))
+    return tuple(routes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layout changes and what they move
+
+Collective = Literal["none", "slice", "zero", "allgather", "allreduce", "reduce_scatter", "all_to_all"]
+LOCAL_COLLECTIVES: frozenset[Collective] = frozenset({"none", "slice", "zero"})
+"""Layout changes that each device makes on its own, with no traffic."""
+
+
+def conversion(source: Layout, target: Layout) -> Collective:
+    """The collective that turns a tensor held as ``source`` by a group into one held as ``target`` (same shares)."""
+    if source == target:
+        return "none"
+    if isinstance(source, Broadcast):
+        return "slice" if isinstance(target, Split) else "zero"
+    if isinstance(source, PartialSum):
+        return "allreduce" if isinstance(target, Broadcast) else "reduce_scatter"
+    if isinstance(target, Broadcast):
+        return "allgather"
+    if isinstance(target, Split):
+        return "all_to_all"
+    return "zero"  # Split -> PartialSum: each device pads its slice with zeros
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """What one collective costs each device: the bytes it sends over its link, and the message rounds (each a
+    latency) it waits through."""
+
+    bytes_per_device: float
+    rounds: int
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.bytes_per_device + other.bytes_per_device, self.rounds + other.rounds)
+
+
+NO_TRAFFIC = Traffic(0.0, 0)
+
+
+def traffic(collective: Collective, tensor_bytes: float, shares: Sequence[float]) -> Traffic:
+    """The traffic of ``collective`` on a tensor of ``tensor_bytes`` (its whole size) among a group with ``shares``,
+    on ring algorithms, for the busiest device (unequal shares: the one whose slice is smallest receives most).
+
+    allgather ``(1 - min share) T`` in ``k - 1`` rounds; reduce-scatter the same; allreduce (a reduce-scatter then an
+    allgather) ``2 (k - 1) / k T`` in ``2 (k - 1)`` rounds; all-to-all ``max share (1 - min share) T`` (each device
+    sends its slice's parts that others hold) in ``k - 1`` rounds. With equal shares these are AutoDDL's costs.
+    """
+    k = len(shares)
+    if k == 1 or collective in LOCAL_COLLECTIVES:
+        return NO_TRAFFIC
+    low, high = min(shares), max(shares)
+    if collective in ("allgather", "reduce_scatter"):
+        return Traffic((1.0 - low) * tensor_bytes, k - 1)
+    if collective == "allreduce":
+        return Traffic(2.0 * (k - 1) / k * tensor_bytes, 2 * (k - 1))
+    return Traffic(high * (1.0 - low) * tensor_bytes, k - 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signatures: how a layer runs on a group
+#
+# A layer of a stage on several devices runs with a *signature*: the layouts of its input, its weights and its
+# output. Linear and Conv2d choose one (``SIGNATURES``):
+#
+# ``data``  input Split(0), weights Broadcast, output Split(0): data parallelism (the default of every layer);
+# ``col``   input Broadcast, weights split along their output features (channels), output Split(feature):
+#           Megatron's column-parallel layer;
+# ``row``   input Split(feature), weights split along their input features (channels), output PartialSum, the
+#           bias added by the group's first device only: Megatron's row-parallel layer.
+#
+# (The feature dimension is a Linear's last and a Conv2d's channels, dimension 1.) Every other layer follows its
+# input: elementwise layers (activations, dropout) keep any layout; layers that act per channel (pooling,
+# BatchNorm2d, flatten) keep Split(0), Split(1) or Broadcast; a PartialSum reaching a layer that is not linear in
+# it is first reduce-scattered along the features; ``add`` takes its first input's layout; any other layer
+# (``cat``, reshapes, LayerNorm, ...) reads Split(0), or Broadcast when all its inputs are. A stage's inputs arrive
+# Split(0) (the model's input is read from the data in any layout, for free), and its outputs leave Split(0).
+#
+# Gradients flow back in the *dual* layout (Split stays Split, Broadcast's gradient is a PartialSum and
+# PartialSum's a Broadcast), and each layout change's backward is the change between the duals
+# (``backward_conversion``), the adjoint of the forward's collective: an allgather's backward is a reduce-scatter,
+# an allreduce's an allreduce. Weights held Broadcast have PartialSum gradients, summed across the group before the
+# update (the gradient buckets of ``tapp_core.program``); split weights are updated where they are.
+
+DATA, COLUMN, ROW = "data", "col", "row"
+SIGNATURES: dict[str, tuple[str, ...]] = {"Linear": (DATA, COLUMN, ROW), "Conv2d": (DATA, COLUMN, ROW)}
+"""The signatures a layer of each operation type may choose; every other layer runs ``data`` (follows its input)."""
+ELEMENTWISE = frozenset(
+    {"ReLU", "relu", "GELU", "gelu", "SiLU", "silu", "Sigmoid", "sigmoid", "Tanh", "tanh", "Dropout", "dropout",
+     "Identity", "ReLU6", "LeakyReLU"}
+)  # fmt: skip
+"""Layers that act on each element on its own: any layout passes through them."""
+CHANNELWISE = frozenset({"MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm2d", "flatten"})
+"""Layers that act on each sample and each channel (dimension 1) on their own: Split(0), Split(1) and Broadcast
+pass through them."""
+LINEAR_IN_INPUT = frozenset({"add", "Identity", "flatten", "Dropout", "dropout"})
+"""Layers whose output is linear in their input (in training, dropout's mask is fixed per device): a PartialSum
+passes through them."""
+SUMMING = frozenset({"add"})
+MODEL_INPUT = -1
+OUTPUT = -2
+"""``Change.layer`` of the changes a stage makes to its outputs before they leave it (to Split(0))."""
+
+
+def feature_dim(op: str, shape: Sequence[int]) -> int:
+    """The dimension a layer's features are split along, of its (samples, ...) output: a Conv2d's channels (1),
+    any other layer's last."""
+    return 1 if op == "Conv2d" else len(shape)
+
+
+def dual(layout: Layout) -> Layout:
+    """The layout of a tensor's gradient, given the tensor's."""
+    if isinstance(layout, Broadcast):
+        return PARTIAL_SUM
+    if isinstance(layout, PartialSum):
+        return BROADCAST
+    return layout
+
+
+def backward_conversion(source: Layout, target: Layout) -> Collective:
+    """The collective the backward pass runs for a forward change from ``source`` to ``target``: the change from the
+    gradient's layout at ``target`` to its layout at ``source``."""
+    return conversion(dual(target), dual(source))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """What the layout pass needs of one layer (a library layer or a traced graph's node, alike)."""
+
+    index: int
+    name: str
+    op: str
+    inputs: tuple[int, ...]
+    """The layers it reads, by index (the model's input is ``MODEL_INPUT``)."""
+    shape: tuple[int, ...]
+    """Its output's shape per sample."""
+    has_params: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A layout change before ``layer`` reads ``value`` (a layer's output; ``layer`` is ``OUTPUT`` for a stage
+    output leaving): forward ``source`` -> ``target``, of a tensor of ``elements`` elements per sample."""
+
+    layer: int
+    value: int
+    source: Layout
+    target: Layout
+    elements: int
+
+    @property
+    def forward(self) -> Collective:
+        return conversion(self.source, self.target)
+
+    @property
+    def backward(self) -> Collective:
+        return backward_conversion(self.source, self.target)
+
+
+@dataclass(frozen=True)
+class StageLayouts:
+    """How one stage's group runs its layers: each layer's input and output layout and how it holds its weights,
+    and every layout change (in order: before the layer that needs it; the outputs' last)."""
+
+    inputs: dict[int, Layout]
+    """Per layer: the layout it reads its inputs in."""
+    outputs: dict[int, Layout]
+    weights: dict[int, Layout]
+    """Per parameter-holding layer: Broadcast, or Split(d) along the weight's dimension d (0: output features)."""
+    changes: tuple[Change, ...]
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the group's devices exchange data within a forward or a backward (else they run apart)."""
+        return any(c.forward not in LOCAL_COLLECTIVES or c.backward not in LOCAL_COLLECTIVES for c in self.changes)
+
+    def reduced(self, layer: int) -> bool:
+        """Whether ``layer``'s weight gradients are summed across the group before the update."""
+        return isinstance(self.weights.get(layer), Broadcast)
+
+    def split(self, layer: int) -> bool:
+        """Whether ``layer``'s work is split by the devices' shares along its features (split weights, or a feature
+        split input), rather than by samples or replicated."""
+        weights, read = self.weights.get(layer), self.inputs[layer]
+        return isinstance(weights, Split) or (isinstance(read, Split) and read.dim > 0)
+
+    def replicated(self, layer: int) -> bool:
+        """Whether every device of the group runs ``layer`` whole (a Broadcast or PartialSum input)."""
+        return not self.split(layer) and not isinstance(self.inputs[layer], Split)
+
+
+class SignatureError(PlacementError):
+    """A signature a layer cannot run with; the message names the layer."""
+
+
+def check_signature(spec: LayerSpec, signature: str, devices: int) -> None:
+    """``SignatureError`` unless ``spec``'s layer may run ``signature`` on a group of ``devices`` devices: its
+    operation has it, and every device gets a feature of what it splits."""
+    allowed = SIGNATURES.get(spec.op, (DATA,))
+    if signature not in allowed:
+        raise SignatureError(
+            f"layer {spec.name} ({spec.op}) cannot run signature {signature!r}; it may run {', '.join(allowed)}"
+        )
+    if signature != DATA and spec.shape and spec.shape[feature_dim(spec.op, spec.shape) - 1] < devices:
+        raise SignatureError(f"layer {spec.name}: {devices} devices cannot split its {spec.shape} output's features")
+
+
+def stage_layouts(
+    layers: Sequence[LayerSpec], stage_layers: Sequence[int], signatures: dict[int, str], devices: int
+) -> StageLayouts:
+    """The layout pass of one stage: ``layers`` is the whole model (by index), ``stage_layers`` the stage's (in
+    topological order), ``signatures`` the chosen ones (others ``data``), on a group of ``devices`` devices."""
+    layout_pass = _LayoutPass(layers, set(stage_layers), devices)
+    for index in stage_layers:
+        layout_pass.place(layers[index], signatures.get(index, DATA))
+    layout_pass.leave(stage_layers, _consumers(layers))
+    return StageLayouts(layout_pass.inputs, layout_pass.outputs, layout_pass.weights, tuple(layout_pass.changes))
+
+
+_CONSUMERS: dict[int, tuple[Sequence[LayerSpec], dict[int, list[int]]]] = {}
+
+
+def _consumers(layers: Sequence[LayerSpec]) -> dict[int, list[int]]:
+    """Per layer, the layers that read it (cached per model: the pass runs for every stage of every plan)."""
+    cached = _CONSUMERS.get(id(layers))
+    if cached is not None and cached[0] is layers:
+        return cached[1]
+    out: dict[int, list[int]] = {spec.index: [] for spec in layers}
+    for spec in layers:
+        for value in spec.inputs:
+            if value != MODEL_INPUT:
+                out[value].append(spec.index)
+    if len(_CONSUMERS) > 8:
+        _CONSUMERS.clear()
+    _CONSUMERS[id(layers)] = (layers, out)
+    return out
+
+
+class _LayoutPass:
+    def __init__(self, layers: Sequence[LayerSpec], members: set[int], devices: int) -> None:
+        self.layers = layers
+        self.members = members
+        self.devices = devices
+        self.inputs: dict[int, Layout] = {}
+        self.outputs: dict[int, Layout] = {}
+        self.weights: dict[int, Layout] = {}
+        self.changes: list[Change] = []
+
+    def layout_of(self, value: int) -> Layout:
+        """A value's layout where the stage reads it: its layer's output here, else Split(0) (a cut value)."""
+        return self.outputs.get(value, SAMPLES)
+
+    def place(self, spec: LayerSpec, signature: str) -> None:
+        if signature != DATA:
+            self._chosen(spec, signature)
+        elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE:
+            self._pointwise(spec)
+        elif spec.op in SUMMING:
+            self._read(spec, self._first_input(spec))
+        else:
+            layouts = {self.layout_of(v) for v in spec.inputs if v != MODEL_INPUT}
+            self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
+        if spec.has_params and spec.index not in self.weights:
+            self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
+
+    def _read(self, spec: LayerSpec, layout: Layout, output: Layout | None = None) -> None:
+        """``spec`` reads every input as ``layout`` (a change where one is held otherwise; the model's input is
+        read from the data as needed) and writes ``output`` (default: ``layout``)."""
+        for value in spec.inputs:
+            source = self.layout_of(value)
+            if value != MODEL_INPUT and source != layout:
+                elements = math.prod(self.layers[value].shape)
+                self.changes.append(Change(spec.index, value, source, layout, elements))
+        self.inputs[spec.index] = layout
+        self.outputs[spec.index] = layout if output is None else output
+
+    def _chosen(self, spec: LayerSpec, signature: str) -> None:
+        feature = Split(feature_dim(spec.op, spec.shape))
+        if signature == COLUMN:
+            self._read(spec, BROADCAST, output=feature)
+            self.weights[spec.index] = Split(0)
+        else:
+            self._read(spec, feature, output=PARTIAL_SUM)
+            self.weights[spec.index] = Split(1)
+
+    def _first_input(self, spec: LayerSpec) -> Layout:
+        return self.layout_of(spec.inputs[0]) if spec.inputs else SAMPLES
+
+    def _pointwise(self, spec: LayerSpec) -> None:
+        layout = self._first_input(spec)
+        if isinstance(layout, PartialSum) and spec.op not in LINEAR_IN_INPUT:
+            features = spec.shape[0] if spec.shape else 0
+            layout = Split(1) if features >= self.devices else BROADCAST
+        if spec.op in CHANNELWISE and isinstance(layout, Split) and layout.dim > 1:
+            layout = BROADCAST
+        self._read(spec, layout)
+
+    def leave(self, stage_layers: Sequence[int], consumers: dict[int, list[int]]) -> None:
+        """Outputs read by a later stage, and the model's output, leave as Split(0)."""
+        for index in stage_layers:
+            readers = consumers[index]
+            leaves = not readers or any(c not in self.members for c in readers)
+            if leaves and self.outputs[index] != SAMPLES:
+                elements = math.prod(self.layers[index].shape)
+                self.changes.append(Change(OUTPUT, index, self.outputs[index], SAMPLES, elements))

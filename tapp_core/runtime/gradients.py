@@ -1,0 +1,175 @@
+"""A stage's gradients between its backwards and its update: weight versions and bucketed reductions.
+
+Weight stashing: where the schedule lets a forward run on weights that an update will have changed by the time its
+backward runs (``PipelineSchedule.weight_versions``), each forward runs on a snapshot of the weights current at that
+moment and its backward computes the gradient at that snapshot (PipeDream). Every snapshot's gradients belong to the
+step whose update comes next (a step's backwards all run before the next step's), so the update sums them.
+
+Reductions: on a stage of several devices, the gradients are summed across them bucket by bucket
+(``tapp_core.program.gradient_buckets``). A bucket's reduction starts as soon as the step's last backward has
+produced every gradient in it (a hook on each parameter counts them), or at the program's ``reduce`` action at the
+latest; the update waits for all of them. Each bucket is one flat buffer kept from step to step (a fresh one of
+AlexNet's 89 MiB of gradients cost a 1-thread rank some 40 ms of page faults every step), and each parameter's
+gradient is a view of it until the update has used it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from tapp_core.program import Bucket
+from tapp_core.runtime.transport import Reduction, Transport
+
+
+@dataclass
+class _BucketState:
+    names: tuple[str, ...]
+    """The bucket's parameters (the stage module's names), in a fixed order."""
+    flat: torch.Tensor | None = None
+    ready: set[str] = field(default_factory=set)
+    reduction: Reduction | None = None
+
+
+class StageGradients:
+    """The weights a stage's forwards run on and the gradients its update applies."""
+
+    def __init__(
+        self,
+        params: Mapping[str, nn.Parameter],
+        stashes: bool,
+        buckets: Sequence[Bucket],
+        layer_of: Mapping[str, int],
+        transport: Transport,
+        comm: MPI.Comm | None,
+        peers: list[int],
+        overlap: bool = True,
+    ) -> None:
+        """``layer_of``: each parameter's layer (library index); ``comm``/``peers``: the stage's devices, when several;
+        ``overlap``: start a bucket's reduction as soon as the last backward made it (else at the ``reduce``)."""
+        self.params = dict(params)
+        self.stashes = stashes
+        self.transport = transport
+        self.comm = comm
+        self.peers = peers
+        self.version = 0
+        """Updates applied so far."""
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._users: dict[int, int] = {}
+        self._buckets = [
+            _BucketState(tuple(sorted(n for n in self.params if layer_of[n] in bucket.layers))) for bucket in buckets
+        ]
+        self._bucket_of = {name: b for b, state in enumerate(self._buckets) for name in state.names}
+        self._final = False
+        self._overlap = overlap
+        if comm is not None and overlap:
+            for name, param in self.params.items():
+                self._hook(name, param)
+
+    # --- weights for a forward --------------------------------------------------------------------------------
+
+    def weights_for_forward(self) -> tuple[dict[str, torch.Tensor] | None, int]:
+        """The weights a forward runs on (None: the live parameters) and their version."""
+        if not self.stashes:
+            return None, self.version
+        version = self.version
+        if version not in self._snapshots:
+            snapshot = {n: p.detach().clone().requires_grad_(True) for n, p in self.params.items()}
+            for name, tensor in snapshot.items():
+                self._hook(name, tensor)
+            self._snapshots[version] = snapshot
+            self._users[version] = 0
+        self._users[version] += 1
+        return self._snapshots[version], version
+
+    def backward_done(self, version: int) -> int:
+        """A backward of a forward that ran on ``version`` is done; returns its age (updates since that forward)."""
+        if self.stashes:
+            self._users[version] -= 1
+        return self.version - version
+
+    # --- reductions ------------------------------------------------------------------------------------------------
+
+    def final_backward(self, starting: bool) -> None:
+        """Around the step's last backward: while it runs, a bucket whose gradients are all made starts reducing."""
+        self._final = starting
+
+    def _hook(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self._bucket_of and self._overlap and self.comm is not None:
+            tensor.register_post_accumulate_grad_hook(lambda _: self._made(name))  # type: ignore[no-untyped-call]
+
+    def _made(self, name: str) -> None:
+        if not self._final:
+            return
+        state = self._buckets[self._bucket_of[name]]
+        state.ready.add(name)
+        if len(state.ready) == len(state.names):
+            self.start_reduction(self._bucket_of[name])
+
+    def start_reduction(self, bucket: int) -> None:
+        """Start summing ``bucket``'s gradients across the stage's devices (once per step)."""
+        state = self._buckets[bucket]
+        if state.reduction is not None or self.comm is None:
+            return
+        grads = [self._step_gradient(name) for name in state.names]
+        parts = [
+            g if g is not None else torch.zeros_like(self.params[n]) for g, n in zip(grads, state.names, strict=True)
+        ]
+        size = sum(g.numel() for g in parts)
+        if state.flat is None or state.flat.numel() != size:
+            state.flat = torch.empty(size, dtype=parts[0].dtype, device=parts[0].device)
+        torch.cat([g.reshape(-1) for g in parts], out=state.flat)
+        state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
+
+    def _step_gradient(self, name: str) -> torch.Tensor | None:
+        """This step's gradient of parameter ``name``: the live parameter's and every snapshot's, summed (None: the
+        step used it nowhere)."""
+        total = self.params[name].grad
+        for snapshot in self._snapshots.values():
+            grad = snapshot[name].grad
+            if grad is not None:
+                total = grad if total is None else total + grad
+        return total
+
+    # --- the update ------------------------------------------------------------------------------------------------
+
+    def prepare_update(self) -> None:
+        """Finish every reduction and leave each parameter's ``grad`` as this step's summed gradient."""
+        for bucket in range(len(self._buckets)):
+            self.start_reduction(bucket)
+        self.transport.finish_reductions([s.reduction for s in self._buckets if s.reduction is not None])
+        reduced: set[str] = set()
+        for state in self._buckets:
+            assert state.flat is not None
+            offset = 0
+            for name in state.names:
+                param = self.params[name]
+                param.grad = state.flat[offset : offset + param.numel()].view_as(param)
+                offset += param.numel()
+                reduced.add(name)
+            state.reduction, state.ready = None, set()
+        if self.stashes:
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    if name not in reduced:
+                        param.grad = self._step_gradient(name)
+            self._clear_snapshot_gradients()
+
+    def _clear_snapshot_gradients(self) -> None:
+        for snapshot in self._snapshots.values():
+            for tensor in snapshot.values():
+                tensor.grad = None
+
+    def updated(self) -> None:
+        """The optimiser stepped: a new weight version is current; drop the snapshots no forward still needs."""
+        self.version += 1
+        for version in [v for v, users in self._users.items() if users == 0 and v != self.version]:
+            del self._snapshots[version]
+            del self._users[version]
+
+    def snapshot_versions(self) -> Iterator[int]:
+        return iter(self._snapshots)
