@@ -211,6 +211,13 @@ def test_the_schedule_is_a_choice_of_plan_simulate_and_measure(work_dir: Path) -
         tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "1f1b", "--json")
     )
     assert default["step_time"] > 0 and overridden["step_time"] > 0
+    tapp("plan", *MODEL, "--planner", "even", "--schedule", "async", "--staleness", "1", "--out", "async.json")
+    bounded = Plan.load(work_dir / "async.json")
+    assert (bounded.schedule, bounded.staleness) == ("async", 1)
+    as_gpipe = json.loads(
+        tapp("simulate", "--model", "tiny_cnn", "--plan", "async.json", "--schedule", "gpipe", "--json")
+    )
+    assert as_gpipe["step_time"] > 0  # its staleness dropped: gpipe takes none
     output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "sideways", exit_code=2)
     assert "schedule: unknown schedule 'sideways'" in output
     output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "1f1b", "--staleness", "2", exit_code=2)

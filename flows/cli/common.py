@@ -211,7 +211,11 @@ def read_plan(model: str, plan_file: Path, schedule: str | None = None) -> Plan:
     if chosen.model != model:
         raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
     if schedule is not None and schedule != chosen.schedule:  # checked as a plan's schedule is; a new id
+        from tapp_core.schedules import BOUNDED
+
         data = {k: v for k, v in chosen.to_dict().items() if k != "id"}
+        if schedule not in BOUNDED:
+            data.pop("staleness", None)  # a bound only the asynchronous schedule takes
         chosen = Plan.from_dict({**data, "schedule": schedule}, f"{plan_file} with --schedule {schedule}")
     return chosen
 
