@@ -43,7 +43,7 @@ def paper_report(experiment: str, out: str | Path, tracking_uri: str) -> Report:
     """Tables and figures of a whole MLflow experiment, in ``out`` and in a report run of that experiment."""
     report = write_report(experiment, out, tracking_uri)
     tags = {schema.KIND: schema.REPORT, schema.CODE_VERSION: code_version()}
-    with tracked_run("paper table", tags, experiment=experiment, uri=tracking_uri) as run:
+    with tracked_run(schema.REPORT_NAME, tags, experiment=experiment, uri=tracking_uri) as run:
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
         run.log_metrics({"evaluations": len(report.tables.evaluations)})
