@@ -27,6 +27,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from tapp_core import schema
+from tapp_core.cluster import scaled_name
 from tapp_core.costs import Calibration
 from tapp_core.data import check_dataset
 from tapp_core.library import LayerLibrary
@@ -188,16 +189,18 @@ def _plan_of_work(config: ExperimentConfig, budget: SearchBudget) -> str:
 
 
 def experiment_run_name() -> str:
-    """The flow run's name, ``MODEL-CLUSTER-bBATCH-MODE``: measured and estimate-only runs differ at a glance."""
+    """The flow run's name, ``MODEL-CLUSTER-bBATCH-MODE``: measured and estimate-only runs differ at a glance. Read
+    from the parameters as given (a configuration, or its JSON from a deployment), not by building one: that would
+    parse the cluster file again."""
     from prefect.runtime import flow_run
 
     config = flow_run.parameters.get("config")
-    if isinstance(config, dict):
-        config = ExperimentConfig.model_validate(config)
-    if not isinstance(config, ExperimentConfig):
-        config = ExperimentConfig()
-    mode = "measured" if config.measure else "estimated"
-    return f"{config.model}-{config.target.name}-b{config.batch_size}-{mode}"
+    values = config.model_dump(mode="json") if isinstance(config, ExperimentConfig) else dict(config or {})
+    cluster = values.get("cluster") or "local"
+    name = str(cluster.get("name", "cluster")) if isinstance(cluster, dict) else Path(str(cluster)).stem
+    mode = "measured" if values.get("measure", True) else "estimated"
+    model, batch = values.get("model", "alexnet"), values.get("batch_size", 64)
+    return f"{model}-{scaled_name(name, float(values.get('power', 1.0)))}-b{batch}-{mode}"
 
 
 @dataclass(frozen=True)

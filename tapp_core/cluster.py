@@ -190,8 +190,17 @@ class Cluster(_Strict):
         if not slow:
             raise ClusterError(f"cluster {self.name!r} has no slow device to scale: its devices all run at one speed")
         devices = tuple(d.model_copy(update={"speed": d.speed * power}) if d.name in slow else d for d in self.devices)
-        data = {**self.model_dump(), "name": f"{self.name}@{power:g}x", "devices": [d.model_dump() for d in devices]}
+        data = {
+            **self.model_dump(),
+            "name": scaled_name(self.name, power),
+            "devices": [d.model_dump() for d in devices],
+        }
         return Cluster.model_validate(data).from_file(self.source)
+
+
+def scaled_name(name: str, power: float) -> str:
+    """The name of cluster ``name`` with its slow devices scaled by ``power`` (``Cluster.scaled``)."""
+    return name if power == 1 else f"{name}@{power:g}x"
 
 
 def _format_validation_error(source: str, exc: ValidationError) -> str:
