@@ -19,6 +19,7 @@ from flows.experiment import tapp_experiment
 from flows.paper_table import paper_table
 from flows.server import free_port
 from tapp_core import schema
+from tasks.config import ExperimentConfig
 
 SERVER_START_TIMEOUT_S = 180
 
@@ -69,17 +70,15 @@ def test_experiment_and_paper_table_over_http(
     prefect_harness: None, mlflow_server: str, work_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    result = tapp_experiment(
+    config = ExperimentConfig(
         model="mlp",
         batch_size=8,
         search_rounds=2,
         samples_per_round=4,
         methods=("tapp", "single-cpu", "bsp", "pipetorch"),
         measure=False,
-        experiment="over-http",
-        out="report",
-        tracking_uri=mlflow_server,
     )
+    result = tapp_experiment(config=config, experiment="over-http", out="report", tracking_uri=mlflow_server)
     assert result.tracking_uri == mlflow_server
 
     client = MlflowClient(mlflow_server)
