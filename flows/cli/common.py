@@ -90,7 +90,7 @@ ScheduleOpt = Annotated[
 SchedulesOpt = Annotated[
     str | None,
     typer.Option(
-        help="comma-separated schedules a searching planner (tapp, autoddl, oracle) may choose among, e.g. "
+        help="comma-separated schedules a planner may choose among (it plans with each and keeps the fastest), e.g. "
         "1f1b,async (default: --schedule alone)"
     ),
 ]
