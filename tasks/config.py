@@ -113,7 +113,7 @@ class ExperimentSettings(BaseModel):
     )
     schedules: tuple[str, ...] | None = Field(
         default=None,
-        description="schedules a searching planner (tapp, autoddl, oracle) may choose among (default: schedule)",
+        description="schedules each planner may choose among, the fastest kept (default: schedule)",
     )
     staleness: int | None = Field(
         default=None, ge=0, description="async: weight versions a stage may lag by (default: as deep as the pipeline)"
