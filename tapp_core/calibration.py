@@ -29,9 +29,17 @@ from tapp_core.library import PROFILE_VERSION, LayerLibrary
 CALIBRATION_SUFFIX = ".calibration.json"
 
 
-def calibration_path(cluster: str | os.PathLike[str]) -> Path:
-    """Where the calibration of cluster ``cluster`` (a name or a YAML file) lives: beside its file."""
-    path = resolve_cluster_path(cluster)
+def calibration_path(cluster: str | os.PathLike[str] | Cluster) -> Path:
+    """Where the calibration of cluster ``cluster`` (a name, a YAML file, or a loaded cluster, which remembers its
+    file) lives: beside its file."""
+    if isinstance(cluster, Cluster):
+        if cluster.source is None:
+            raise CalibrationError(
+                f"cluster {cluster.name!r} was not read from a file: it has no calibration beside it"
+            )
+        path = cluster.source
+    else:
+        path = resolve_cluster_path(cluster)
     return path.with_name(path.stem + CALIBRATION_SUFFIX)
 
 
@@ -84,13 +92,16 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
 
 
 def cluster_calibration(
-    cluster_name: str | os.PathLike[str],
+    cluster_name: str | os.PathLike[str] | Cluster,
     cluster: Cluster,
     library: LayerLibrary | None = None,
     path: Path | None = None,
 ) -> Calibration:
-    """The calibration at ``path`` or, without one, beside the cluster file of ``cluster_name``, checked against
-    this machine, ``cluster`` and ``library`` (``check_calibration``); the ideal one when there is none beside it."""
+    """The calibration at ``path`` or, without one, beside the cluster file of ``cluster_name`` (a loaded cluster
+    names its own file), checked against this machine, ``cluster`` and ``library`` (``check_calibration``); the ideal
+    one when there is none beside it (or the cluster was made in code, with no file)."""
+    if path is None and isinstance(cluster_name, Cluster) and cluster_name.source is None:
+        return DEFAULT_CALIBRATION
     chosen = path if path is not None else calibration_path(cluster_name)
     if path is None and not chosen.is_file():
         return DEFAULT_CALIBRATION

@@ -67,6 +67,8 @@ class TrainJob:
     epochs: int
     steps_per_epoch: int | None
     augment: bool
+    test_samples: int | None = None
+    """Evaluate on the test set's first this many images (None: all of them)."""
 
 
 @dataclass(frozen=True)

@@ -632,8 +632,10 @@ class WorkerPool:
         optimizer: OptimizerConfig | None = None,
         steps_per_epoch: int | None = None,
         augment: bool = False,
+        test_samples: int | None = None,
     ) -> TrainResult:
-        """Train for ``epochs`` epochs on real data and evaluate on the test set after each."""
+        """Train for ``epochs`` epochs on real data and evaluate on the test set (its first ``test_samples`` images
+        if given) after each."""
         setup = self._setup(plan, model, seed, emulate, optimizer)
         failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=setup.emulate)
         try:
@@ -650,6 +652,7 @@ class WorkerPool:
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             augment=augment,
+            test_samples=test_samples,
         )
         reply = self._request(job)
         if reply.train is None:
