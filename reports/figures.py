@@ -159,9 +159,15 @@ _spare: dict[str, str] = {}
 
 
 def method_colour(method: str) -> str:
-    """The colour of ``method`` (a method name, e.g. ``tapp``, ``single-cpu``)."""
+    """The colour of ``method``: a method name (``tapp``, ``single-cpu``) or its report label (``TAPP``,
+    ``SingleCPU``, ``tapp_core.planners.base.method_label``)."""
+    from tapp_core.planners.base import method_label
+
     if method in METHOD_COLOURS:
         return METHOD_COLOURS[method]
+    named = next((name for name in METHOD_COLOURS if method_label(name) == method), None)
+    if named is not None:
+        return METHOD_COLOURS[named]
     if method not in _spare:
         _spare[method] = SPARE_COLOURS[len(_spare) % len(SPARE_COLOURS)]
     return _spare[method]

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 from reports import numbers
 from reports.numbers import percent, ratio, ratio_interval, rounded, seconds, seconds_interval
+from tapp_core import schema
 from tapp_core.plan import Plan
-from tapp_core.runtime.race import RaceResult
+from tapp_core.races import RaceResult
 from tapp_core.stats import Interval, best_group
 from tasks.evaluate import Evaluation, raced_plan
 
@@ -507,10 +508,10 @@ def parent_metrics(result: Result) -> dict[str, float]:
     """The headline numbers for the parent run, rounded as shown (MLflow shows metrics raw)."""
     metrics = {f"{m.method}_step_time_s": rounded(m.step_time_s) for m in result.methods}
     if result.speedup is not None:
-        metrics["speedup_bsp_over_tapp"] = rounded(result.speedup.median, numbers.RATIO_DIGITS)
+        metrics[schema.SPEEDUP] = rounded(result.speedup.median, numbers.RATIO_DIGITS)
         if result.speedup.paired:
-            metrics["speedup_bsp_over_tapp_low"] = rounded(result.speedup.low, numbers.RATIO_DIGITS)
-            metrics["speedup_bsp_over_tapp_high"] = rounded(result.speedup.high, numbers.RATIO_DIGITS)
+            metrics[f"{schema.SPEEDUP}_low"] = rounded(result.speedup.low, numbers.RATIO_DIGITS)
+            metrics[f"{schema.SPEEDUP}_high"] = rounded(result.speedup.high, numbers.RATIO_DIGITS)
     story = result.search
     if story is not None:
         metrics["tapp_search_s"] = rounded(story.search_s)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import runs
 from reports.figures import method_colour
+from tapp_core import schema
 from tasks import prefect_ui, summary
 from tasks.tracking import RUN_COLOR_TAG, RunRef, TrackedRun, run_url
 
@@ -46,7 +46,7 @@ def record_numbers(parent: TrackedRun, result: summary.Result) -> None:
         run = TrackedRun(RunRef(parent.ref.tracking_uri, parent.ref.experiment_id, method.run_id), parent.client)
         run.client.update_run(method.run_id, name=name)
         run.set_note(note)
-        run.set_tags({runs.BEST_GROUP: str(method.best).lower(), RUN_COLOR_TAG: method_colour(method.method)})
+        run.set_tags({schema.BEST_GROUP: str(method.best).lower(), RUN_COLOR_TAG: method_colour(method.method)})
 
 
 def record_text(parent: TrackedRun, result: summary.Result, figures: Iterable[Path] = ()) -> None:

@@ -44,7 +44,7 @@ def test_tapp_run_starts_prefect_local_server_records_the_flow_and_stops_it(tmp_
     command += ["--estimate-only", "--rounds", "2", "--methods", "tapp,single-cpu,bsp,pipetorch"]
     done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (tmp_path / "out" / "report" / "step_time.md").is_file()
+    assert len(list((tmp_path / "out" / "tapp").glob("*/step_time.md"))) == 1  # out/EXPERIMENT/RUN_ID
     assert "Error logging to API" not in done.stdout + done.stderr  # logs were sent before the server stopped
     with sqlite3.connect(prefect_home / "prefect.db") as db:
         states = db.execute("SELECT state_type FROM flow_run WHERE name = 'tiny_cnn-local-b16-estimated'").fetchall()

@@ -11,7 +11,7 @@ from typing import Any
 from reports.numbers import ratio_interval, rounded, seconds, seconds_interval
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, single_stage_plan
-from tapp_core.runtime.race import RaceOptions, run_race
+from tapp_core.races import RaceOptions, run_race
 from tasks.evaluate import Evaluation
 from tasks.summary import (
     Links,

@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.server import send_pending_logs_and_events
-from reports import runs
 from reports.folders import MARKER
+from tapp_core import schema
 from tasks.tracking import NOTE_TAG
 
 METHODS = ("tapp", "single-cpu", "bsp", "pipetorch")
@@ -59,10 +59,10 @@ def tapp_run(uri: str, experiment: str, *args: str) -> Seen:
     assert done.exit_code == 0, done.output
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    (parent,) = client.search_runs([experiment_id], f"tags.{runs.KIND} = '{runs.EXPERIMENT}'")
+    (parent,) = client.search_runs([experiment_id], f"tags.{schema.KIND} = '{schema.EXPERIMENT}'")
     nested = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    methods = {r.data.tags[runs.METHOD]: r for r in nested if r.data.tags.get(runs.KIND) == runs.EVALUATION}
-    sampling = next(r for r in nested if r.data.tags.get(runs.STAGE) == "sampling")
+    methods = {r.data.tags[schema.METHOD]: r for r in nested if r.data.tags.get(schema.KIND) == schema.EVALUATION}
+    sampling = next(r for r in nested if r.data.tags.get(schema.STAGE) == "sampling")
     flow_run_id = parent.data.tags["prefect.flow_run_id"]
     send_pending_logs_and_events()
     with get_client(sync_client=True) as prefect:
@@ -131,16 +131,16 @@ def test_every_view_shows_the_same_verdict_speedup_and_step_times(seen: dict[str
     # The speedup, to the digits shown: the verdict, the parent's metrics, the report's CSV, Prefect's table.
     median, low, high = SPEEDUP.search(verdict).groups()  # type: ignore[union-attr]
     metrics = views.parent.data.metrics
-    assert metrics[runs.SPEEDUP] == shown_float(median)
+    assert metrics[schema.SPEEDUP] == shown_float(median)
     csv = pd.read_csv(views.report / "step_time.csv")
     assert csv.loc[0, "speedup BSP/TAPP"] == shown_float(median)
     table = json.loads(views.artifacts["tapp-evaluation"].data)
     assert next(r for r in table if r["method"] == "bsp")["vs_tapp"] == shown_float(median)
     if mode == "measured":
-        assert (metrics[f"{runs.SPEEDUP}_low"], metrics[f"{runs.SPEEDUP}_high"]) == (float(low), float(high))
+        assert (metrics[f"{schema.SPEEDUP}_low"], metrics[f"{schema.SPEEDUP}_high"]) == (float(low), float(high))
         assert (csv.loc[0, "speedup BSP/TAPP low"], csv.loc[0, "speedup BSP/TAPP high"]) == (float(low), float(high))
     else:
-        assert low is None and f"{runs.SPEEDUP}_low" not in metrics
+        assert low is None and f"{schema.SPEEDUP}_low" not in metrics
 
     # Each method's step time (and interval): the terminal's table, the description's, Prefect's table, the
     # method run's metrics and name, the parent's metrics, the report's CSV.
@@ -152,12 +152,12 @@ def test_every_view_shows_the_same_verdict_speedup_and_step_times(seen: dict[str
         assert f"| {method} | **{shown}** |" in views.note or f"| {method} | {shown} |" in views.note
         run = views.methods[method]
         median_text, *interval = shown.replace("[", "").replace("]", "").replace(",", "").split()
-        assert run.data.metrics[runs.STEP_TIME] == float(median_text) == row["step_time_s"]
+        assert run.data.metrics[schema.STEP_TIME] == float(median_text) == row["step_time_s"]
         assert metrics[f"{method}_step_time_s"] == float(median_text) == csv.loc[0, LABELS[method]]
         assert run.info.run_name.startswith(f"{method} {shown} s")
-        assert run.data.tags[runs.BEST_GROUP] == str(row["best_group"]).lower()
+        assert run.data.tags[schema.BEST_GROUP] == str(row["best_group"]).lower()
         if mode == "measured":
-            assert [run.data.metrics[runs.STEP_TIME_LOW], run.data.metrics[runs.STEP_TIME_HIGH]] == [
+            assert [run.data.metrics[schema.STEP_TIME_LOW], run.data.metrics[schema.STEP_TIME_HIGH]] == [
                 float(v) for v in interval
             ]
             assert [csv.loc[0, f"{LABELS[method]} low"], csv.loc[0, f"{LABELS[method]} high"]] == [
