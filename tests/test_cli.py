@@ -102,7 +102,7 @@ def test_measure_races_several_plans(work_dir: Path) -> None:
         plan.save(work_dir / name)
     args = ["--min-rounds", "2", "--max-rounds", "2", "--steps", "1", "--json", "race.json"]
     output = tapp("measure", "--model", "tiny_cnn", "-p", "a.json", "-p", "b.json", "-p", "same_as_a.json", *args)
-    assert "| plan | devices | median s | ± | interval s | rounds | |" in output
+    assert "| plan | devices | median s | interval s | rounds | |" in output and " ± " not in output
     assert "| a.json = same_as_a.json | cpu0 |" in output and "| b.json | cpu0 \\| cpu1 |" in output
     race = json.loads((work_dir / "race.json").read_text())
     assert race["rounds"] == 2 and [p["plan_id"] for p in race["plans"]] == [one_stage.id, two_stages.id]

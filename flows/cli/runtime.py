@@ -216,12 +216,15 @@ def _race(
 
 
 def race_table(result: RaceResult, names: dict[str, str]) -> str:
-    """The race as Markdown: one row per plan, fastest first, the best group marked, then how the race went."""
+    """The race as Markdown: one row per plan, fastest first, its median and interval as every view shows them
+    (``reports.numbers``: ``[low, high]``, never a symmetric ``±``), the best group marked, then how the race went."""
+    from reports.numbers import bracket, seconds
+
     group = {p.id for p in result.best_group()}
     winner = result.winner()
     rows = [
-        "| plan | devices | median s | ± | interval s | rounds | |",
-        "| --- | --- | ---: | ---: | --- | ---: | --- |",
+        "| plan | devices | median s | interval s | rounds | |",
+        "| --- | --- | ---: | --- | ---: | --- |",
     ]
     order = sorted(
         zip(result.plans, result.measurements, strict=True), key=lambda pm: (not pm[1].ok, pm[1].step_time_s)
@@ -230,12 +233,12 @@ def race_table(result: RaceResult, names: dict[str, str]) -> str:
         devices = " \\| ".join("+".join(d) for d in plan.stage_devices)
         interval = measured.interval
         if interval is None:
-            rows.append(f"| {names[plan.id]} | {devices} | – | – | failed: {measured.error} | {measured.rounds} | |")
+            rows.append(f"| {names[plan.id]} | {devices} | – | failed: {measured.error} | {measured.rounds} | |")
             continue
         mark = "winner" if winner is not None and plan.id == winner.id else ("best group" if plan.id in group else "")
         rows.append(
-            f"| {names[plan.id]} | {devices} | {interval.median:.4f} | {interval.half_width:.4f} | "
-            f"[{interval.low:.4f}, {interval.high:.4f}] | {measured.rounds} | {mark} |"
+            f"| {names[plan.id]} | {devices} | {seconds(interval.median)} | {bracket(interval.low, interval.high)} | "
+            f"{measured.rounds} | {mark} |"
         )
     notes = [
         f"{result.rounds} rounds ({result.stop}), {result.elapsed_s:.0f} s; intervals: order statistics over the rounds, "
