@@ -128,8 +128,13 @@ class Experiment:
 
     @property
     def methods(self) -> list[Any]:
-        """The children that evaluated a method (a ``method`` tag), best step time first."""
-        runs = [run for run in self.children if "method" in run.data.tags]
+        """The children that evaluated a method (``run_kind`` ``evaluation``, a ``method`` tag: not the runs that
+        trained a method's plan), best step time first."""
+        runs = [
+            run
+            for run in self.children
+            if "method" in run.data.tags and run.data.tags.get("run_kind", "evaluation") == "evaluation"
+        ]
         return sorted(runs, key=lambda run: run.data.metrics.get(STEP_METRIC, float("inf")))
 
 

@@ -31,7 +31,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from reports.folders import check_report_folder, run_report_folder
-from reports.numbers import seconds
+from reports.numbers import rounded, seconds
 from tapp_core import schema
 from tapp_core.calibration import cluster_calibration
 from tapp_core.cluster import scaled_name
@@ -397,8 +397,8 @@ one)."""
 def _train(
     parent: TrackedRun, tags: ExperimentTags, config: ExperimentConfig, evaluations: dict[str, Evaluation]
 ) -> list[str]:
-    """Train each of the paper's methods' plans (a plan two methods chose, once: the second records the first's
-    result); returns the failures."""
+    """Train each of the paper's methods' plans (plans that run the same, ``Plan.execution_id``, once: the second
+    method records the first's result); returns the failures."""
     chosen = [m for m in evaluations if m in TRAINED_METHODS]
     failed = []
     trained: dict[str, tuple[str, TrainResult]] = {}
@@ -406,13 +406,13 @@ def _train(
     progress = StageProgress("training", len(chosen), f"training each plan on {config.dataset}, {what}")
     for done, method in enumerate(chosen, start=1):
         evaluation = evaluations[method]
-        shared = trained.get(evaluation.plan.id)
+        shared = trained.get(evaluation.plan.execution_id)
         state = train_method(
             method, evaluation.plan, evaluation.step_time_s, config, parent.ref, tags, shared, return_state=True
         )
         if state.is_completed():
             result = state.result()
-            trained.setdefault(evaluation.plan.id, (method, result))
+            trained.setdefault(evaluation.plan.execution_id, (method, result))
             progress.update(done, f"{method} {result.test_accuracy:.1%} after {sum(result.epoch_times_s):.1f} s")
         else:
             failed.append(f"training of {method}")
@@ -445,9 +445,9 @@ def _race_conditions(parent: TrackedRun, race: RaceResult | None) -> None:
         {
             "race_rounds": race.rounds,
             "race_plans": len(race.plans),
-            schema.LOAD_BEFORE: race.load_before,
-            schema.LOAD_AFTER: race.load_after,
-            schema.HOST_OTHER_CPU: race.other_cpu_share,
+            schema.LOAD_BEFORE: rounded(race.load_before),  # rounded for reading: MLflow shows metrics raw
+            schema.LOAD_AFTER: rounded(race.load_after),
+            schema.HOST_OTHER_CPU: rounded(race.other_cpu_share),
         }
     )
     parent.set_tags({schema.RACE_STOP: race.stop, schema.HOST_OVERLOADED: str(race.overloaded).lower()})

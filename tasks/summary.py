@@ -174,9 +174,16 @@ def _answer(story: SearchStory) -> str:
     if pipeline is None:
         return "TAPP's answer: do not split; no plan over several devices fitted the cluster."
     single_text = f"{seconds(single.step_time_s)} s ({single.shape})" if single else "–"
+    why = ""
+    if single is not None and pipeline.step_time_s < single.step_time_s and story.final_race is not None:
+        why = (
+            " The cost model rated the split faster, but measured in the final race no plan over several devices was "
+            "faster beyond the noise (a tie goes to the plan with fewer devices)."
+        )
     return (
         f"TAPP's answer: do not split ({story.chosen.shape}). The best plan over several devices it found was "
         f"estimated at {seconds(pipeline.step_time_s)} s ({pipeline.shape}), the best single device at {single_text}."
+        + why
     )
 
 

@@ -14,12 +14,13 @@ import itertools
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from reports.figures import method_colour
 from tapp_core import schema
 from tapp_core.plan import Plan
 from tapp_core.runtime import TrainResult
 from tasks.config import ExperimentConfig
 from tasks.measure import pool_for
-from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
+from tasks.tracking import RUN_COLOR_TAG, ExperimentTags, RunRef, TrackedRun, tracked_run
 
 
 class TrainingFailed(RuntimeError):
@@ -51,6 +52,7 @@ def train_method(
             "test_samples": config.test_samples,
         }
         run.log_params({k: v for k, v in params.items() if v is not None})
+        run.set_tags({RUN_COLOR_TAG: method_colour(method)})  # the method's colour, as its evaluation run's
         if shared is not None:
             run.set_tags({schema.TRAINED_AS: shared[0]})
             result = shared[1]

@@ -185,6 +185,8 @@ def test_accuracy_table_holds_the_trained_plans_accuracy(measured: tuple[Experim
         # The budget is in the plan's own steps: its measured step time times its steps is about one second.
         step_time = nested[method].data.metrics[schema.STEP_TIME]
         assert steps == 2 * max(1, int(1.0 / step_time) // 2)
+        source = nested[method].data.tags.get(schema.MEASUREMENT_FROM)  # a plan that runs as another's: trained once
+        assert run.data.tags.get(schema.TRAINED_AS) == (source if source in labels else None)
     assert (result.report_dir / "accuracy_vs_time.png").stat().st_size > 0
 
 

@@ -14,6 +14,7 @@ from tapp_core.plan import Plan, single_stage_plan
 from tapp_core.races import RaceOptions, run_race
 from tasks.evaluate import Evaluation
 from tasks.summary import (
+    FinalRace,
     Links,
     PlanTime,
     Result,
@@ -210,6 +211,15 @@ def test_the_search_in_sentences() -> None:
         "TAPP's answer: do not split (cpu0, m=1, 1f1b). The best plan over several devices it found was estimated at "
         "0.2474 s (2 stages on cpu0 → cpu1, 2 micro-batches, 1f1b), the best single device at 0.1816 s (cpu0, m=1, "
         "gpipe)."
+    )
+    race = FinalRace(5, 12, "max rounds", False, story.chosen, 3)
+    rated_faster = dataclasses.replace(
+        story, best_pipeline=PlanTime("p3", "2 stages on cpu0 → cpu2", 2, 0.17), final_race=race
+    )
+    assert search_sentences(rated_faster)[-1].endswith(
+        "the best single device at 0.1816 s (cpu0, m=1, gpipe). The cost model rated the split faster, but measured "
+        "in the final race no plan over several devices was faster beyond the noise (a tie goes to the plan with "
+        "fewer devices)."
     )
     split = dataclasses.replace(story, chosen=PlanTime("p2", "2 stages on cpu0 → cpu1", 2, 0.15))
     assert search_sentences(split)[-1].startswith("TAPP's answer: split, 2 stages on cpu0 → cpu1, estimated 0.1500 s")

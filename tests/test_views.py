@@ -95,7 +95,7 @@ def seen(
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         patch.setenv("TAPP_CACHE_DIR", str(folder / ".tapp"))
-        quick = ("--rounds", "3", "--samples-per-round", "4")
+        quick = ("--rounds", "3", "--samples-per-round", "4", "--train-seconds", "0")  # training: tests/test_flows.py
         estimated = tapp_run(
             mlflow_store, "views-estimated", "--model", "mlp", "--batch-size", "8", "--estimate-only", *quick
         )
