@@ -48,7 +48,7 @@ from tapp_core.runtime import WorkerPool  # noqa: E402
 from tapp_core.runtime.calibration import calibration_path, cluster_calibration  # noqa: E402
 
 MODELS = ("alexnet", "vgg16")
-PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "tapp")
+PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "pipeline-cd", "tapp")
 
 
 def one_library(
@@ -84,7 +84,7 @@ def runs_as(plan: Plan) -> str:
 
 
 def candidate_plans(
-    library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, tapp_rounds: int
+    library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, tapp_rounds: int, schedule: str
 ) -> dict[str, Plan]:
     """Every planner's plan under the per-kind model and the one-library model, and each device alone; one of
     each that runs the same (``runs_as``)."""
@@ -94,9 +94,9 @@ def candidate_plans(
         plan = single_stage_plan(library, [device], batch_size=batch)
         plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"alone on {device}"))
     for name in PLANNERS:
-        options: dict[str, object] = {"batch_size": batch, "seed": 0}
+        options: dict[str, object] = {"batch_size": batch, "seed": 0, "schedule": schedule}
         if name == "tapp":
-            options["rounds"] = tapp_rounds
+            options |= {"rounds": tapp_rounds, "schedules": (schedule,)}
         for tag, (lib, clu, cal) in {
             "per kind": (library, cluster, calibration),
             "one library": (base, scaled, single_calibration),
@@ -151,6 +151,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tapp-rounds", type=int, default=30)
     parser.add_argument("--calibrate", action="store_true", help="measure the calibration first (tapp calibrate)")
+    parser.add_argument(
+        "--schedule", default="1f1b", help="the schedule every planner plans (async: asynchronous plans' error)"
+    )
     args = parser.parse_args()
     # The one-library model lacks the other kinds on purpose: its warning says what this bench already knows.
     warnings.filterwarnings("ignore", message="no layer library of kind")
@@ -166,7 +169,8 @@ def main() -> int:
             calibrate(cluster, library).save(calibration_path(args.cluster))
         calibration = cluster_calibration(args.cluster, cluster, library)
         print(f"calibration: {calibration.note or 'ideal'}")
-        plans = list(candidate_plans(library, cluster, calibration, args.batch_size, args.tapp_rounds).values())
+        found = candidate_plans(library, cluster, calibration, args.batch_size, args.tapp_rounds, args.schedule)
+        plans = list(found.values())
         print(f"{len(plans)} distinct plans; measuring {args.rounds} interleaved rounds of {args.steps} steps")
         with WorkerPool(cluster) as pool:
             pool.prepare(model)

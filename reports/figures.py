@@ -6,6 +6,7 @@ and drawing works in worker threads and headless processes alike.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -76,7 +77,7 @@ def gantt(
     axes.set_yticks(range(len(devices)), [f"{d}\nstage {stage_of[d]}" for d in devices])
     axes.set_ylim(len(devices) - 0.5, -0.6)
     axes.set_xlabel("time (s)")
-    axes.set_title(f"{title} — step time {step_time:.4g} s")
+    axes.set_title("\n".join(textwrap.wrap(f"{title} — step time {step_time:.4g} s", 150)))
     kinds = [k for k in OP_KINDS if any(op.kind == k for op in timeline)]
     handles = [Patch(color=KIND_COLOURS[k], label=KIND_LABELS.get(k, k)) for k in kinds]
     # Below the axis label, outside the axes: the constrained layout makes room for it, so nothing overlaps.

@@ -15,6 +15,7 @@ all): ``check_shape``, ``check_layers``, ``check_stages_used``, ``check_edges``,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -92,11 +93,30 @@ class Plan:
             raise PlanError(f"bucket_bytes must be 0 or more, got {self.bucket_bytes}")
         if self.stage_shares and len(self.stage_shares) != len(self.stage_devices):
             raise PlanError(f"plan gives shares for {len(self.stage_shares)} stages but has {len(self.stage_devices)}")
+        for stage, (shares, devices) in enumerate(zip(self.stage_shares, self.stage_devices, strict=False)):
+            if len(shares) != len(devices):
+                raise PlanError(f"stage {stage}: {len(shares)} shares for {len(devices)} devices")
 
     @property
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule object of ``schedule``: its order of operations, activations in flight and so on."""
         return schedule_for(self.schedule, self.staleness)
+
+    def regrouped(
+        self, stage_of_layer: tuple[int, ...] | None = None, stage_devices: tuple[tuple[str, ...], ...] | None = None
+    ) -> Plan:
+        """This plan with other stages or device groups: a stage keeps its shares while it keeps its group (a new
+        group shares equally); the signatures stay on the layers still on a group of several devices."""
+        layers = self.stage_of_layer if stage_of_layer is None else stage_of_layer
+        groups = self.stage_devices if stage_devices is None else stage_devices
+        shares: tuple[tuple[float, ...], ...] = ()
+        if self.stage_shares:
+            old = dict(zip(self.stage_devices, self.stage_shares, strict=True))
+            shares = tuple(old.get(group, even_shares(len(group))) for group in groups)
+        signatures = tuple((x, sig) for x, sig in self.signatures if len(groups[layers[x]]) > 1)
+        return dataclasses.replace(
+            self, stage_of_layer=layers, stage_devices=groups, stage_shares=shares, signatures=signatures
+        )
 
     @property
     def schedule_spec(self) -> str:
@@ -139,6 +159,27 @@ class Plan:
 
     def stage_layers(self, stage: int) -> list[int]:
         return [i for i, s in enumerate(self.stage_of_layer) if s == stage]
+
+    def describe(self, library: LayerLibrary | None = None) -> str:
+        """The plan in one line: its stages (devices, shares where unequal, split layers by name with a library),
+        micro-batches and schedule (with its staleness bound), e.g. ``cpu0 | cpu1+cpu2 (0.6/0.4; fc1 col, fc2 row),
+        m=2, async (staleness 1)``."""
+        stages = []
+        for s, group in enumerate(self.stage_devices):
+            text = "+".join(group)
+            details = []
+            if self.stage_shares and len(set(self.stage_shares[s])) > 1:
+                details.append("/".join(f"{x:.2g}" for x in self.stage_shares[s]))
+            split = [
+                f"{library.layers[x].name if library else f'layer {x}'} {sig}"
+                for x, sig in self.signatures
+                if self.stage_of_layer[x] == s
+            ]
+            if split:
+                details.append(", ".join(split))
+            stages.append(f"{text} ({'; '.join(details)})" if details else text)
+        schedule = self.schedule + (f" (staleness {self.staleness})" if self.staleness is not None else "")
+        return f"{' | '.join(stages)}, m={self.micro_batches}, {schedule}"
 
     def canonical(self) -> dict[str, object]:
         """The content that decides what runs; the id is its hash. Planner name and notes are not part of it. The
@@ -198,9 +239,8 @@ class Plan:
                 planner=str(data.get("planner", "")),
                 notes=dict(notes),
                 staleness=None if data.get("staleness") is None else _integer(data["staleness"], "staleness"),
-                bucket_bytes=None
-                if data.get("bucket_bytes") is None
-                else _integer(data["bucket_bytes"], "bucket_bytes"),
+                bucket_bytes=None if data.get("bucket_bytes") is None else _integer(data["bucket_bytes"], "bytes"),
+                signatures=_signatures(data.get("signatures") or {}),
                 stage_shares=tuple(
                     tuple(_number(x, "stage_shares") for x in _items(shares))
                     for shares in _items(data.get("stage_shares") or [])
@@ -316,7 +356,7 @@ def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:
     if output == SAMPLES:
         return 1.0
     held = plan.micro_batch_size * (share if isinstance(output, Split) else 1.0)
-    return held / rows
+    return held / max(rows, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from tasks.measure import RuntimeSettings, race_plans
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
 PAPER_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch")
-OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle")
+OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle", "pipeline-cd")
 KNOWN_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu", *OTHER_METHODS)
 MEASUREMENT_FROM = runs.MEASUREMENT_FROM
 

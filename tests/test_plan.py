@@ -77,7 +77,6 @@ def test_valid_plan_passes() -> None:
             two_stage(micro_batches=4, stage_devices=(("d0",), ("d1", "d2", "d3"))),
             r"device 'd3' of stage 1 gets no sample of the micro-batch of 2",
         ),
-        (two_stage(stage_shares=((1.0,), (0.5, 0.2))), r"stage 1: 2 shares for 1 devices"),
     ],
 )
 def test_invalid_plans_name_the_problem(plan: Plan, message: str) -> None:
@@ -152,3 +151,30 @@ def test_rows_follow_the_shares_and_single_stage() -> None:
     bsp = single_stage_plan(library, ["d0", "d1"], planner="bsp")
     assert bsp.n_stages == 1 and bsp.stage_devices == (("d0", "d1"),) and bsp.stage_of_layer == (0, 0, 0)
     validate(bsp, library, make_cluster([1, 1]))
+
+
+def test_shares_must_fit_their_groups() -> None:
+    with pytest.raises(PlanError, match=r"stage 1: 2 shares for 1 devices"):
+        two_stage(stage_shares=((1.0,), (0.5, 0.5)))
+    with pytest.raises(PlanError, match=r"shares must sum to 1"):
+        validate(
+            two_stage(stage_devices=(("d0",), ("d1", "d2")), stage_shares=((1.0,), (0.5, 0.2))),
+            chain_library(4),
+            make_cluster([1, 1, 1]),
+        )
+
+
+def test_every_field_survives_json_and_the_id_is_its_content() -> None:
+    plan = two_stage(
+        schedule="async",
+        staleness=1,
+        stage_devices=(("d0",), ("d1", "d2")),
+        stage_shares=((1.0,), (0.75, 0.25)),
+        signatures={"2": "col", "3": "row"},
+        bucket_bytes=0,
+    )
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.id == plan.id
+    assert again.signatures == ((2, "col"), (3, "row")) and again.staleness == 1 and again.bucket_bytes == 0
+    assert plan.describe() == "d0 | d1+d2 (0.75/0.25; layer 2 col, layer 3 row), m=2, async (staleness 1)"
+    assert two_stage().id == two_stage(signatures={"2": "data"}).id, "data is every layer's default: no field"

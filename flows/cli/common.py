@@ -24,7 +24,18 @@ if TYPE_CHECKING:
 console = Console()
 error_console = Console(stderr=True)
 
-METHODS = ("tapp", "single-cpu", "single-gpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle")
+METHODS = (
+    "tapp",
+    "single-cpu",
+    "single-gpu",
+    "bsp",
+    "even",
+    "pipetorch",
+    "pipedream",
+    "autoddl",
+    "pipeline-cd",
+    "oracle",
+)
 """The methods, by the names every command, MLflow's ``method`` tag and the report's runs use (the planners'
 registry, ``tapp_core.planners.PLANNER_NAMES``; written out here so that ``--help`` needs no import of it)."""
 DEFAULT_MODEL = "alexnet"

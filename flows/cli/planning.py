@@ -27,6 +27,7 @@ from flows.cli.common import (
     progress_bars,
 )
 from tapp_core.errors import TappError
+from tapp_core.metrics import step_kind
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -162,8 +163,8 @@ def plan(
     predicted = estimate(found, layers, target, fitted)
     console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
     console.print(
-        f"{planner} plan {found.id}: {found.n_stages} stage(s) on {', '.join('+'.join(d) for d in found.stage_devices)}, "
-        f"{found.micro_batches} micro-batches, {found.schedule}; estimated step time {predicted.step_time:.4f} s"
+        f"{planner} plan {found.id}: {found.describe(layers)}; estimated {step_kind(found.pipeline_schedule)} "
+        f"{predicted.step_time:.4f} s"
     )
     console.print(f"wrote {out}")
 
@@ -243,25 +244,28 @@ def simulate(
         console.print_json(json.dumps(predicted.to_dict(include_timeline=False), default=float))
     else:
         console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
-        _print_estimate(chosen, predicted)
+        _print_estimate(chosen, predicted, layers)
     if gantt is not None:
         from reports.figures import gantt as draw_gantt
 
-        draw_gantt(predicted, gantt, title=f"{model} on {target.name}: plan {chosen.id} ({chosen.schedule})")
+        draw_gantt(predicted, gantt, title=f"{model} on {target.name}: {chosen.describe(layers)}")
         console.print(f"wrote {gantt}")
 
 
-def _print_estimate(chosen: Plan, predicted: Estimate) -> None:
+def _print_estimate(chosen: Plan, predicted: Estimate, layers: LayerLibrary) -> None:
     console.print(
-        f"plan {chosen.id}: {chosen.n_stages} stage(s), {chosen.micro_batches} micro-batches, {chosen.schedule}; "
-        f"estimated step time [bold]{predicted.step_time:.4f} s[/], communication share {predicted.communication_share:.1%}"
+        f"plan {chosen.id}: {chosen.describe(layers)}; estimated {step_kind(chosen.pipeline_schedule)} "
+        f"[bold]{predicted.step_time:.4f} s[/], communication share {predicted.communication_share:.1%}"
     )
-    table = Table("device", "stage", "compute s", "communication s", "idle s", "peak memory MiB")
+    table = Table("device", "stage", "share", "compute s", "communication s", "idle s", "peak memory MiB")
     stage_of = {d: s for s, devices in enumerate(chosen.stage_devices) for d in devices}
     for device in predicted.compute:
+        stage = stage_of[device]
+        share = chosen.shares(stage)[chosen.stage_devices[stage].index(device)]
         table.add_row(
             device,
-            str(stage_of.get(device, "")),
+            str(stage),
+            f"{share:.3g}",
             f"{predicted.compute[device]:.4f}",
             f"{predicted.communication[device]:.4f}",
             f"{predicted.idle[device]:.4f}",

@@ -36,6 +36,7 @@ _REGISTRY: dict[str, str] = {
     "pipetorch": "pipetorch:PipeTorchPlanner",
     "pipedream": "pipedream:PipeDreamPlanner",
     "autoddl": "autoddl:AutoDdlPlanner",
+    "pipeline-cd": "pipeline_cd:PipelineCdPlanner",
     "oracle": "oracle:OraclePlanner",
     "single": "single:SinglePlanner",
 }

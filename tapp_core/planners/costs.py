@@ -17,7 +17,7 @@ interchangeable devices) group them by library, since two libraries' prefix sums
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +26,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.costs import Calibration, DeviceTerms, device_terms, staging_s
 from tapp_core.kinds import device_kind, device_library
 from tapp_core.library import LayerLibrary
+from tapp_core.placement import normalized_shares
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,12 @@ def relative_speeds(library: LayerLibrary, cluster: Cluster) -> dict[str, float]
             speed *= library.layer_time_sum_s / chosen.library.layer_time_sum_s
         speeds[device.name] = speed
     return speeds
+
+
+def speed_shares(speeds: Mapping[str, float], group: Sequence[str]) -> tuple[float, ...]:
+    """A group's shares of its work in proportion to its devices' ``speeds`` (``relative_speeds``), so that it
+    does not run at its slowest member's pace (Metis, HetPipe)."""
+    return normalized_shares([speeds[d] for d in group])
 
 
 def device_classes(cluster: Cluster) -> list[list[str]]:

@@ -17,7 +17,7 @@ from tapp_core.cluster import Cluster
 from tapp_core.costmodel import estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, device_memory_bytes, validate
+from tapp_core.plan import Plan, PlanError, check_memory, device_memory_bytes, validate
 
 
 class MemoryScreen:
@@ -25,11 +25,20 @@ class MemoryScreen:
     sums vectorised over layers."""
 
     def __init__(self, library: LayerLibrary, cluster: Cluster) -> None:
+        self.library, self.cluster = library, cluster
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
         self.activations = np.array([layer.activation_bytes for layer in library.layers], dtype=np.float64)
         self.memory = {d.name: d.memory for d in cluster.devices}
 
     def fits(self, plan: Plan) -> bool:
+        if plan.signatures:  # split weights: each device holds its share (the full count, layer by layer)
+            if any(len(devices) > plan.micro_batch_size for devices in plan.stage_devices):
+                return False
+            try:
+                check_memory(plan, self.library, self.cluster)
+            except PlanError:
+                return False
+            return True
         stages = np.asarray(plan.stage_of_layer)
         params = np.bincount(stages, self.params, plan.n_stages)
         activations = np.bincount(stages, self.activations, plan.n_stages)

@@ -14,7 +14,6 @@ names, so large clusters of a few kinds of device cost a few moves, not one per 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -107,10 +106,10 @@ def merged_neighbours(plan: Plan) -> Iterator[Plan]:
         merged = [groups[j], groups[j + 1]] + ([both] if len(both) <= plan.micro_batch_size else [])
         for group in merged:
             devices = (*groups[:j], group, *groups[j + 2 :])
-            yield dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices)
+            yield plan.regrouped(stage_of_layer=stages, stage_devices=devices)
 
 
 def collapsed(plan: Plan, devices: Sequence[str]) -> Iterator[Plan]:
     """The whole model on one of ``devices``, a single-stage plan each, at the plan's micro-batch count."""
     for device in devices:
-        yield dataclasses.replace(plan, stage_of_layer=(0,) * len(plan.stage_of_layer), stage_devices=((device,),))
+        yield plan.regrouped(stage_of_layer=(0,) * len(plan.stage_of_layer), stage_devices=((device,),))

@@ -21,6 +21,10 @@ the notes say which part was cut (``groupings_cut``, ``incumbents_cut``).
 
 ``best_cuts`` is the branch and bound on one device grouping alone (TAPP's polish uses it on the best groupings it
 found).
+
+What the space leaves out (the notes' ``leaves_out`` says so on every plan): operator parallelism (a group's layers
+run data parallel, never split: ``placement`` signatures) and unequal shares (a group shares its work equally). Its
+optimum is the optimum of pipelines of data-parallel stages; a plan with split layers can beat it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from tapp_core.planners.bounds import Chain, StepTimeBound
 from tapp_core.planners.costs import device_classes, relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
+
+LEAVES_OUT = "split layers (operator parallelism) and unequal shares: groups run data parallel with equal shares"
 
 MAX_DEVICES = 16
 """The oracle refuses larger clusters: it enumerates every ordered grouping of the devices."""
@@ -231,6 +237,7 @@ class OraclePlanner(PlannerBase):
             "groupings_cut": groupings_cut,
             "incumbents_cut": incumbents_cut,
             "pruned": search.pruned,
+            "leaves_out": LEAVES_OUT,
         }
         return dataclasses.replace(evaluator.best_plan, notes=notes)
 

@@ -3,8 +3,10 @@
 One sample is: a number of stages ``k`` and a group among the first ``k`` for every layer (partition network), the
 monotone repair (``repair``), a schedule among the search's (its one-hot joins every group's features, so the
 allocation network knows which schedule it places for), a device for every non-empty group in pipeline order and,
-for every device left over, a group to replicate or none (allocation network), and a micro-batch count among those
-that give every replica a sample.
+for every device left over, a group to join or none (allocation network), for every group of several devices how
+it runs its layers (``patterns.PATTERNS``: data parallel with equal shares, or a split of its Linear and Conv2d
+layers with shares in proportion to its devices' speeds), and a micro-batch count among those that give every
+device of a group a sample.
 So one stage on one device, with every other device idle, is a sample like any other. ``sample`` returns the
 plans and the log-probability of each sample (with gradients, for REINFORCE) and the policy's entropy.
 """
@@ -21,8 +23,10 @@ from torch.nn import functional as F
 
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary
+from tapp_core.placement import even_shares
 from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts, relative_speeds
+from tapp_core.planners.costs import LayerCosts, relative_speeds, speed_shares
+from tapp_core.planners.patterns import PATTERNS, pattern_signatures, splittable, with_signatures
 from tapp_core.planners.tapp.features import (
     DEVICE_FEATURES,
     METRIC_NAMES,
@@ -72,6 +76,8 @@ class Actions:
     """(samples,) index into the micro-batch choices."""
     schedule: np.ndarray
     """(samples,) index into the schedule choices."""
+    patterns: np.ndarray
+    """(samples, groups) index into ``PATTERNS`` of every group of several devices, -1 for the others."""
 
 
 @dataclass
@@ -98,7 +104,7 @@ class PolicySample:
     log_prob: torch.Tensor
     """(samples,) log-probability of every sample's decisions, with gradients."""
     entropy: torch.Tensor
-    """Mean over the six kinds of decision of the mean entropy per decision, with gradients."""
+    """Mean over the seven kinds of decision of the mean entropy per decision, with gradients."""
 
 
 def initial_shares(split: str, speeds: np.ndarray, groups: int) -> list[float]:
@@ -173,6 +179,10 @@ class TappPolicy(nn.Module):
         self.allocation = AllocationNetwork(group_dim, len(DEVICE_FEATURES), config.key_dim)
         self.micro_batch_logits = nn.Parameter(torch.zeros(len(self.micro_batch_choices)))
         self.schedule_logits = nn.Parameter(torch.zeros(len(self.schedules)))
+        self.pattern_logits = nn.Parameter(torch.zeros(groups, len(PATTERNS)))
+        self.splittable = splittable(library)
+        self.weights = {x.index: x.param_bytes for x in library.layers}
+        self.speed_of = dict(zip(self.device_names, speeds.tolist(), strict=True))
 
     # --- sampling and scoring ----------------------------------------------------------------------------------
 
@@ -201,6 +211,7 @@ class TappPolicy(nn.Module):
             and len(order) == len(self.library.layers)
             and order == sorted(order)
             and set(plan.devices) <= set(self.device_names)
+            and all(p >= 0 for p, g in zip(self._patterns_of(plan), plan.stage_devices, strict=False) if len(g) > 1)
         )
 
     def draw_partition(
@@ -257,7 +268,26 @@ class TappPolicy(nn.Module):
             replicas=replicas,
             micro=np.array([self.micro_batch_choices.index(plan.micro_batches) for plan in plans]),
             schedule=np.array([self.schedules.index(plan.schedule_spec) for plan in plans]),
+            patterns=np.array([self._patterns_of(plan) for plan in plans], dtype=np.int64).reshape(len(plans), -1),
         )
+
+    def _patterns_of(self, plan: Plan) -> list[int]:
+        """The pattern of every group slot of ``plan`` (-1: one device, or none matches)."""
+        out = [-1] * self.config.groups
+        for g, group in enumerate(plan.stage_devices):
+            if len(group) < 2:
+                continue
+            for k in range(len(PATTERNS)):
+                probe = np.full(self.config.groups, -1, dtype=np.int64)
+                probe[g] = k
+                signatures, shares = self._placements(np.asarray(plan.stage_of_layer), plan.stage_devices, probe)
+                mine = tuple((x, s) for x, s in plan.signatures if plan.stage_of_layer[x] == g)
+                own_shares = plan.shares(g)
+                expected = shares[g] if shares else even_shares(len(group))
+                if mine == signatures and own_shares == expected:
+                    out[g] = k
+                    break
+        return out
 
     def complete(
         self,
@@ -288,14 +318,47 @@ class TappPolicy(nn.Module):
         micro, micro_log_prob, micro_entropy = self._micro_batches(
             replicas, generator, None if forced is None else forced.micro
         )
+        patterns, pattern_log_prob, pattern_entropy = self._patterns(
+            replicas, generator, None if forced is None else forced.patterns
+        )
         log_prob = draw.log_prob + place_log_prob + replica_log_prob + micro_log_prob + schedule_log_prob
+        log_prob = log_prob + pattern_log_prob
         entropy = torch.stack(
-            [draw.stage_entropy, draw.entropy, place_entropy, replica_entropy, micro_entropy, schedule_entropy]
+            [
+                draw.stage_entropy,
+                draw.entropy,
+                place_entropy,
+                replica_entropy,
+                micro_entropy,
+                schedule_entropy,
+                pattern_entropy,
+            ]
         ).mean()
         plans = [
-            self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s], int(schedule[s])) for s in range(count)
+            self._plan(stages[s], n_stages[s], placed[s], replicas[s], micro[s], int(schedule[s]), patterns[s])
+            for s in range(count)
         ]
         return PolicySample(plans, log_prob, entropy)
+
+    def _patterns(
+        self, replicas: np.ndarray, generator: torch.Generator | None, forced: np.ndarray | None
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """A pattern for every group of several devices (-1 for the others), their log-probability and entropy."""
+        samples, groups = replicas.shape[0], self.config.groups
+        grouped = np.zeros((samples, groups), dtype=bool)
+        for s in range(samples):
+            grouped[s, replicas[s][replicas[s] >= 0]] = True
+        log_p = F.log_softmax(self.pattern_logits, dim=1)
+        if forced is None:
+            flat = torch.multinomial(log_p.exp().detach(), samples, replacement=True, generator=generator)
+            chosen = flat.T.numpy()
+        else:
+            chosen = np.maximum(forced, 0)
+        mask = torch.as_tensor(grouped)
+        picked = log_p[torch.arange(groups)[None, :], torch.as_tensor(chosen)]
+        entropy = -(log_p.exp() * log_p).sum(dim=1)
+        weighted = (entropy[None, :] * mask).sum() / mask.sum().clamp(min=1)
+        return np.where(grouped, chosen, -1), (picked * mask).sum(dim=1), weighted
 
     @staticmethod
     def _categorical(
@@ -433,13 +496,21 @@ class TappPolicy(nn.Module):
         return np.array(self.micro_batch_choices)[chosen.numpy()], log_prob, entropy
 
     def _plan(
-        self, stages: np.ndarray, n_stages: int, placed: np.ndarray, replicas: np.ndarray, micro: int, schedule: int
+        self,
+        stages: np.ndarray,
+        n_stages: int,
+        placed: np.ndarray,
+        replicas: np.ndarray,
+        micro: int,
+        schedule: int,
+        patterns: np.ndarray,
     ) -> Plan:
         name, staleness = self._schedule_specs[schedule]
         devices = []
         for g in range(n_stages):
             extra = [self.device_names[d] for d in range(len(self.device_names)) if replicas[d] == g]
             devices.append((self.device_names[placed[g]], *extra))
+        signatures, shares = self._placements(stages, devices, patterns)
         return Plan(
             model=self.library.model,
             batch_size=self.batch_size,
@@ -448,4 +519,21 @@ class TappPolicy(nn.Module):
             staleness=staleness,
             stage_of_layer=tuple(stages.tolist()),
             stage_devices=tuple(devices),
+            signatures=signatures,
+            stage_shares=shares,
         )
+
+    def _placements(
+        self, stages: np.ndarray, devices: Sequence[tuple[str, ...]], patterns: np.ndarray
+    ) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[float, ...], ...]]:
+        """The signatures and shares the groups' patterns give: data parallel groups share equally, split ones in
+        proportion to their devices' speeds."""
+        chosen: dict[int, str] = {}
+        shares = [even_shares(len(group)) for group in devices]
+        for g, group in enumerate(devices):
+            if len(group) > 1 and PATTERNS[patterns[g]] != "data":
+                layers = [x for x in self.splittable if stages[x] == g]
+                chosen.update(pattern_signatures(PATTERNS[patterns[g]], layers, self.weights))
+                shares[g] = speed_shares(self.speed_of, group)
+        uneven = any(s != even_shares(len(s)) for s in shares)
+        return with_signatures((), chosen), (tuple(shares) if uneven else ())

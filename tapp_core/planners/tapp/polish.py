@@ -237,14 +237,14 @@ class Polish:
             for shift in (sign * size for size in sizes for sign in (-1, 1)):
                 if cut + shift in allowed:
                     stages = stages_from_cuts(n, moved_cut(cuts, j, cut + shift))
-                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages))
+                    neighbours.append(plan.regrouped(stage_of_layer=stages))
         for j in range(len(cuts) - 1):
             low = cuts[j - 1] if j > 0 else 0
             high = cuts[j + 2] if j + 2 < len(cuts) else n
             for shift in (sign * size for size in sizes for sign in (-1, 1)):
                 if low < cuts[j] + shift and cuts[j + 1] + shift < high:
                     moved = (*cuts[:j], cuts[j] + shift, cuts[j + 1] + shift, *cuts[j + 2 :])
-                    neighbours.append(dataclasses.replace(plan, stage_of_layer=stages_from_cuts(n, moved)))
+                    neighbours.append(plan.regrouped(stage_of_layer=stages_from_cuts(n, moved)))
         return neighbours
 
     def device_moves(self, plan: Plan) -> list[Plan]:
@@ -252,20 +252,20 @@ class Polish:
         interchangeable devices); each of these also with its stages re-balanced to the new speeds
         (``rebalanced``)."""
         groups = plan.stage_devices
-        moves = [dataclasses.replace(plan, stage_devices=swapped) for swapped in swapped_groups(groups, self.class_of)]
+        moves = [plan.regrouped(stage_devices=swapped) for swapped in swapped_groups(groups, self.class_of)]
         unused = one_per_class(unused_devices(groups, self.cluster.device_names), self.class_of)
         for stage in range(len(groups)):
             for device in unused:
-                moves.append(dataclasses.replace(plan, stage_devices=with_group(groups, stage, (device,))))
+                moves.append(plan.regrouped(stage_devices=with_group(groups, stage, (device,))))
                 replicated = with_group(groups, stage, (*groups[stage], device))
-                moves.append(dataclasses.replace(plan, stage_devices=replicated))
+                moves.append(plan.regrouped(stage_devices=replicated))
         return moves + [self.rebalanced(move) for move in moves]
 
     def shrink_moves(self, plan: Plan) -> list[Plan]:
         """Moves to fewer devices or stages: a replica dropped (one per class) or two neighbouring stages merged,
         each also re-balanced; the whole model on one of the plan's devices (one per class)."""
         groups = plan.stage_devices
-        moves = [dataclasses.replace(plan, stage_devices=fewer) for fewer in dropped_replicas(groups, self.class_of)]
+        moves = [plan.regrouped(stage_devices=fewer) for fewer in dropped_replicas(groups, self.class_of)]
         moves += list(merged_neighbours(plan))
         moves += [self.rebalanced(move) for move in moves if move.n_stages > 1]
         used = [d for group in groups for d in group]
@@ -295,7 +295,7 @@ class Polish:
                 stages = stages_from_cuts(n, [*cuts[:j], low, low + 1, *cuts[j + 1 :]])
                 for relay in relays:
                     devices = (*plan.stage_devices[: j + 1], relay, *plan.stage_devices[j + 1 :])
-                    moves.append(dataclasses.replace(plan, stage_of_layer=stages, stage_devices=devices))
+                    moves.append(plan.regrouped(stage_of_layer=stages, stage_devices=devices))
         return moves
 
     def _relay_groups(self, unused: Sequence[str]) -> list[tuple[str, ...]]:
@@ -316,7 +316,7 @@ class Polish:
         work = self.layer_work(plan.micro_batch_size)
         shares = [len(group) * min(self.speeds[d] for d in group) for group in plan.stage_devices]
         cuts = balanced_cuts(work.tolist(), shares)
-        return dataclasses.replace(plan, stage_of_layer=stages_from_cuts(len(work), cuts))
+        return plan.regrouped(stage_of_layer=stages_from_cuts(len(work), cuts))
 
     def layer_work(self, samples: int) -> np.ndarray:
         """Per-layer work per sample at micro-batches of ``samples`` (what the polish re-balances by), cached."""
