@@ -225,7 +225,9 @@ def _read_input(
 ) -> bool:
     """Whether the stage reads the model's input whole (Broadcast: some layer reads it other than by samples); the
     layers that read it otherwise then slice their part of it."""
-    readers = [layer for layer in layers if MODEL_INPUT in specs[layer].inputs]
+    if MODEL_INPUT not in nodes:
+        return False
+    readers = [layer for layer in layers if nodes[MODEL_INPUT] in nodes[layer].all_input_nodes]
     if all(placing.reads[layer].layout == SAMPLES for layer in readers):
         return False
     for layer in readers:
