@@ -58,8 +58,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
+    from tapp_core.races import RaceOptions, RoundSteps
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+    from tapp_core.runtime.race import race
 
     cluster = load_cluster(args.cluster)
     verdicts = []

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tapp_core.calibrate import calibrate  # noqa: E402
+from tapp_core.calibration import calibration_path, cluster_calibration  # noqa: E402
 from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.costmodel import estimate  # noqa: E402
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
@@ -45,7 +46,6 @@ from tapp_core.plan import Plan, single_stage_plan  # noqa: E402
 from tapp_core.planners import PlannerError, get_planner  # noqa: E402
 from tapp_core.profile_cache import ProfileCache  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
-from tapp_core.runtime.calibration import calibration_path, cluster_calibration  # noqa: E402
 
 MODELS = ("alexnet", "vgg16")
 PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "pipeline-cd", "tapp")

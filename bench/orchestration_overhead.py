@@ -164,6 +164,7 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, 
         import prefect  # noqa: F401
 
         from flows.experiment import tapp_experiment
+        from tasks.config import ExperimentConfig
         from tasks.tracking import open_store
 
         clock.seconds["imports"] = time.perf_counter() - started
@@ -183,9 +184,11 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, 
         from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
         with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: folder / "prefect-results"}):
-            result = tapp_experiment(
-                model=args.model, cluster=args.cluster, batch_size=args.batch_size, out=str(folder / "report")
+            # No training: the bare path below does none (it measures the orchestration of the same work).
+            config = ExperimentConfig(
+                model=args.model, cluster=args.cluster, batch_size=args.batch_size, train_seconds=0
             )
+            result = tapp_experiment(config=config, out=str(folder / "report"))
         clock.seconds["server cpu"] = server_cpu_s() - clock.seconds["server cpu at start"]
         stopping = time.perf_counter()
     clock.seconds["shutdown"] = time.perf_counter() - stopping  # pending logs and events sent, server stopped
@@ -196,8 +199,8 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, 
 
 def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float]]:
     """The same work on tapp_core alone: profile, search rounds, measured rounds, evaluations, tables and figures."""
-    from flows.experiment import DEFAULT_METHODS
     from reports.figures import gantt, reward_curve, step_time_bars
+    from tapp_core.calibration import cluster_calibration
     from tapp_core.cluster import load_cluster
     from tapp_core.costmodel import estimate
     from tapp_core.plan import validate
@@ -206,7 +209,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     from tapp_core.planners.tapp.search import TappSearch
     from tapp_core.profile_cache import ProfileCache
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.calibration import cluster_calibration
+    from tasks.config import default_methods
     from tasks.evaluate import baseline_plan
     from tasks.measure import RuntimeSettings
     from tasks.search import SearchBudget
@@ -239,7 +242,7 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
         tapp_plan = search.result()
         rows = []
         measured_plans: dict[str, Any] = {}
-        for method in DEFAULT_METHODS:
+        for method in default_methods():
             plan = (
                 tapp_plan
                 if method == "tapp"

@@ -113,7 +113,8 @@ def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibra
     """``bench/libraries/<model>_b<batch>`` (``threads`` None: the committed one-thread library) or
     ``<model>_b<batch>-t<threads>``, profiled here once if missing or of an old profiler version. Its host is left
     blank: these libraries stand for a kind, not for this machine."""
-    from tapp_core.profiler import PROFILE_VERSION, profile_model
+    from tapp_core.library import PROFILE_VERSION
+    from tapp_core.profiler import profile_model
 
     directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads is not None else ""))
     if (directory / "layers.csv").is_file():
@@ -216,7 +217,7 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: the three final plans raced (the flow's evaluation
     race: interleaved rounds, medians with intervals); TAPP passes where it is in the best group."""
-    from tapp_core.runtime.calibration import cluster_calibration
+    from tapp_core.calibration import cluster_calibration
     from tapp_core.runtime.pool import WorkerPool
     from tapp_core.runtime.race import race
     from tasks.measure import RuntimeSettings

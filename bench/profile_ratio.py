@@ -1,5 +1,5 @@
 """Do the profiled layer times add up to the whole model? The bar: sum of layer times / whole-model time within
-0.85-1.15 for alexnet, vgg16 and inception_v3 at batch 64.
+0.85-1.15 for alexnet, vgg16, inception_v3 and vit at batch 64.
 
 For each model it prints the layer count, the measured whole-model forward+backward time, the sum of the layer
 times (per-layer medians), their ratio, the FLOPs per image, the parameter count and the wall time the profiling
@@ -9,7 +9,7 @@ each step's layer total, divided by the whole-model time: it shows what the inst
 before and after. One intra-op thread is the default, as in the default cluster's devices (and it is far less
 disturbed by other processes than several threads that wait on each other).
 
-    .venv/bin/python bench/profile_ratio.py [--models alexnet vgg16 inception_v3] [--batch-size 64]
+    .venv/bin/python bench/profile_ratio.py [--models alexnet vgg16 inception_v3 vit] [--batch-size 64]
         [--threads 1] [--repeats 5] [--warmup 2] [--device cpu] [--out DIR]
 """
 
@@ -33,7 +33,7 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3"])
+    parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "vit"])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads; 0 = torch's default")
     parser.add_argument("--repeats", type=int, default=5)

@@ -24,13 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tapp_core.calibration import cluster_calibration  # noqa: E402
 from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.plan import Plan, validate  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
 from tapp_core.profile_cache import ProfileCache  # noqa: E402
+from tapp_core.races import RaceResult  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
-from tapp_core.runtime.calibration import cluster_calibration  # noqa: E402
-from tapp_core.runtime.race import RaceResult, race  # noqa: E402
+from tapp_core.runtime.race import race  # noqa: E402
 from tasks.measure import RuntimeSettings  # noqa: E402
 
 BAR = 4

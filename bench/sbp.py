@@ -114,8 +114,8 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
 
 
 def measured(clusters: list[str], rounds: int, steps: int) -> int:
+    from tapp_core.calibration import cluster_calibration
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.calibration import cluster_calibration
 
     errors = []
     library = load_libraries(LIBRARIES / "alexnet_b64")

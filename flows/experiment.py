@@ -1,22 +1,24 @@
-"""``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> report.
+"""``tapp_experiment``: profile -> TAPP search rounds -> runtime sampling -> final evaluation -> training -> report.
 
-Everything lands in one MLflow parent run with a nested run per stage (profile, search, sampling, report) and
-per evaluated method; every stage is a Prefect task (the search one per round). Inputs are checked before any
-run exists, so a typo costs no half-written run.
+The flow receives one ``ExperimentConfig`` (``tasks.config``), built by the command line or from a deployment's
+parameters: its cluster was parsed when it was built, and nothing here parses it again; the model is traced only by
+the profile (once per device kind, none from the profile cache), which runs before the first MLflow run, so a model
+that cannot be traced costs no half-written run either. Everything lands in one MLflow parent run (its
+configuration as ``config.json``) with a nested run per stage (profile, search, sampling, report), per evaluated
+method and per trained plan; every stage is a Prefect task (the search one per round).
 
 What a person sees first: the parent run's description (the verdict, the result table, TAPP's plan, links), the
 evaluation as an MLflow table (``evaluation.json``, for ``mlflow.load_table``), and in Prefect the flow run's log
 lines and its keyed artifacts (``tasks.prefect_ui``). The flow run is named ``MODEL-CLUSTER-bBATCH-MODE``, the
 mode being ``measured`` or ``estimated``.
 
-An interrupted experiment resumes: ``resume_from`` names its parent run, whose settings ``resume_parameters``
+An interrupted experiment resumes: ``resume_from`` names its parent run, whose configuration ``resume_config``
 reads back; the new experiment run continues TAPP's search from the last checkpoint the old one logged (after every
 round) and then evaluates and reports as usual (``tapp run --resume RUN_ID``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,21 +26,22 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from reports import runs
-from tapp_core.cluster import Cluster, load_cluster
+from tapp_core import schema
+from tapp_core.calibration import cluster_calibration
+from tapp_core.cluster import scaled_name
 from tapp_core.costs import Calibration
-from tapp_core.data import DATASET_NAMES, DataError, open_dataset
-from tapp_core.errors import TappError
+from tapp_core.data import check_dataset
 from tapp_core.library import LayerLibrary
-from tapp_core.models import build_traced_model
 from tapp_core.plan import Plan
-from tapp_core.runtime.calibration import cluster_calibration
+from tapp_core.planners import PAPER_METHODS
+from tapp_core.races import RaceResult
 from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
-from tapp_core.runtime.race import RaceResult
+from tapp_core.runtime.results import TrainResult
 from tasks import prefect_ui, summary
-from tasks.evaluate import Evaluation, check_methods, evaluate_method, methods_for, plan_method, race_methods
+from tasks.config import NO_DATA, ExperimentConfig
+from tasks.evaluate import Evaluation, check_choices, evaluate_method, plan_method, race_methods
 from tasks.measure import RuntimeSettings, close_pools
-from tasks.profile import profile_stage
+from tasks.profile import Profiled, profile_stage, record_profile
 from tasks.progress import StageProgress
 from tasks.report import ReportRun, report_experiment
 from tasks.search import SearchBudget, fetch_checkpoint, sampling_stage, search_stage
@@ -53,28 +56,15 @@ from tasks.tracking import (
     runs_view_url,
     tracked_run,
 )
-from tasks.train import TrainSettings, train_method
+from tasks.train import train_method
 
-DEFAULT_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch", "even", "pipedream", "autoddl", "oracle")
 DEFAULT_OUT = Path("out") / "report"
-DEFAULT_ROUNDS = SearchBudget.rounds + SearchBudget.measured_rounds
-"""TAPP's search rounds in all, the measured ones included (as the TAPP planner counts them)."""
-DEFAULT_STEPS = RuntimeSettings.steps - RuntimeSettings.warmup
-"""Timed steps per plan and race round, after the warm-up (as ``tapp measure --steps`` counts them)."""
-DEFAULT_WARMUP = RuntimeSettings.warmup
 
 sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_CACHE)(sampling_stage)
 """The sampling stage as a Prefect task (its measured rounds are its nested ``search-round-N`` tasks)."""
 
 
 SEARCH_FOLDER_PREFIX = "tapp-search-"
-RESUMED_FROM_TAG = "resumed_from"
-"""On an experiment run that continues another's search: that run's id."""
-RESUMED_PARAMETERS = (
-    "model", "cluster", "batch_size", "dataset", "data_dir", "methods", "search_rounds", "samples_per_round",
-    "measured_rounds", "measured_per_round", "measure", "steps", "warmup", "train_epochs", "seed",
-)  # fmt: skip
-"""The experiment's parameters that a resumed experiment takes from the run it resumes."""
 
 
 class ExperimentIncomplete(RuntimeError):
@@ -95,111 +85,85 @@ class ExperimentResult:
     """The parent run's description: verdict, result table, TAPP's plan, links (Markdown)."""
 
 
-def check_inputs(
-    model: str,
-    cluster: str,
-    batch_size: int,
-    dataset: str,
-    data_dir: str | None,
-    methods: tuple[str, ...],
-    tracking_uri: str | None,
-) -> tuple[Cluster, str]:
-    """Every input checked, cheapest first; the first bad one raises a ``TappError`` that names it."""
-    if batch_size <= 0:
-        raise TappError(f"batch size must be positive, got {batch_size}")
-    check_methods(methods)
-    target = load_cluster(cluster)
-    if dataset not in DATASET_NAMES:
-        raise DataError(f"unknown dataset {dataset!r}; known datasets: {', '.join(DATASET_NAMES)}")
-    if dataset != "synthetic":
-        open_dataset(dataset, data_dir, train=False)
-    build_traced_model(model)
-    return target, check_tracking(tracking_uri)
+def check_inputs(config: ExperimentConfig, tracking_uri: str | None) -> str:
+    """What the configuration could not check itself, before any run exists: its schedule options reach a planner,
+    the data can be read (every file, when it is to be trained on), and the tracking store can be reached; returns
+    the store's URI."""
+    check_choices(config)
+    if config.training and config.dataset not in ("synthetic", NO_DATA):
+        check_dataset(config.dataset, config.data_dir)
+    return check_tracking(tracking_uri)
 
 
-def resume_parameters(uri: str, run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> tuple[str, str, dict[str, Any]]:
-    """(run id, experiment name, ``tapp_experiment`` parameters) of experiment run ``run_id`` (``last``: the latest
-    experiment run of ``experiment``), to resume it; a ``TrackingError`` when there is no such run, it is not an
-    experiment's parent run, or it is not interrupted."""
+def resume_config(uri: str, run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> tuple[str, str, ExperimentConfig]:
+    """(run id, experiment name, configuration) of experiment run ``run_id`` (``last``: the latest experiment run
+    of ``experiment``), read back from its ``config.json``, to resume it; a ``TrackingError`` when there is no such
+    run, it is not an experiment's parent run, or it is not interrupted."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(uri)
     if run_id == "last":
-        run_id = _last_experiment_run(client, experiment, uri)
+        run_id = last_run(client, experiment, uri, schema.EXPERIMENT)
     try:
         run = client.get_run(run_id)
     except MlflowException:
         raise TrackingError(f"--resume: no run {run_id!r} in {uri}") from None
-    if run.data.tags.get(runs.KIND) != runs.EXPERIMENT:
+    if run.data.tags.get(schema.KIND) != schema.EXPERIMENT:
         raise TrackingError(f"--resume: run {run_id} is not an experiment's parent run (the one `tapp run` prints)")
+    check_interrupted(run, run_id)
+    text = read_artifact_text(client, run_id, schema.CONFIG_ARTIFACT)
+    config = ExperimentConfig.from_json(text, f"--resume: run {run_id}'s {schema.CONFIG_ARTIFACT}")
+    return run_id, client.get_experiment(run.info.experiment_id).name, config
+
+
+def check_interrupted(run: Any, run_id: str) -> None:
     if run.info.status in ("FINISHED", "RUNNING"):
         state = "finished" if run.info.status == "FINISHED" else "still running"
-        raise TrackingError(f"--resume: run {run_id} is {state}; only an interrupted or failed experiment resumes")
-    saved = run.data.params
-    missing = [name for name in RESUMED_PARAMETERS if name not in saved]
-    if missing:
-        raise TrackingError(f"--resume: run {run_id} lacks the parameter(s) {', '.join(missing)}")
-    parameters: dict[str, Any] = {name: _parameter_value(saved[name]) for name in RESUMED_PARAMETERS}
-    parameters["methods"] = tuple(str(parameters["methods"]).split(","))
-    for name in ("model", "cluster", "dataset"):
-        parameters[name] = str(parameters[name])
-    return run_id, client.get_experiment(run.info.experiment_id).name, parameters
+        raise TrackingError(f"--resume: run {run_id} is {state}; only an interrupted or failed run resumes")
 
 
-def _last_experiment_run(client: Any, experiment: str, uri: str) -> str:
+def read_artifact_text(client: Any, run_id: str, name: str) -> str:
+    """The text of artifact ``name`` of run ``run_id``; a ``TrackingError`` when it has none."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="tapp-config-") as folder:
+        try:
+            return Path(client.download_artifacts(run_id, name, folder)).read_text()
+        except (MlflowException, OSError):
+            raise TrackingError(f"--resume: run {run_id} has no {name} (made by an older TAPP?)") from None
+
+
+def last_run(client: Any, experiment: str, uri: str, kind: str) -> str:
+    """The latest run of ``kind`` (an experiment's or a sweep's parent run) in ``experiment``."""
     found = client.get_experiment_by_name(experiment)
     latest = (
         client.search_runs(
-            [found.experiment_id],
-            f"tags.{runs.KIND} = '{runs.EXPERIMENT}'",
-            max_results=1,
-            order_by=["start_time DESC"],
+            [found.experiment_id], f"tags.{schema.KIND} = '{kind}'", max_results=1, order_by=["start_time DESC"]
         )
         if found is not None
         else []
     )
     if not latest:
-        raise TrackingError(f"--resume last: experiment {experiment!r} in {uri} has no experiment run")
+        raise TrackingError(f"--resume last: experiment {experiment!r} in {uri} has no {kind} run")
     return str(latest[0].info.run_id)
 
 
-def _parameter_value(text: str) -> Any:
-    """A parameter as ``TrackedRun.log_params`` wrote it: strings as they are, anything else as JSON."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def search_budget(config: ExperimentConfig) -> SearchBudget:
+    """The search of ``search_rounds`` rounds in all, the last ``measured_rounds`` rewarded by measurements, the rounds
+    before them by the cost model (the configuration checked that there are some)."""
+    measured = config.measured_rounds or 0
+    rounds = config.search_rounds - measured
+    per_round = config.measured_per_round or SearchBudget.measured_per_round
+    return SearchBudget(rounds, config.samples_per_round, measured, per_round)
 
 
-def search_budget(
-    search_rounds: int,
-    samples_per_round: int,
-    measured_rounds: int | None,
-    measured_per_round: int,
-    measure: bool,
-) -> SearchBudget:
-    """The search of ``search_rounds`` rounds in all, the last ``measured_rounds`` rewarded by measurements (None:
-    the default when measuring, none otherwise), the rounds before them by the cost model."""
-    measured = (SearchBudget.measured_rounds if measure else 0) if measured_rounds is None else measured_rounds
-    if measured < 0:
-        raise TappError(f"measured rounds must be 0 or more, got {measured}")
-    if measured and not measure:
-        raise TappError(f"{measured} measured round(s) need the runtime: measure, or ask for 0 measured rounds")
-    if search_rounds <= measured:
-        raise TappError(
-            f"search rounds ({search_rounds}) must be more than the measured rounds ({measured}): the rounds "
-            "before the measured ones are rewarded by the cost model"
-        )
-    return SearchBudget(search_rounds - measured, samples_per_round, measured, measured_per_round)
-
-
-def runtime_settings(measure: bool, steps: int, warmup: int, seed: int) -> RuntimeSettings:
+def runtime_settings(config: ExperimentConfig) -> RuntimeSettings:
     """How the final evaluation measures: a race whose rounds run each plan for ``steps`` timed steps after
     ``warmup`` warm-up steps."""
-    if steps < 1 or warmup < 0:
-        raise TappError(f"a measurement needs at least 1 timed step and no negative warm-up (got {steps}, {warmup})")
-    return RuntimeSettings(enabled=measure, steps=warmup + steps, warmup=warmup, seed=seed)
+    return RuntimeSettings(config.measure, config.warmup + config.steps, config.warmup, seed=config.seed)
 
 
 def _search_params(budget: SearchBudget, sampling: RuntimeSettings) -> dict[str, object]:
@@ -214,91 +178,84 @@ def _search_params(budget: SearchBudget, sampling: RuntimeSettings) -> dict[str,
     }
 
 
-def _plan_of_work(params: dict[str, object], budget: SearchBudget) -> str:
+def _plan_of_work(config: ExperimentConfig, budget: SearchBudget) -> str:
     """The experiment's plan of work in one line, for the flow run's log."""
-    how = "measured" if params["measure"] else "estimated by the cost model"
-    methods = str(params["methods"]).replace(",", ", ")
+    how = "measured" if config.measure else "estimated by the cost model"
+    trained = f"trained on {config.dataset}" if config.training else f"not trained ({config.training_skipped})"
     return (
-        f"batch {params['batch_size']}, {params['dataset']} data; {how}; TAPP search {params['search_rounds']} rounds "
-        f"({budget.rounds} on the cost model, {budget.measured_rounds} measured); methods {methods}"
+        f"batch {config.batch_size}; {how}; TAPP search {config.search_rounds} rounds ({budget.rounds} on the cost "
+        f"model, {budget.measured_rounds} measured); methods {', '.join(config.evaluated_methods)}; {trained}"
     )
 
 
 def experiment_run_name() -> str:
-    """The flow run's name, ``MODEL-CLUSTER-bBATCH-MODE``: measured and estimate-only runs differ at a glance."""
+    """The flow run's name, ``MODEL-CLUSTER-bBATCH-MODE``: measured and estimate-only runs differ at a glance. Read
+    from the parameters as given (a configuration, or its JSON from a deployment), not by building one: that would
+    parse the cluster file again."""
     from prefect.runtime import flow_run
 
-    parameters = flow_run.parameters
-    mode = "measured" if parameters.get("measure", True) else "estimated"
-    return f"{parameters.get('model', 'alexnet')}-{parameters.get('cluster', 'local')}-b{parameters.get('batch_size', 64)}-{mode}"
+    config = flow_run.parameters.get("config")
+    values = config.model_dump(mode="json") if isinstance(config, ExperimentConfig) else dict(config or {})
+    cluster = values.get("cluster") or "local"
+    name = str(cluster.get("name", "cluster")) if isinstance(cluster, dict) else Path(str(cluster)).stem
+    mode = "measured" if values.get("measure", True) else "estimated"
+    model, batch = values.get("model", "alexnet"), values.get("batch_size", 64)
+    return f"{model}-{scaled_name(name, float(values.get('power', 1.0)))}-b{batch}-{mode}"
+
+
+@dataclass(frozen=True)
+class ExperimentWork:
+    """What an experiment does once its inputs are checked: its configuration and the stages' settings."""
+
+    config: ExperimentConfig
+    calibration: Calibration
+    budget: SearchBudget
+    runtime: RuntimeSettings
+    out: str
+    experiment: str
+    resume_from: str | None = None
 
 
 @flow(name="tapp-experiment", flow_run_name=experiment_run_name)
 def tapp_experiment(
-    model: str = "alexnet",
-    cluster: str = "local",
-    batch_size: int = 64,
-    dataset: str = "synthetic",
-    data_dir: str | None = None,
-    search_rounds: int = DEFAULT_ROUNDS,
-    samples_per_round: int = SearchBudget.samples_per_round,
-    measured_rounds: int | None = None,
-    measured_per_round: int = SearchBudget.measured_per_round,
-    methods: tuple[str, ...] = DEFAULT_METHODS,
-    measure: bool = True,
-    steps: int = DEFAULT_STEPS,
-    warmup: int = DEFAULT_WARMUP,
-    train_epochs: int = 0,
-    train_steps: int | None = None,
-    seed: int = 0,
+    config: ExperimentConfig | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     out: str = str(DEFAULT_OUT),
     tracking_uri: str | None = None,
     sweep_run: str | None = None,
+    sweep_index: int | None = None,
     resume_from: str | None = None,
 ) -> ExperimentResult:
-    """Find TAPP's plan for ``model`` on ``cluster``, compare it with the baselines, and report, all in MLflow.
+    """Find TAPP's plan for the configuration's model on its cluster, compare it with the baselines, train the
+    paper's methods' plans, and report, all in MLflow (``config``: ``ExperimentConfig``; None: the defaults).
 
-    ``search_rounds`` counts TAPP's policy-gradient rounds in all; the last ``measured_rounds`` of them (default:
-    3 when measuring, else 0) are rewarded by measurements on the workers. ``measure=False`` skips the runtime
-    (step times from the cost model, tagged ``estimated``); ``steps`` timed steps after ``warmup`` warm-up steps
-    make each plan's round of the final evaluation's race; ``train_epochs`` > 0 also trains each method's plan on
-    ``dataset`` for the accuracy table. ``resume_from`` (an earlier experiment run of the same settings) continues
-    its search.
+    ``resume_from`` (an earlier experiment run of the same configuration) continues its search; ``sweep_run`` and
+    ``sweep_index`` place the experiment in a benchmark sweep.
     """
-    methods = tuple(methods)
-    target, uri = check_inputs(model, cluster, batch_size, dataset, data_dir, methods, tracking_uri)
-    calibration = cluster_calibration(cluster, target)  # measured by `tapp calibrate`, else the ideal one
-    tags = ExperimentTags(model, target.name, batch_size, seed, dataset, target.emulated, sweep_run)
-    budget = search_budget(search_rounds, samples_per_round, measured_rounds, measured_per_round, measure)
-    runtime = runtime_settings(measure, steps, warmup, seed)
-    sampling = budget.sampling_runtime(runtime)
-    training = TrainSettings(train_epochs, train_steps, data_dir) if train_epochs > 0 else None
-    chosen_methods = methods_for(target, methods)
-    work = ExperimentWork(target, calibration, chosen_methods, budget, runtime, training, out, experiment, resume_from)
-    params = {
-        "model": model,
-        "cluster": cluster,
-        "batch_size": batch_size,
-        "dataset": dataset,
-        "data_dir": data_dir,
-        "methods": ",".join(chosen_methods),
-        "search_rounds": search_rounds,
-        **_search_params(budget, sampling),
-        "measure": measure,
-        "steps": steps,
-        "warmup": warmup,
-        "train_epochs": train_epochs,
-        "seed": seed,
-    }
-    prefect_ui.log(f"{model} on {target.name} ({len(target.devices)} devices), {_plan_of_work(params, budget)}")
-    name = f"{model} on {target.name}, batch {batch_size}"
+    config = config or ExperimentConfig()
+    uri = check_inputs(config, tracking_uri)
+    target = config.target
+    calibration = cluster_calibration(config.cluster, target)  # measured by `tapp calibrate`, else the ideal one
+    extra = config.tags() | ({schema.SWEEP_INDEX: str(sweep_index)} if sweep_index is not None else {})
+    tags = ExperimentTags(
+        config.model, target.name, config.batch_size, config.seed, config.dataset, target.emulated, sweep_run,
+        tuple(extra.items()),
+    )  # fmt: skip
+    budget = search_budget(config)
+    runtime = runtime_settings(config)
+    work = ExperimentWork(config, calibration, budget, runtime, out, experiment, resume_from)
+    prefect_ui.log(f"{config.model} on {target.name} ({len(target.devices)} devices), {_plan_of_work(config, budget)}")
+    profiled = profile_stage(config)  # before any run: a model that cannot be traced fails here
     try:
-        run_tags = tags.as_tags(**{runs.KIND: runs.EXPERIMENT, RESUMED_FROM_TAG: resume_from})
+        run_tags = tags.as_tags(**{schema.KIND: schema.EXPERIMENT, schema.RESUMED_FROM: resume_from})
+        name = schema.experiment_name(config.model, target.name, config.batch_size)
         with tracked_run(name, run_tags, experiment=experiment, uri=uri) as parent:
-            parent.set_tags({runs.EXPERIMENT_RUN: parent.run_id})
-            parent.log_params(params)
-            evaluations, reported, text = _run_stages(parent, tags, work)
+            parent.set_tags({schema.EXPERIMENT_RUN: parent.run_id})
+            if not config.training:
+                parent.set_tags({schema.TRAINING_SKIPPED: config.training_skipped})
+            parent.log_params({**config.params(), **_search_params(budget, budget.sampling_runtime(runtime))})
+            parent.log_text(config.to_json(), schema.CONFIG_ARTIFACT)
+            evaluations, reported, text = _run_stages(parent, tags, work, profiled)
     finally:
         close_pools()
     return ExperimentResult(
@@ -313,31 +270,18 @@ def tapp_experiment(
     )
 
 
-@dataclass(frozen=True)
-class ExperimentWork:
-    """What an experiment does once its inputs are checked: the stages' settings."""
-
-    target: Cluster
-    calibration: Calibration
-    methods: tuple[str, ...]
-    budget: SearchBudget
-    runtime: RuntimeSettings
-    training: TrainSettings | None
-    out: str
-    experiment: str
-    resume_from: str | None = None
-
-
 def _run_stages(
-    parent: TrackedRun, tags: ExperimentTags, work: ExperimentWork
+    parent: TrackedRun, tags: ExperimentTags, work: ExperimentWork, profiled: Profiled
 ) -> tuple[dict[str, Evaluation], ReportRun, str]:
-    """Profile, search, sample, evaluate every method (and train each plan), report, summarise; all under
-    ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary directory, removed on
-    every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are swept first."""
-    target, calibration, budget, out = work.target, work.calibration, work.budget, work.out
-    parent.log_dict(target.model_dump(mode="json"), "cluster.json")
+    """Record the profile, search, sample, evaluate every method, train the paper's methods' plans, report,
+    summarise; all under ``parent``. The search's checkpoint lives in a ``tapp-search-*`` folder of the temporary
+    directory, removed on every way out; the ``tapp-search-*`` and ``tapp-pool-*`` folders a killed process left are
+    swept first."""
+    config, calibration, budget, out = work.config, work.calibration, work.budget, work.out
+    parent.log_dict(config.target.model_dump(mode="json"), "cluster.json")
     parent.log_dict(calibration.to_dict(), "calibration.json")
-    library = profile_stage(parent.ref, tags, target)
+    record_profile(parent.ref, tags, profiled)
+    library = profiled.library
     sweep_pool_folders()  # what a killed experiment left, whether or not this one measures
     with owned_folder(SEARCH_FOLDER_PREFIX) as workdir:
         if work.resume_from is not None:
@@ -345,14 +289,14 @@ def _run_stages(
             where = f"round {resumed}" if resumed is not None else "the start (it logged no checkpoint)"
             prefect_ui.log(f"resuming the search of run {work.resume_from} from {where}")
         sampling = budget.sampling_runtime(work.runtime)
-        search = search_stage(parent.ref, tags, library, target, budget, sampling, calibration, workdir)
-        tapp_plan = sampling_task(parent.ref, tags, search, library, target, sampling)
+        search = search_stage(parent.ref, tags, library, config, budget, sampling, calibration, workdir)
+        tapp_plan = sampling_task(parent.ref, tags, search, library, config.target, sampling)
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}")
-    evaluations, failed, race = _evaluate(
-        parent, tags, library, target, work.methods, tapp_plan, work.runtime, calibration
-    )
-    if work.training is not None:
-        failed += _train(parent, tags, target, evaluations, work.training)
+    evaluations, failed, race = _evaluate(parent, tags, library, config, tapp_plan, work)
+    if config.training:
+        failed += _train(parent, tags, config, evaluations)
+    else:
+        prefect_ui.log(f"no training: {config.training_skipped}")
     reported = report_experiment(parent.ref, tags, out, work.experiment)
     text = _summarise(parent, tags, evaluations, reported, failed, race)
     if failed:
@@ -364,21 +308,20 @@ def _evaluate(
     parent: TrackedRun,
     tags: ExperimentTags,
     library: LayerLibrary,
-    cluster: Cluster,
-    methods: tuple[str, ...],
+    config: ExperimentConfig,
     tapp_plan: Plan,
-    runtime: RuntimeSettings,
-    calibration: Calibration,
+    work: ExperimentWork,
 ) -> tuple[dict[str, Evaluation], list[str], RaceResult | None]:
     """Plan every method, race all their plans together, then record each method; a failed one is noted and the
     rest go on. Returns the evaluations, the failures, and the race (None when the runtime is off)."""
+    methods, runtime = config.evaluated_methods, work.runtime
     planned = [
-        plan_method(method, library, cluster, tags, tapp_plan if method == "tapp" else None, calibration)
+        plan_method(method, library, config, tapp_plan if method == "tapp" else None, work.calibration)
         for method in methods
     ]
     race = None
     if runtime.enabled:
-        planned, race = race_methods(planned, cluster, tags.model, runtime)
+        planned, race = race_methods(planned, config.target, config.model, runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
     first_with_plan: dict[str, str] = {}
@@ -409,19 +352,31 @@ def _reason(state: Any) -> str:
     return str(state.name)
 
 
+TRAINED_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu")
+"""The methods whose plans an experiment trains: the TAPP paper's accuracy table's (and SingleGPU, where there is
+one)."""
+
+
 def _train(
-    parent: TrackedRun,
-    tags: ExperimentTags,
-    cluster: Cluster,
-    evaluations: dict[str, Evaluation],
-    settings: TrainSettings,
+    parent: TrackedRun, tags: ExperimentTags, config: ExperimentConfig, evaluations: dict[str, Evaluation]
 ) -> list[str]:
+    """Train each of the paper's methods' plans (a plan two methods chose, once: the second records the first's
+    result); returns the failures."""
+    chosen = [m for m in evaluations if m in TRAINED_METHODS]
     failed = []
-    progress = StageProgress("training", len(evaluations), f"training each plan for {settings.epochs} epoch(s)")
-    for done, (method, evaluation) in enumerate(evaluations.items(), start=1):
-        state = train_method(method, evaluation.plan, cluster, parent.ref, tags, settings, return_state=True)
+    trained: dict[str, tuple[str, TrainResult]] = {}
+    what = f"{config.train_epochs} epoch(s)" if config.train_epochs else f"{config.train_seconds:g} s each"
+    progress = StageProgress("training", len(chosen), f"training each plan on {config.dataset}, {what}")
+    for done, method in enumerate(chosen, start=1):
+        evaluation = evaluations[method]
+        shared = trained.get(evaluation.plan.id)
+        state = train_method(
+            method, evaluation.plan, evaluation.step_time_s, config, parent.ref, tags, shared, return_state=True
+        )
         if state.is_completed():
-            progress.update(done, f"{method} {state.result().test_accuracy:.1%}")
+            result = state.result()
+            trained.setdefault(evaluation.plan.id, (method, result))
+            progress.update(done, f"{method} {result.test_accuracy:.1%} after {sum(result.epoch_times_s):.1f} s")
         else:
             failed.append(f"training of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")
@@ -478,20 +433,20 @@ def _headline(parent: TrackedRun, evaluations: dict[str, Evaluation], race: Race
         bsp, tapp = evaluations["bsp"], evaluations["tapp"]
         ratio = race.ratio(bsp.plan.id, tapp.plan.id) if race is not None and bsp.measured and tapp.measured else None
         if ratio is not None:
-            headline[runs.SPEEDUP] = ratio.median
-            headline[f"{runs.SPEEDUP}_low"], headline[f"{runs.SPEEDUP}_high"] = ratio.low, ratio.high
+            headline[schema.SPEEDUP] = ratio.median
+            headline[f"{schema.SPEEDUP}_low"], headline[f"{schema.SPEEDUP}_high"] = ratio.low, ratio.high
         else:
-            headline[runs.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
+            headline[schema.SPEEDUP] = bsp.step_time_s / tapp.step_time_s
     if race is not None:
         headline.update(
             {
                 "race_rounds": race.rounds,
                 "race_plans": len(race.plans),
-                runs.LOAD_BEFORE: race.load_before,
-                runs.LOAD_AFTER: race.load_after,
-                runs.HOST_OTHER_CPU: race.other_cpu_share,
+                schema.LOAD_BEFORE: race.load_before,
+                schema.LOAD_AFTER: race.load_after,
+                schema.HOST_OTHER_CPU: race.other_cpu_share,
             }
         )
-        parent.set_tags({runs.RACE_STOP: race.stop, runs.HOST_OVERLOADED: str(race.overloaded).lower()})
+        parent.set_tags({schema.RACE_STOP: race.stop, schema.HOST_OVERLOADED: str(race.overloaded).lower()})
         parent.log_dict(race.summary(), "race.json")
     parent.log_metrics(headline)

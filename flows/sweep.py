@@ -1,23 +1,36 @@
-"""``benchmark_sweep``: tapp_experiment over models x batch sizes x clusters, as subflows, then one report.
+"""``benchmark_sweep``: a list of experiment configurations run one after another as ``tapp_experiment``
+subflows, then one report.
 
-Experiments run one after another (their measurements must not share the cores). A failed experiment is
-recorded in the sweep's MLflow run and the sweep goes on; the sweep fails at the end if any did.
+A sweep is a ``SweepConfig``: the experiment settings (``ExperimentSettings``) with lists of models, clusters,
+computing powers and batch sizes; its ``configurations()`` are the experiments, in order. Experiments run one after
+another (their measurements must not share the cores). A failed experiment is recorded and the sweep goes on; the
+sweep fails at the end if any did.
+
+Every run of the sweep carries the ``sweep_run`` tag: the id of the sweep's first run. An interrupted sweep resumes
+(``resume_from``: its run) at its first unfinished configuration: a new sweep run, tagged ``resumed_from``, reads
+the sweep's configuration back from the old one's ``config.json``, skips the configurations that finished, continues
+the search of one that was interrupted, and reports the whole sweep (``tapp sweep --resume RUN_ID``).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
-from flows.experiment import DEFAULT_METHODS, DEFAULT_ROUNDS, check_inputs, tapp_experiment
-from reports import runs
+from flows.experiment import check_inputs, check_interrupted, last_run, read_artifact_text, tapp_experiment
 from reports.paper import write_report
+from tapp_core import schema
 from tasks import prefect_ui
-from tasks.search import SearchBudget
-from tasks.tracking import DEFAULT_EXPERIMENT, code_version, tracked_run
+from tasks.config import ExperimentConfig, SweepConfig
+from tasks.progress import StageProgress
+from tasks.tracking import DEFAULT_EXPERIMENT, TrackingError, check_tracking, code_version, tracked_run
+
+SWEEP_STAGE = "sweep"
+"""The sweep's progress stage: ``start LABEL`` before a configuration runs, ``done LABEL`` (or ``failed LABEL``)
+after it (the command line draws a bar per configuration from them)."""
 
 
 class SweepIncomplete(RuntimeError):
@@ -30,81 +43,145 @@ class SweepResult:
     report_dir: Path
     step_time_table: str
     failed: list[str] = field(default_factory=list)
+    sweep_id: str = ""
+    """The ``sweep_run`` tag of every run of the sweep: its first run's id (``run_id`` when not resumed)."""
+
+
+def configuration_label(config: ExperimentConfig) -> str:
+    return f"{config.model} on {config.target.name}, batch {config.batch_size}"
 
 
 def sweep_run_name() -> str:
     """``sweep-MODELS-MODE``, e.g. ``sweep-alexnet-vgg16-measured``."""
     from prefect.runtime import flow_run
 
-    parameters = flow_run.parameters
-    models = "-".join(parameters.get("models", ("alexnet", "vgg16", "inception_v3")))
-    return f"sweep-{models}-{'measured' if parameters.get('measure', True) else 'estimated'}"
+    sweep = flow_run.parameters.get("sweep")
+    values = sweep.model_dump() if isinstance(sweep, SweepConfig) else dict(sweep or {})
+    models = "-".join(values.get("models") or SweepConfig.model_fields["models"].default)
+    return f"sweep-{models}-{'measured' if values.get('measure', True) else 'estimated'}"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What an interrupted sweep left: its id (its first run's), the run resumed, its finished configurations, and
+    its interrupted experiment runs."""
+
+    sweep_id: str
+    run_id: str
+    finished: frozenset[int]
+    interrupted: dict[int, str]
+
+
+def resume_sweep(uri: str, run_id: str, experiment: str) -> tuple[SweepConfig, Resumed]:
+    """The configuration of sweep run ``run_id`` (``last``: the latest of ``experiment``), read back from its
+    ``config.json``, and what it finished; a ``TrackingError`` when there is no such run or it is not interrupted."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(uri)
+    if run_id == "last":
+        run_id = last_run(client, experiment, uri, schema.SWEEP)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise TrackingError(f"--resume: no run {run_id!r} in {uri}") from None
+    if run.data.tags.get(schema.KIND) != schema.SWEEP:
+        raise TrackingError(f"--resume: run {run_id} is not a sweep's run (the one `tapp sweep` prints)")
+    check_interrupted(run, run_id)
+    text = read_artifact_text(client, run_id, schema.CONFIG_ARTIFACT)
+    sweep = SweepConfig.from_json(text, f"--resume: run {run_id}'s {schema.CONFIG_ARTIFACT}")
+    sweep_id = run.data.tags.get(schema.SWEEP_RUN, run_id)
+    query = f"tags.{schema.KIND} = '{schema.EXPERIMENT}' and tags.{schema.SWEEP_RUN} = '{sweep_id}'"
+    finished: set[int] = set()
+    interrupted: dict[int, tuple[int, str]] = {}
+    for found in client.search_runs([run.info.experiment_id], query, max_results=10000):
+        index = int(found.data.tags.get(schema.SWEEP_INDEX, "-1"))
+        if found.info.status == "FINISHED":
+            finished.add(index)
+        elif found.info.status in ("FAILED", "KILLED"):
+            latest = interrupted.get(index)
+            if latest is None or found.info.start_time > latest[0]:
+                interrupted[index] = (found.info.start_time, found.info.run_id)
+    left = {i: r for i, (_, r) in interrupted.items() if i not in finished}
+    return sweep, Resumed(sweep_id, run_id, frozenset(finished), left)
 
 
 @flow(name="benchmark-sweep", flow_run_name=sweep_run_name)
 def benchmark_sweep(
-    models: tuple[str, ...] = ("alexnet", "vgg16", "inception_v3"),
-    batch_sizes: tuple[int, ...] = (64,),
-    clusters: tuple[str, ...] = ("local",),
-    dataset: str = "synthetic",
-    data_dir: str | None = None,
-    search_rounds: int = DEFAULT_ROUNDS,
-    samples_per_round: int = SearchBudget.samples_per_round,
-    methods: tuple[str, ...] = DEFAULT_METHODS,
-    measure: bool = True,
-    seed: int = 0,
+    sweep: SweepConfig | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     out: str = "out/sweep",
     tracking_uri: str | None = None,
+    resume_from: str | None = None,
 ) -> SweepResult:
-    """Every combination as a ``tapp_experiment`` subflow, all tagged with this sweep's run; one report at the end
-    (also the sweep run's description in MLflow, and its ``tapp-sweep-result`` artifact in Prefect).
-    ``search_rounds`` counts each search's rounds in all, as ``tapp_experiment`` does."""
-    combinations = list(itertools.product(models, batch_sizes, clusters))
-    uri = ""
-    for model, batch_size, cluster in combinations:  # every input checked before any run exists
-        uri = check_inputs(model, cluster, batch_size, dataset, data_dir, tuple(methods), tracking_uri)[1]
-    tags = {runs.KIND: runs.SWEEP, runs.DATASET: dataset, runs.SEED: str(seed), runs.CODE_VERSION: code_version()}
-    failed: list[str] = []
-    with tracked_run("benchmark sweep", tags, experiment=experiment, uri=uri) as sweep:
-        sweep.log_params(
-            {
-                "models": ",".join(models),
-                "batch_sizes": ",".join(map(str, batch_sizes)),
-                "clusters": ",".join(clusters),
-                "search_rounds": search_rounds,
-                "measure": measure,
-            }
-        )
-        for model, batch_size, cluster in combinations:
-            state = tapp_experiment(
-                model=model,
-                cluster=cluster,
-                batch_size=batch_size,
-                dataset=dataset,
-                data_dir=data_dir,
-                search_rounds=search_rounds,
-                samples_per_round=samples_per_round,
-                methods=methods,
-                measure=measure,
-                seed=seed,
-                experiment=experiment,
-                out=str(Path(out) / "experiments" / f"{model}_{cluster}_b{batch_size}"),
-                tracking_uri=uri,
-                sweep_run=sweep.run_id,
-                return_state=True,
-            )
-            if not state.is_completed():
-                failed.append(f"{model} on {cluster}, batch {batch_size}")
-        sweep.log_metrics({"experiments": len(combinations), "failed_experiments": len(failed)})
-        report = write_report(experiment, out, uri, within=sweep.run_id, tag=runs.SWEEP_RUN)
+    """Every configuration of ``sweep`` (None: the defaults) as a ``tapp_experiment`` subflow, all tagged with this
+    sweep; one report at the end (also the sweep run's description in MLflow, and its ``tapp-sweep-result``
+    artifact in Prefect). ``resume_from`` (an interrupted sweep's run) goes on where it stopped, with its own
+    configuration (``sweep`` is then not used)."""
+    uri = check_tracking(tracking_uri)
+    resumed = Resumed("", "", frozenset(), {})
+    if resume_from is not None:
+        sweep, resumed = resume_sweep(uri, resume_from, experiment)
+    sweep = sweep or SweepConfig()
+    configurations = sweep.configurations()
+    for config in configurations:  # every input checked before any run exists
+        check_inputs(config, uri)
+    tags = {schema.KIND: schema.SWEEP, schema.DATASET: sweep.dataset, schema.SEED: str(sweep.seed)}
+    tags |= {schema.CODE_VERSION: code_version(), **({schema.RESUMED_FROM: resumed.run_id} if resumed.run_id else {})}
+    with tracked_run(schema.SWEEP_NAME, tags, experiment=experiment, uri=uri) as run:
+        sweep_id = resumed.sweep_id or run.run_id
+        run.set_tags({schema.SWEEP_RUN: sweep_id})
+        run.log_params(sweep_params(sweep))
+        run.log_text(sweep.to_json(), schema.CONFIG_ARTIFACT)
+        failed = _run_configurations(configurations, resumed, sweep_id, experiment, out, uri)
+        run.log_metrics({"experiments": len(configurations), "failed_experiments": len(failed)})
+        report = write_report(experiment, out, uri, within=sweep_id, tag=schema.SWEEP_RUN)
         for path in (*report.table_files, *report.figure_files):
-            sweep.log_file(path, "report")
+            run.log_file(path, "report")
         table = report.tables.step_time.to_markdown()
         failures = f"\n\nFailed experiments: {'; '.join(failed)}." if failed else ""
-        sweep.set_note(f"### Benchmark sweep: {len(combinations)} experiments\n\n{table}{failures}\n")
+        run.set_note(f"### Benchmark sweep: {len(configurations)} experiments\n\n{table}{failures}\n")
         prefect_ui.log(table)
         prefect_ui.markdown_artifact("tapp-sweep-result", table + failures, "the sweep's step-time table")
         if failed:
             raise SweepIncomplete(f"failed experiments: {'; '.join(failed)}; report of the others in {out}")
-    return SweepResult(sweep.run_id, report.folder, report.tables.step_time.to_markdown(), failed)
+    return SweepResult(run.run_id, report.folder, table, failed, sweep_id)
+
+
+def sweep_params(sweep: SweepConfig) -> dict[str, Any]:
+    """The sweep's MLflow parameters: every setting, the lists comma-separated (``config.json`` holds it whole)."""
+    shown = sweep.model_dump(mode="json", exclude={"clusters"})
+    shown["clusters"] = ",".join(c.name for c in sweep.clusters)
+    for name in ("models", "batch_sizes", "powers", "methods", "schedules"):
+        if shown.get(name) is not None:
+            shown[name] = ",".join(str(v) for v in shown[name])
+    return shown
+
+
+def _run_configurations(
+    configurations: list[ExperimentConfig], resumed: Resumed, sweep_id: str, experiment: str, out: str, uri: str
+) -> list[str]:
+    """Run every configuration the sweep has not finished, in order; returns the failed ones' labels."""
+    failed: list[str] = []
+    progress = StageProgress(SWEEP_STAGE, len(configurations), "sweep configurations")
+    for index, config in enumerate(configurations):
+        label = configuration_label(config)
+        if index in resumed.finished:
+            progress.update(index + 1, f"done {label} (finished before)")
+            continue
+        progress.update(index, f"start {label}")
+        folder = f"{config.model}_{config.target.name}_b{config.batch_size}"
+        state = tapp_experiment(
+            config=config,
+            experiment=experiment,
+            out=str(Path(out) / "experiments" / folder),
+            tracking_uri=uri,
+            sweep_run=sweep_id,
+            sweep_index=index,
+            resume_from=resumed.interrupted.get(index),
+            return_state=True,
+        )
+        if not state.is_completed():
+            failed.append(label)
+        progress.update(index + 1, f"{'done' if state.is_completed() else 'failed'} {label}")
+    return failed

@@ -1,9 +1,4 @@
-"""What TAPP writes into MLflow (tag keys, run kinds, metric names) and how reports read it back.
-
-This is the one schema shared by the writers (tasks/) and the readers (the tables and figures here): a table is
-a query over runs by these tags, so a UI filter such as ``tags.method = 'tapp' and tags.model = 'vgg16'`` and the
-paper table see the same runs.
-"""
+"""How reports read back what TAPP wrote into MLflow (``tapp_core.schema`` names it): runs as rows and frames."""
 
 from __future__ import annotations
 
@@ -14,75 +9,8 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
+from tapp_core import schema
 from tapp_core.errors import TappError
-
-# Tag keys
-KIND = "run_kind"
-STAGE = "stage"
-MODEL = "model"
-METHOD = "method"
-CLUSTER = "cluster"
-BATCH_SIZE = "batch_size"
-SEED = "seed"
-DATASET = "dataset"
-EMULATED = "emulated"
-CODE_VERSION = "code_version"
-EXPERIMENT_RUN = "experiment_run"
-"""On every run of one tapp_experiment: the id of its parent run (so one experiment's runs are one filter)."""
-SWEEP_RUN = "sweep_run"
-STEP_TIME_SOURCE = "step_time_source"
-"""``measured`` (runtime, median over race rounds) or ``estimated`` (cost model): where ``step_time_s`` came from."""
-RACE_ID = "race_id"
-"""The race an evaluation's measurement came from: runs of one race pair round by round."""
-RACE_STOP = "race_stop"
-HOST_OVERLOADED = "host_overloaded"
-BEST_GROUP = "best_group"
-"""``true`` on an evaluation whose interval overlaps the fastest method's in its race (``tapp_core.stats``)."""
-MEASUREMENT_FROM = "measurement_from"
-"""Tag of an evaluation whose plan is an earlier method's: the method whose measurement it shares."""
-ERROR = "error"
-
-# Run kinds
-EXPERIMENT = "experiment"
-STAGE_RUN = "stage"
-EVALUATION = "evaluation"
-TRAIN = "train"
-REPORT = "report"
-SWEEP = "sweep"
-
-# Metrics of an evaluation run
-STEP_TIME = "step_time_s"
-MEASURED_STEP_TIME = "measured_step_time_s"
-ESTIMATED_STEP_TIME = "estimated_step_time_s"
-COMMUNICATION_SHARE = "communication_share"
-MEASURED_COMMUNICATION_SHARE = "measured_communication_share"
-ESTIMATED_COMMUNICATION_SHARE = "estimated_communication_share"
-STEP_TIME_LOW = "step_time_low_s"
-STEP_TIME_HIGH = "step_time_high_s"
-"""The confidence interval of the measured median (order statistics over the race's rounds)."""
-STEP_TIME_COVERAGE = "step_time_coverage"
-RACE_ROUNDS = "race_rounds"
-ROUND_STEP_TIME = "race_round_step_time_s"
-"""One value per race round (step = the round's number in its race)."""
-LOAD_BEFORE = "host_load_before"
-LOAD_AFTER = "host_load_after"
-HOST_CPUS = "host_cpus"
-HOST_RANKS = "host_ranks"
-HOST_OTHER_CPU = "host_other_cpu_share"
-"""The share of the host's CPU time other processes than the race's own took while it ran."""
-# Metrics of an experiment run
-SPEEDUP = "speedup_bsp_over_tapp"
-"""The median of BSP/TAPP per-round step-time ratios in the evaluation race (``_low``, ``_high``: its interval)."""
-# Metrics of a train run
-TEST_ACCURACY = "test_accuracy"
-# Metrics of the search stage, one value per round (step = round)
-ROUND_METRICS = ("reward_mean", "best_step_time_s", "round_best_step_time_s", "entropy")
-
-# Artifacts of an evaluation run
-PLAN_ARTIFACT = "plan.json"
-ESTIMATE_ARTIFACT = "estimate.json"
-
-KEY_COLUMNS = ("model", "cluster", "batch_size")
 
 
 class ReportError(TappError):
@@ -97,6 +25,7 @@ class RunRow:
     start_time: int
     tags: dict[str, str]
     metrics: dict[str, float]
+    params: dict[str, str]
 
     @classmethod
     def of(cls, run: Run) -> RunRow:
@@ -108,6 +37,7 @@ class RunRow:
             start_time=int(run.info.start_time or 0),
             tags=tags,
             metrics=dict(run.data.metrics),
+            params=dict(run.data.params),
         )
 
 
@@ -134,10 +64,10 @@ def search(client: MlflowClient, experiment: str, filter_string: str) -> Iterato
 
 
 def finished_runs(
-    client: MlflowClient, experiment: str, kind: str, within: str | None = None, tag: str = EXPERIMENT_RUN
+    client: MlflowClient, experiment: str, kind: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> list[RunRow]:
     """FINISHED runs of one kind; ``within`` keeps those whose ``tag`` equals it (one experiment or sweep)."""
-    query = f"tags.{KIND} = '{kind}' and attributes.status = 'FINISHED'"
+    query = f"tags.{schema.KIND} = '{kind}' and attributes.status = 'FINISHED'"
     if within:
         query += f" and tags.{tag} = '{within}'"
     return list(search(client, experiment, query))
@@ -154,74 +84,137 @@ def latest_per_key(rows: Iterable[RunRow], key_tags: tuple[str, ...]) -> list[Ru
     return list(chosen.values())
 
 
-def frame(rows: Iterable[RunRow], tag_columns: tuple[str, ...], metric_columns: tuple[str, ...]) -> pd.DataFrame:
-    """One row per run: the chosen tags (batch size as int), the chosen metrics (NaN when absent), and the run id."""
+def frame(
+    rows: Iterable[RunRow],
+    tag_columns: tuple[str, ...],
+    metric_columns: tuple[str, ...],
+    param_columns: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    """One row per run: the chosen tags (batch size as int; a run of no computing-power family is its own family at
+    power 1), the chosen metrics (NaN when absent), the chosen parameters, and the run id."""
     records = []
     for row in rows:
         record: dict[str, object] = {t: row.tags.get(t, "") for t in tag_columns}
-        if BATCH_SIZE in record:
-            record[BATCH_SIZE] = int(row.tags.get(BATCH_SIZE) or 0)
+        if schema.BATCH_SIZE in record:
+            record[schema.BATCH_SIZE] = int(row.tags.get(schema.BATCH_SIZE) or 0)
+        if schema.BASE_CLUSTER in record:
+            record[schema.BASE_CLUSTER] = row.tags.get(schema.BASE_CLUSTER) or row.tags.get(schema.CLUSTER, "")
+        if schema.POWER in record:
+            record[schema.POWER] = float(row.tags.get(schema.POWER) or 1.0)
         record.update({m: row.metrics.get(m, float("nan")) for m in metric_columns})
+        record.update({p: row.params.get(p, "") for p in param_columns})
         record["run_id"] = row.run_id
         record["start_time"] = row.start_time
         records.append(record)
-    return pd.DataFrame(records, columns=[*tag_columns, *metric_columns, "run_id", "start_time"])
+    columns = [*tag_columns, *metric_columns, *param_columns, "run_id", "start_time"]
+    return pd.DataFrame(records, columns=columns)
 
 
 def evaluations(
-    client: MlflowClient, experiment: str, within: str | None = None, tag: str = EXPERIMENT_RUN
+    client: MlflowClient, experiment: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> pd.DataFrame:
     """The latest FINISHED evaluation per (model, cluster, batch size, method): tags, step times, shares."""
-    rows = latest_per_key(finished_runs(client, experiment, EVALUATION, within, tag), (*KEY_COLUMNS, METHOD))
+    rows = latest_per_key(
+        finished_runs(client, experiment, schema.EVALUATION, within, tag), (*schema.KEY_COLUMNS, schema.METHOD)
+    )
     return frame(
         rows,
-        (*KEY_COLUMNS, METHOD, STEP_TIME_SOURCE, EXPERIMENT_RUN, RACE_ID, MEASUREMENT_FROM),
         (
-            STEP_TIME,
-            MEASURED_STEP_TIME,
-            ESTIMATED_STEP_TIME,
-            STEP_TIME_LOW,
-            STEP_TIME_HIGH,
-            STEP_TIME_COVERAGE,
-            RACE_ROUNDS,
-            COMMUNICATION_SHARE,
-            MEASURED_COMMUNICATION_SHARE,
-            ESTIMATED_COMMUNICATION_SHARE,
-            LOAD_BEFORE,
-            LOAD_AFTER,
-            HOST_CPUS,
-            HOST_RANKS,
-            HOST_OTHER_CPU,
+            *schema.KEY_COLUMNS,
+            schema.METHOD,
+            schema.STEP_TIME_SOURCE,
+            schema.EXPERIMENT_RUN,
+            schema.RACE_ID,
+            schema.MEASUREMENT_FROM,
+            schema.BASE_CLUSTER,
+            schema.POWER,
+        ),
+        (
+            schema.STEP_TIME,
+            schema.MEASURED_STEP_TIME,
+            schema.ESTIMATED_STEP_TIME,
+            schema.STEP_TIME_LOW,
+            schema.STEP_TIME_HIGH,
+            schema.STEP_TIME_COVERAGE,
+            schema.RACE_ROUNDS,
+            schema.COMMUNICATION_SHARE,
+            schema.MEASURED_COMMUNICATION_SHARE,
+            schema.ESTIMATED_COMMUNICATION_SHARE,
+            schema.LOAD_BEFORE,
+            schema.LOAD_AFTER,
+            schema.HOST_CPUS,
+            schema.HOST_RANKS,
+            schema.HOST_OTHER_CPU,
         ),
     )
 
 
 def round_step_times(client: MlflowClient, run_id: str) -> dict[int, float]:
     """An evaluation run's step time in each round of its race (round number -> seconds); empty when not raced."""
-    return {m.step: m.value for m in client.get_metric_history(run_id, ROUND_STEP_TIME)}
+    return {m.step: m.value for m in client.get_metric_history(run_id, schema.ROUND_STEP_TIME)}
 
 
 def trainings(
-    client: MlflowClient, experiment: str, within: str | None = None, tag: str = EXPERIMENT_RUN
+    client: MlflowClient, experiment: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> pd.DataFrame:
-    """The latest FINISHED train run per (model, cluster, batch size, dataset, method)."""
-    rows = latest_per_key(finished_runs(client, experiment, TRAIN, within, tag), (*KEY_COLUMNS, DATASET, METHOD))
-    return frame(rows, (*KEY_COLUMNS, DATASET, METHOD), (TEST_ACCURACY, "epochs"))
+    """The latest FINISHED train run per (model, cluster, batch size, dataset, method): its accuracy, how long it
+    trained, on what, and with which schedule."""
+    rows = latest_per_key(
+        finished_runs(client, experiment, schema.TRAIN, within, tag),
+        (*schema.KEY_COLUMNS, schema.DATASET, schema.METHOD),
+    )
+    tags = (*schema.KEY_COLUMNS, schema.DATASET, schema.METHOD, schema.SCHEDULE, schema.STALENESS, schema.TRAINED_AS)
+    metrics = (schema.TEST_ACCURACY, schema.TRAIN_TIME, schema.TRAIN_STEPS, "test_samples", "epochs")
+    return frame(rows, tags, metrics, ("plan_schedule", "plan_staleness", "train_budget_s", "steps_per_epoch"))
+
+
+def accuracy_curve(client: MlflowClient, run_id: str) -> pd.DataFrame:
+    """A train run's accuracy curve: per test evaluation (``point``), the training time and steps until then and
+    the test accuracy."""
+    series = {
+        name: {m.step: m.value for m in client.get_metric_history(run_id, name)}
+        for name in (schema.CURVE_TIME, schema.CURVE_STEPS, schema.CURVE_ACCURACY)
+    }
+    points = sorted(series[schema.CURVE_ACCURACY])
+    data = {"point": points, **{name: [values.get(p, float("nan")) for p in points] for name, values in series.items()}}
+    return pd.DataFrame(data)
+
+
+def untrained(
+    client: MlflowClient, experiment: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
+) -> dict[tuple[str, str, int], str]:
+    """Why the latest experiment of each (model, cluster, batch size) trained nothing, where it did not."""
+    query = f"tags.{schema.KIND} = '{schema.EXPERIMENT}'" + (f" and tags.{tag} = '{within}'" if within else "")
+    rows = latest_per_key(search(client, experiment, query), schema.KEY_COLUMNS)
+    return {
+        (r.tags.get(schema.MODEL, ""), r.tags.get(schema.CLUSTER, ""), int(r.tags.get(schema.BATCH_SIZE) or 0)): reason
+        for r in rows
+        if (reason := r.tags.get(schema.TRAINING_SKIPPED))
+    }
 
 
 def search_stages(
-    client: MlflowClient, experiment: str, within: str | None = None, tag: str = EXPERIMENT_RUN
+    client: MlflowClient, experiment: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> list[RunRow]:
     """The latest FINISHED search stage per (model, cluster, batch size)."""
-    rows = [r for r in finished_runs(client, experiment, STAGE_RUN, within, tag) if r.tags.get(STAGE) == "search"]
-    return sorted(latest_per_key(rows, KEY_COLUMNS), key=lambda r: tuple(r.tags.get(t, "") for t in KEY_COLUMNS))
+    rows = [
+        r
+        for r in finished_runs(client, experiment, schema.STAGE_RUN, within, tag)
+        if r.tags.get(schema.STAGE) == "search"
+    ]
+    return sorted(
+        latest_per_key(rows, schema.KEY_COLUMNS), key=lambda r: tuple(r.tags.get(t, "") for t in schema.KEY_COLUMNS)
+    )
 
 
 def round_history(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """Per-round search metrics of one search stage run: a ``round`` column and one column per metric."""
     series: dict[str, dict[int, float]] = {}
-    for name in ROUND_METRICS:
+    for name in schema.ROUND_METRICS:
         series[name] = {m.step: m.value for m in client.get_metric_history(run_id, name)}
     rounds = sorted({step for values in series.values() for step in values})
-    data = {"round": rounds, **{name: [series[name].get(r, float("nan")) for r in rounds] for name in ROUND_METRICS}}
+    data = {
+        "round": rounds,
+        **{name: [series[name].get(r, float("nan")) for r in rounds] for name in schema.ROUND_METRICS},
+    }
     return pd.DataFrame(data)

@@ -7,7 +7,9 @@
   the median of BSP/TAPP per-round ratios, with its own interval. CSV holds each interval as ``<column> low`` and
   ``<column> high`` and the best group as ``<column> best``.
 - ``communication_share``: the same rows and methods, the share of a step spent waiting on communication.
-- ``accuracy``: test accuracy after training each method's plan, per dataset.
+- ``accuracy``: test accuracy after training each method's plan, per dataset (``reports.accuracy``).
+- ``computing_power`` and ``batch_size``: the TAPP paper's section 5.2.2 (``reports.sections``).
+- ``paper_comparison``: the paper's reported figures beside ours, as ratios (``reports.published``).
 
 CSV cells hold the MLflow metric values unrounded; Markdown and LaTeX round them for reading. The same runs give
 byte-identical files, whoever writes them (``tapp report`` or the paper_table flow).
@@ -16,7 +18,8 @@ byte-identical files, whoever writes them (``tapp report`` or the paper_table fl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import SupportsFloat
@@ -25,26 +28,22 @@ import pandas as pd
 from mlflow import MlflowClient
 
 from reports import runs
+from tapp_core import schema
 from tapp_core.metrics import host_overloaded
+from tapp_core.planners.base import PAPER_METHODS, PLANNER_NAMES, method_label
 from tapp_core.stats import Interval, best_group, paired_ratio_interval
 
-PAPER_METHODS: tuple[str, ...] = ("single-cpu", "pipetorch", "bsp", "tapp")
-OTHER_METHODS: tuple[str, ...] = ("single-gpu", "even", "pipedream", "autoddl", "oracle")
-METHOD_LABELS: dict[str, str] = {
-    "single-cpu": "SingleCPU",
-    "single-gpu": "SingleGPU",
-    "pipetorch": "Pipe-Torch",
-    "bsp": "BSP",
-    "tapp": "TAPP",
-    "even": "Even split",
-    "pipedream": "PipeDream/APapo",
-    "autoddl": "AutoDDL",
-    "oracle": "Oracle",
-}
 MODEL_ORDER: tuple[str, ...] = ("alexnet", "vgg16", "inception_v3")
 MODEL_LABELS: dict[str, str] = {"alexnet": "AlexNet", "vgg16": "VGG-16", "inception_v3": "Inception-V3"}
 SPEEDUP = "speedup BSP/TAPP"
-ROW_LABELS: dict[str, str] = {"model": "model", "cluster": "cluster", "batch_size": "batch", "dataset": "dataset"}
+ROW_LABELS: dict[str, str] = {
+    "model": "model",
+    "cluster": "cluster",
+    "base_cluster": "cluster",
+    "power": "power",
+    "batch_size": "batch",
+    "dataset": "dataset",
+}
 MISSING = "–"
 FORMATS = ("md", "csv", "tex")
 LOW, HIGH, BEST = " low", " high", " best"
@@ -54,7 +53,8 @@ Formatter = Callable[[float], str]
 
 
 def seconds(value: float) -> str:
-    return f"{value:.3f}"
+    """Milliseconds shown (3 decimals) from 0.1 s up; three significant digits below (a small model's step)."""
+    return f"{value:.3f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
 
 
 def ratio(value: float) -> str:
@@ -103,12 +103,13 @@ class Table:
             return markup.escape(str(value))
         if _missing(value):
             return markup.escape(MISSING)
-        text = markup.escape(self.formats[column](_number(value)))
+        shown = self.formats[column](_number(value))
+        text = markup.escape(shown)
         row = row or {}
         low, high = row.get(f"{column}{LOW}"), row.get(f"{column}{HIGH}")
         if not (_missing(low) or _missing(high)):
             half = (_number(high) - _number(low)) / 2
-            text += markup.plus_minus + markup.escape(self.formats[column](half))
+            text += markup.plus_minus + markup.escape(_like(shown, self.formats[column](half)))
         if row.get(f"{column}{BEST}") is True:
             text = markup.bold.format(text)
         return text
@@ -162,6 +163,19 @@ class Table:
         return written
 
 
+_NUMBER = re.compile(r"^(-?\d+)(?:\.(\d+))?(\D*)$")
+
+
+def _like(shown: str, half: str) -> str:
+    """``half`` (a formatted interval's half-width) with as many decimals as ``shown`` (the value it follows)."""
+    value, width = _NUMBER.match(shown), _NUMBER.match(half)
+    if value is None or width is None:
+        return half
+    decimals = len(value.group(2) or "")
+    number = float(f"{width.group(1)}.{width.group(2) or 0}")
+    return f"{number:.{decimals}f}{width.group(3)}"
+
+
 def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -206,29 +220,31 @@ def model_label(model: str) -> str:
     return MODEL_LABELS.get(model, model)
 
 
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
-
-
-def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
+def row_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """The paper's models first, then by cluster, computing power (the full power first), batch size, dataset."""
     rank = {m: i for i, m in enumerate(MODEL_ORDER)}
     ordered = frame.assign(_rank=frame["model"].map(lambda m: rank.get(m, len(rank))))
-    by = ["_rank", *(c for c in ("model", "cluster", "batch_size", "dataset") if c in frame.columns)]
-    return ordered.sort_values(by, kind="stable").drop(columns="_rank").reset_index(drop=True)
+    columns = ("model", "cluster", "base_cluster", "power", "batch_size", "dataset")
+    by = ["_rank", *(c for c in columns if c in frame.columns)]
+    ascending = [c != "power" for c in by]
+    return ordered.sort_values(by, ascending=ascending, kind="stable").drop(columns="_rank").reset_index(drop=True)
 
 
-def _method_columns(present: Sequence[str]) -> list[str]:
-    """The paper's methods always, then the other known planners present, then anything else present."""
-    known = [*PAPER_METHODS, *(m for m in OTHER_METHODS if m in present)]
-    return known + sorted(m for m in set(present) if m not in known)
+def method_order(present: Iterable[str], paper_always: bool = True) -> list[str]:
+    """The paper's methods in its column order (always, unless not ``paper_always``), then the registry's other
+    methods present, in its order, then anything else present."""
+    present = set(present)
+    paper = [m for m in PAPER_METHODS if paper_always or m in present]
+    known = [*paper, *(m for m in PLANNER_NAMES if m in present and m not in PAPER_METHODS)]
+    return known + sorted(m for m in present if m not in known)
 
 
-def _pivot(
+def pivot(
     frame: pd.DataFrame, keys: Sequence[str], value: str, companions: Mapping[str, str] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
     """One row per ``keys``, one column per method holding ``value``; each of ``companions`` (suffix -> metric) adds
     a ``<method><suffix>`` column right after its method's."""
-    methods = _method_columns(list(frame["method"].unique()))
+    methods = method_order(frame["method"].unique())
     extra = dict(companions or {})
     columns = [f"{m}{suffix}" if suffix else m for m in methods for suffix in ("", *extra)]
     if frame.empty:
@@ -236,18 +252,19 @@ def _pivot(
     else:
         metrics = [value, *extra.values()]
         table = frame.pivot_table(index=list(keys), columns="method", values=metrics, aggfunc="first", dropna=False)
+        table = table[table.index.isin(frame.set_index(list(keys)).index)]  # the rows run, not every combination
         wide = pd.DataFrame(index=table.index)
         for method in methods:
             for suffix, metric in (("", value), *extra.items()):
                 present = (metric, method) in table.columns
                 wide[f"{method}{suffix}"] = table[(metric, method)] if present else float("nan")
         wide = wide.reset_index()
-    wide = _row_order(wide)
+    wide = row_order(wide)
     wide["model"] = wide["model"].map(model_label)
     return wide, methods
 
 
-def _labelled(wide: pd.DataFrame, keys: Sequence[str], methods: Sequence[str]) -> pd.DataFrame:
+def labelled(wide: pd.DataFrame, keys: Sequence[str], methods: Sequence[str]) -> pd.DataFrame:
     names = {k: ROW_LABELS[k] for k in keys}
     for method in methods:
         for suffix in ("", LOW, HIGH, BEST):
@@ -255,12 +272,12 @@ def _labelled(wide: pd.DataFrame, keys: Sequence[str], methods: Sequence[str]) -
     return wide.rename(columns=names)
 
 
-def _raced(evaluations: pd.DataFrame) -> bool:
+def raced(evaluations: pd.DataFrame) -> bool:
     """Whether any evaluation has a race's interval."""
-    return runs.STEP_TIME_LOW in evaluations and bool(evaluations[runs.STEP_TIME_LOW].notna().any())
+    return schema.STEP_TIME_LOW in evaluations and bool(evaluations[schema.STEP_TIME_LOW].notna().any())
 
 
-def _mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
+def mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
     """Add ``<method> best`` columns: true for the methods of the row's best group (``tapp_core.stats.best_group``)."""
     marks = {m: [False] * len(wide) for m in methods}
     for row in range(len(wide)):
@@ -275,29 +292,38 @@ def _mark_best(wide: pd.DataFrame, methods: Sequence[str]) -> None:
         wide.insert(list(wide.columns).index(f"{method}{HIGH}") + 1, f"{method}{BEST}", marks[method])
 
 
-def _insert_speedup(wide: pd.DataFrame, speedups: pd.DataFrame | None) -> None:
-    """The BSP/TAPP column after TAPP's: the paired per-round ratio where the race gave one, else the ratio of the
-    step times."""
-    value = wide["bsp"] / wide["tapp"]
+def speedup_columns(
+    wide: pd.DataFrame, slower: str, ratios: pd.DataFrame | None
+) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """TAPP's speedup over ``slower`` per row of ``wide`` (which has the key columns and a column per method): the
+    paired per-round ratio and its interval where ``ratios`` (``paired_ratios``) has the row, else the ratio of the
+    step times, with no interval."""
+    value = wide[slower] / wide["tapp"] if slower in wide and "tapp" in wide else pd.Series(float("nan"), wide.index)
     low = pd.Series(float("nan"), index=wide.index)
     high = low.copy()
-    if speedups is not None and not speedups.empty:
-        labelled = speedups.assign(model=speedups["model"].map(model_label))
-        merged = wide[list(runs.KEY_COLUMNS)].merge(labelled, on=list(runs.KEY_COLUMNS), how="left")
+    if ratios is not None and not ratios.empty:
+        shown = ratios.assign(model=ratios["model"].map(model_label))
+        merged = wide[list(schema.KEY_COLUMNS)].merge(shown, on=list(schema.KEY_COLUMNS), how="left")
         paired = merged["median"].notna()
-        value = value.where(~paired, merged["median"])
-        low, high = merged["low"], merged["high"]
+        value = value.where(~paired.to_numpy(), merged["median"].to_numpy())
+        low, high = pd.Series(merged["low"].to_numpy(), wide.index), pd.Series(merged["high"].to_numpy(), wide.index)
+    return value, low, high
+
+
+def _insert_speedup(wide: pd.DataFrame, speedups: pd.DataFrame | None) -> None:
+    """The BSP/TAPP column after TAPP's (``speedup_columns``)."""
+    value, low, high = speedup_columns(wide, "bsp", speedups)
     after = max(i for i, c in enumerate(wide.columns) if str(c).startswith("tapp")) + 1
     for offset, (name, series) in enumerate(((SPEEDUP, value), (SPEEDUP + LOW, low), (SPEEDUP + HIGH, high))):
         wide.insert(after + offset, name, series.to_numpy())
 
 
 def _source_notes(evaluations: pd.DataFrame) -> list[str]:
-    sources = sorted(set(evaluations[runs.STEP_TIME_SOURCE]) - {""}) if not evaluations.empty else []
+    sources = sorted(set(evaluations[schema.STEP_TIME_SOURCE]) - {""}) if not evaluations.empty else []
     if sources == ["measured"]:
-        if not _raced(evaluations):
+        if not raced(evaluations):
             return ["Step times measured on the MPI runtime: median of the steps after warm-up, in seconds."]
-        rounds = evaluations[runs.RACE_ROUNDS].dropna()
+        rounds = evaluations[schema.RACE_ROUNDS].dropna()
         span = f"{int(rounds.min())}" if rounds.min() == rounds.max() else f"{int(rounds.min())}–{int(rounds.max())}"
         return [
             "Step times measured on the MPI runtime, in seconds: every method's plan raced in one race of interleaved"
@@ -305,7 +331,7 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
             " (order statistics over the rounds, at least 90 % coverage). Bold: the fastest method and every method"
             " whose interval overlaps it; no winner is declared among them."
         ]
-    estimated = evaluations[evaluations[runs.STEP_TIME_SOURCE] == "estimated"]
+    estimated = evaluations[evaluations[schema.STEP_TIME_SOURCE] == "estimated"]
     if not estimated.empty:
         which = ", ".join(
             sorted(
@@ -322,18 +348,18 @@ def _source_notes(evaluations: pd.DataFrame) -> list[str]:
 def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> list[str]:
     """Which methods shared a plan (one measurement, one figure), the speedup's interval, and overloaded hosts."""
     notes = []
-    shared = evaluations[evaluations[runs.MEASUREMENT_FROM].fillna("") != ""]
+    shared = evaluations[evaluations[schema.MEASUREMENT_FROM].fillna("") != ""]
     for r in shared.itertuples(index=False):
-        source = str(getattr(r, runs.MEASUREMENT_FROM))
+        source = str(getattr(r, schema.MEASUREMENT_FROM))
         notes.append(
             f"{model_label(str(r.model))}: {method_label(str(r.method))} chose the same plan as "
             f"{method_label(source)}; it was raced once and both show its figure."
         )
     if speedups is not None and not speedups.empty:
         notes.append(f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, ± half its interval.")
-    for key, group in evaluations.groupby(list(runs.KEY_COLUMNS), sort=False):
-        columns = [runs.HOST_OTHER_CPU, runs.LOAD_BEFORE, runs.LOAD_AFTER, runs.HOST_CPUS, runs.HOST_RANKS]
-        loads = group[columns].dropna(subset=[runs.LOAD_BEFORE, runs.HOST_CPUS])
+    for key, group in evaluations.groupby(list(schema.KEY_COLUMNS), sort=False):
+        columns = [schema.HOST_OTHER_CPU, schema.LOAD_BEFORE, schema.LOAD_AFTER, schema.HOST_CPUS, schema.HOST_RANKS]
+        loads = group[columns].dropna(subset=[schema.LOAD_BEFORE, schema.HOST_CPUS])
         if loads.empty:
             continue
         others, before, after, cpus, ranks = (float(v) for v in loads.max())
@@ -350,21 +376,21 @@ def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> lis
 
 def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = None) -> Table:
     """The paper's table; ``speedups`` (keys, median, low, high) holds the paired BSP/TAPP ratios of the races."""
-    keys = list(runs.KEY_COLUMNS)
-    raced = _raced(evaluations)
-    companions = {LOW: runs.STEP_TIME_LOW, HIGH: runs.STEP_TIME_HIGH} if raced else {}
-    wide, methods = _pivot(evaluations, keys, runs.STEP_TIME, companions)
-    if raced:
-        _mark_best(wide, methods)
-    _insert_speedup(wide, speedups if raced else None)
-    if not raced:
+    keys = list(schema.KEY_COLUMNS)
+    measured = raced(evaluations)
+    companions = {LOW: schema.STEP_TIME_LOW, HIGH: schema.STEP_TIME_HIGH} if measured else {}
+    wide, methods = pivot(evaluations, keys, schema.STEP_TIME, companions)
+    if measured:
+        mark_best(wide, methods)
+    _insert_speedup(wide, speedups if measured else None)
+    if not measured:
         wide = wide.drop(columns=[SPEEDUP + LOW, SPEEDUP + HIGH])
     formats: dict[str, Formatter] = {method_label(m): seconds for m in methods}
     formats[SPEEDUP] = ratio
     return Table(
         name="step_time",
         title="Single-step training time (s)",
-        frame=_labelled(wide, keys, methods),
+        frame=labelled(wide, keys, methods),
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats=formats,
         notes=_source_notes(evaluations) + (_race_notes(evaluations, speedups) if not evaluations.empty else []),
@@ -373,54 +399,43 @@ def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = N
 
 def paired_speedups(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:
     """Per (model, cluster, batch size) whose BSP and TAPP evaluations came from one race: the median and interval
-    of their per-round step-time ratios (``tapp_core.stats.paired_ratio_interval``)."""
+    of their per-round step-time ratios (``paired_ratios``)."""
+    return paired_ratios(client, evaluations, "bsp", "tapp")
+
+
+def paired_ratios(client: MlflowClient, evaluations: pd.DataFrame, slower: str, faster: str) -> pd.DataFrame:
+    """Per (model, cluster, batch size) whose ``slower`` and ``faster`` methods' evaluations came from one race: the
+    median and interval of ``slower``/``faster`` step-time ratios paired round by round
+    (``tapp_core.stats.paired_ratio_interval``): the speedup of ``faster`` over ``slower``."""
     rows = []
-    measured = evaluations[evaluations[runs.RACE_ID].fillna("") != ""]
-    for key, group in measured.groupby(list(runs.KEY_COLUMNS), sort=False):
+    measured = evaluations[evaluations[schema.RACE_ID].fillna("") != ""]
+    for key, group in measured.groupby(list(schema.KEY_COLUMNS), sort=False):
         by_method = {str(r.method): r for r in group.itertuples(index=False)}
-        bsp, tapp = by_method.get("bsp"), by_method.get("tapp")
-        if bsp is None or tapp is None or getattr(bsp, runs.RACE_ID) != getattr(tapp, runs.RACE_ID):
+        over, under = by_method.get(slower), by_method.get(faster)
+        if over is None or under is None or getattr(over, schema.RACE_ID) != getattr(under, schema.RACE_ID):
             continue
         ratio = paired_ratio_interval(
-            runs.round_step_times(client, str(bsp.run_id)), runs.round_step_times(client, str(tapp.run_id))
+            runs.round_step_times(client, str(over.run_id)), runs.round_step_times(client, str(under.run_id))
         )
         if ratio is not None:
-            rows.append({**dict(zip(runs.KEY_COLUMNS, key, strict=True)), **_interval_columns(ratio)})
-    return pd.DataFrame(rows, columns=[*runs.KEY_COLUMNS, "median", "low", "high"])
+            rows.append({**dict(zip(schema.KEY_COLUMNS, key, strict=True)), **interval_columns(ratio)})
+    return pd.DataFrame(rows, columns=[*schema.KEY_COLUMNS, "median", "low", "high"])
 
 
-def _interval_columns(interval: Interval) -> dict[str, float]:
+def interval_columns(interval: Interval) -> dict[str, float]:
     return {"median": interval.median, "low": interval.low, "high": interval.high}
 
 
 def communication_share_table(evaluations: pd.DataFrame) -> Table:
-    keys = list(runs.KEY_COLUMNS)
-    wide, methods = _pivot(evaluations, keys, runs.COMMUNICATION_SHARE)
+    keys = list(schema.KEY_COLUMNS)
+    wide, methods = pivot(evaluations, keys, schema.COMMUNICATION_SHARE)
     return Table(
         name="communication_share",
         title="Share of a step spent waiting on communication",
-        frame=_labelled(wide, keys, methods),
+        frame=labelled(wide, keys, methods),
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats={method_label(m): percent for m in methods},
         notes=["Mean over devices of the non-overlapped send/receive wait divided by the step time."],
-    )
-
-
-def accuracy_table(trainings: pd.DataFrame) -> Table:
-    keys = [*runs.KEY_COLUMNS, runs.DATASET]
-    wide, methods = _pivot(trainings, keys, runs.TEST_ACCURACY)
-    notes = ["Test accuracy after training each method's plan."]
-    if not trainings.empty and (trainings[runs.DATASET] == "synthetic").any():
-        notes.append("Rows on the synthetic dataset are random labels: their accuracy means nothing.")
-    if trainings.empty:
-        notes.append("No training runs in this experiment (run with --train-epochs and real data).")
-    return Table(
-        name="accuracy",
-        title="Test accuracy",
-        frame=_labelled(wide, keys, methods),
-        label_columns=tuple(ROW_LABELS[k] for k in keys),
-        formats={method_label(m): percent for m in methods},
-        notes=notes,
     )
 
 
@@ -429,29 +444,51 @@ class Tables:
     step_time: Table
     communication_share: Table
     accuracy: Table
+    computing_power: Table
+    batch_size: Table
+    paper_comparison: Table
     evaluations: pd.DataFrame
     """The evaluation runs the tables were built from (one per model, cluster, batch size, method)."""
+    trainings: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The train runs the accuracy table was built from (one per model, cluster, batch size, dataset, method)."""
 
     def all(self) -> list[Table]:
-        return [self.step_time, self.communication_share, self.accuracy]
+        return [
+            self.step_time,
+            self.communication_share,
+            self.accuracy,
+            self.computing_power,
+            self.batch_size,
+            self.paper_comparison,
+        ]
 
     def write(self, out: str | Path) -> list[Path]:
         return [path for table in self.all() for path in table.write(out)]
 
 
 def build_tables(
-    experiment: str, tracking_uri: str | None = None, within: str | None = None, tag: str = runs.EXPERIMENT_RUN
+    experiment: str, tracking_uri: str | None = None, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> Tables:
     """The tables of an MLflow experiment (or of the runs whose ``tag`` is ``within``: one experiment or sweep)."""
+    from reports.accuracy import accuracy_table
+    from reports.published import paper_comparison_table
+    from reports.sections import batch_size_table, computing_power_table
+
     client = MlflowClient(tracking_uri)
     evaluations = runs.evaluations(client, experiment, within, tag)
     if evaluations.empty:
         scope = f" with {tag} {within}" if within else ""
         raise runs.ReportError(f"MLflow experiment {experiment!r} has no finished evaluation runs{scope}")
     trainings = runs.trainings(client, experiment, within, tag)
+    untrained = runs.untrained(client, experiment, within, tag)
+    ratios = {m: paired_ratios(client, evaluations, m, "tapp") for m in PAPER_METHODS if m != "tapp"}
     return Tables(
-        step_time=step_time_table(evaluations, paired_speedups(client, evaluations)),
+        step_time=step_time_table(evaluations, ratios["bsp"]),
         communication_share=communication_share_table(evaluations),
-        accuracy=accuracy_table(trainings),
+        accuracy=accuracy_table(trainings, untrained),
+        computing_power=computing_power_table(evaluations, ratios),
+        batch_size=batch_size_table(evaluations),
+        paper_comparison=paper_comparison_table(evaluations, ratios),
         evaluations=evaluations,
+        trainings=trainings,
     )

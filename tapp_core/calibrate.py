@@ -13,7 +13,7 @@ For a cluster and the layer libraries of its kinds (``ProfileCache.cluster_libra
    scale against its library, its fixed cost per operation and its fixed cost per step (``fit_compute``);
 3. returns a ``Calibration`` with those figures per kind and the per-message cost, recording what it was made
    for (``costs.MadeFor``), so that it is refused on another machine or library
-   (``tapp_core.runtime.calibration``).
+   (``tapp_core.calibration``).
 
 The cost model multiplies a device's compute and update by its slowdown where its ``speed`` applies
 (``tapp_core.kinds``). Measured with emulation off, a kind's figures are what the kind does itself, so where the
@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tapp_core.calibration import ProbeResult, SharingProbe
 from tapp_core.cluster import Cluster
 from tapp_core.costs import (
     DEFAULT_CALIBRATION,
@@ -48,13 +49,11 @@ from tapp_core.costs import (
     transfer_s,
 )
 from tapp_core.errors import TappError
+from tapp_core.hosts import host_cpus
 from tapp_core.kinds import cluster_kinds, device_kind
-from tapp_core.library import LayerLibrary
+from tapp_core.library import PROFILE_VERSION, LayerLibrary
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS
 from tapp_core.plan import single_stage_plan
-from tapp_core.profiler import PROFILE_VERSION
-from tapp_core.runtime.calibration import ProbeResult, SharingProbe
-from tapp_core.runtime.placement import host_cpus
 from tapp_core.runtime.pool import PROJECT_ROOT, WorkerPool, mpiexec_command
 
 MICRO_BATCHES = 8

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tapp_core.errors import TappError
 from tapp_core.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
@@ -106,6 +106,33 @@ class Cluster(_Strict):
     emulated: bool = Field(default=True, description="heterogeneity emulated on one host")
     devices: tuple[Device, ...] = Field(min_length=1)
     links: Links
+    ssh: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the command MPICH's Hydra starts ranks on other hosts with (default: ssh); a script that adds "
+        "options, such as a testbed's key (tapp_core.testbed)",
+    )
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The YAML file this cluster was read from (``load_cluster``), or the file of the cluster it was derived
+        from (``scaled``); None for a cluster made in code. What lives beside that file (its calibration) belongs to
+        it; the file is not read again."""
+        return self._source
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields make equal clusters, wherever they were read from."""
+        return isinstance(other, Cluster) and self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    def from_file(self, path: str | os.PathLike[str] | None) -> Cluster:
+        """This cluster, remembering ``path`` as its source file."""
+        copy = self.model_copy()
+        copy._source = Path(path) if path is not None else None
+        return copy
 
     @model_validator(mode="after")
     def _consistent(self) -> Cluster:
@@ -143,6 +170,43 @@ class Cluster(_Strict):
 
     def fastest_device(self) -> Device:
         return max(self.devices, key=lambda d: (d.kind == "cuda", d.speed, d.threads))
+
+    def slow_devices(self) -> tuple[str, ...]:
+        """The slow half: every device slower than the median device speed (none when all run at one speed)."""
+        speeds = sorted(d.speed for d in self.devices)
+        middle = len(speeds) // 2
+        median = speeds[middle] if len(speeds) % 2 else (speeds[middle - 1] + speeds[middle]) / 2
+        return tuple(d.name for d in self.devices if d.speed < median)
+
+    def scaled(self, power: float) -> Cluster:
+        """The cluster with its slow devices' (``slow_devices``) speed multiplied by ``power``: one member of the
+        family of clusters of section 5.2.2 (different computing power). Named ``NAME@POWERx`` unless ``power`` is
+        1, when it is this cluster; it keeps this cluster's source file. Only an emulated cluster can be scaled: a
+        real device's speed is what its hardware does."""
+        if not (math.isfinite(power) and power > 0):
+            raise ClusterError(f"a computing power must be a positive number, got {power}")
+        if power == 1:
+            return self
+        if not self.emulated:
+            raise ClusterError(
+                f"cluster {self.name!r} is not emulated: its devices' speed is their hardware's, so it cannot be "
+                f"scaled to power {power:g}"
+            )
+        slow = set(self.slow_devices())
+        if not slow:
+            raise ClusterError(f"cluster {self.name!r} has no slow device to scale: its devices all run at one speed")
+        devices = tuple(d.model_copy(update={"speed": d.speed * power}) if d.name in slow else d for d in self.devices)
+        data = {
+            **self.model_dump(),
+            "name": scaled_name(self.name, power),
+            "devices": [d.model_dump() for d in devices],
+        }
+        return Cluster.model_validate(data).from_file(self.source)
+
+
+def scaled_name(name: str, power: float) -> str:
+    """The name of cluster ``name`` with its slow devices scaled by ``power`` (``Cluster.scaled``)."""
+    return name if power == 1 else f"{name}@{power:g}x"
 
 
 def _format_validation_error(source: str, exc: ValidationError) -> str:
@@ -217,4 +281,4 @@ def load_cluster(name_or_path: str | os.PathLike[str]) -> Cluster:
         raise ClusterError(f"invalid cluster file {path}: not valid YAML: {reason}") from None
     if isinstance(data, dict) and "name" not in data:
         data = {"name": path.stem, **data}
-    return parse_cluster(data, str(path))
+    return parse_cluster(data, str(path)).from_file(path)

@@ -364,6 +364,8 @@ class _LayerArrays:
     activation_bytes: np.ndarray
     edges: np.ndarray
     """Shape (edges, 2): (producer, consumer) layer indices."""
+    tensor_edges: np.ndarray
+    """The edges whose value is a tensor (``LayerLibrary.tensor_edges``): what crosses cuts."""
 
     @property
     def edge_sources(self) -> np.ndarray:
@@ -393,9 +395,18 @@ def _layer_arrays(library: LayerLibrary) -> _LayerArrays:
         dtype=float,
     ).reshape(-1, 6)
     edges = np.array([(x.index, succ) for x in snapshot for succ in x.successors], dtype=np.int64).reshape(-1, 2)
+    tensors = np.array([x.outputs_tensor for x in snapshot], dtype=bool)
     forward_s, backward_s, forward_fixed_s, backward_fixed_s, param_bytes, activation_bytes = table.T
     arrays = _LayerArrays(
-        snapshot, forward_s, backward_s, forward_fixed_s, backward_fixed_s, param_bytes, activation_bytes, edges
+        snapshot,
+        forward_s,
+        backward_s,
+        forward_fixed_s,
+        backward_fixed_s,
+        param_bytes,
+        activation_bytes,
+        edges,
+        edges[tensors[edges[:, 0]]],
     )
     if len(_LAYER_ARRAYS_CACHE) >= _LAYER_ARRAYS_CACHE_SIZE:
         del _LAYER_ARRAYS_CACHE[next(iter(_LAYER_ARRAYS_CACHE))]
@@ -856,7 +867,7 @@ def simulated_programs(plan: Plan, library: LayerLibrary) -> tuple[DeviceProgram
     arrays = _layer_arrays(library)
     steps = simulated_iterations(plan)[0]
     return plan_programs(
-        plan, arrays.edges, arrays.param_bytes, steps, specs=library.specs() if plan.signatures else ()
+        plan, arrays.tensor_edges, arrays.param_bytes, steps, specs=library.specs() if plan.signatures else ()
     )
 
 

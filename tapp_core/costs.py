@@ -122,7 +122,7 @@ class KindCalibration:
 
 @dataclass(frozen=True)
 class MadeFor:
-    """What a measured calibration was made for; ``tapp_core.runtime.calibration`` refuses it anywhere else."""
+    """What a measured calibration was made for; ``tapp_core.calibration`` refuses it anywhere else."""
 
     host: str
     cluster: str

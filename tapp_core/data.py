@@ -8,6 +8,7 @@ downloads anything.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import os
@@ -83,6 +84,16 @@ class InMemoryImages(Dataset[tuple[torch.Tensor, int]]):
 
     def __len__(self) -> int:
         return self.images.shape[0]
+
+    def head(self, samples: int | None) -> InMemoryImages:
+        """The first ``samples`` images (all of them when None or more than there are), as a dataset of their own."""
+        if samples is None or samples >= len(self):
+            return self
+        if samples < 1:
+            raise DataError(f"a subset needs at least one sample, got {samples}")
+        part = copy.copy(self)
+        part.images, part.labels = self.images[:samples], self.labels[:samples]
+        return part
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not -len(self) <= index < len(self):
@@ -316,6 +327,27 @@ def open_dataset(
     if name == "fashion-mnist":
         return FashionMNIST32(root=data_dir or FASHION_MNIST_ROOT, train=train, augment=augment)
     raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}")
+
+
+def find_dataset(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str | None] | None:
+    """The real dataset to train on when none is named, as (name, folder): CIFAR-10 when a data folder is given
+    (``data_dir``, else ``$TAPP_DATA_DIR``: what else would it hold; ``check_dataset`` then names any file that is
+    missing or corrupt), else Fashion-MNIST where Debian's ``dataset-fashion-mnist`` installs it; None when there is
+    neither. Only looks: nothing is read or downloaded."""
+    folder = data_dir or os.environ.get(DATA_DIR_ENV)
+    if folder:
+        return "cifar10", str(folder)
+    if fashion_mnist_installed():
+        return "fashion-mnist", None
+    return None
+
+
+def fashion_mnist_installed(root: str | os.PathLike[str] | None = None) -> bool:
+    """Whether ``root`` (default: where Debian's package installs it) holds Fashion-MNIST's four idx files, gzipped
+    or not."""
+    folder = Path(root if root is not None else FASHION_MNIST_ROOT)
+    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    return all((folder / f"{stem}.gz").is_file() or (folder / stem).is_file() for stem in stems)
 
 
 def check_dataset(name: str, data_dir: str | os.PathLike[str] | None) -> None:

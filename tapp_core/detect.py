@@ -1,4 +1,5 @@
-"""The cluster of this host, described without hand work (``tapp cluster detect``).
+"""The cluster of this host, described without hand work (``tapp cluster detect``); or the links of a given
+cluster, measured where its devices run (``tapp cluster detect --cluster``: ``write_measured_links``).
 
 Every GPU becomes a ``cuda`` device (its index, its model and its memory, from torch.cuda). The CPU cores left
 once each GPU rank has ``HOST_CORES_PER_GPU`` cores for its host threads (the rank itself, the batch prefetch,
@@ -16,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import yaml
 
 from tapp_core.cluster import Cluster, load_cluster, parse_cluster
 from tapp_core.errors import TappError
-from tapp_core.runtime.gpu import cuda_aware_mpi
+from tapp_core.hosts import Host, PairLink, cuda_aware_mpi, this_host
 
 HOST_CORES_PER_GPU = 2
 MAX_CPU_RANKS = 8
@@ -38,36 +37,14 @@ DEFAULT_THREADS = 4
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_BANDWIDTH = 1e13
 """Bytes/s written for a link whose large messages took no longer than its small ones (noise)."""
+LINK_TOLERANCE = 0.1
+"""A measured pair whose bandwidth is further than this from the pairs' median gets a link of its own."""
 UNMEASURED_LINKS = {"bandwidth": "1Gbit/s", "latency": "0us"}
 """The links of a one-rank cluster: there is no pair to measure, and nothing uses them."""
 
 
 class DetectError(TappError):
     """This host cannot be described as asked (too few cores for the threads, a ping-pong that failed)."""
-
-
-@dataclass(frozen=True)
-class PairLink:
-    """One pair's measured link."""
-
-    between: tuple[str, str]
-    latency_s: float
-    bandwidth_bytes_per_s: float
-    sizes: tuple[int, ...]
-    one_way_s: tuple[float, ...]
-    """Per size, half the median round trip."""
-
-
-def fit_link(sizes: Sequence[int], one_way_s: Sequence[float]) -> tuple[float, float]:
-    """(latency, bandwidth) from one-way times: the smallest message's time, and bytes / extra time of the others
-    (least squares through the origin; a link whose large messages cost no more than the small gives inf)."""
-    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    latency = one_way_s[order[0]]
-    larger = [(sizes[i] - sizes[order[0]], one_way_s[i] - latency) for i in order[1:]]
-    extra = sum(n * t for n, t in larger)
-    if extra <= 0:
-        return latency, float("inf")
-    return latency, sum(n * n for n, _ in larger) / extra
 
 
 def read_pairs(text: str) -> list[PairLink]:
@@ -85,35 +62,6 @@ def read_pairs(text: str) -> list[PairLink]:
         ]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise DetectError(f"the ping-pong's output is not what it should be: {exc!r}") from None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    model: str
-    memory_bytes: int
-
-
-@dataclass(frozen=True)
-class Host:
-    """What the cluster is made from: this host's usable cores, memory and GPUs."""
-
-    name: str
-    cores: int
-    memory_bytes: int
-    gpus: tuple[Gpu, ...]
-
-
-def this_host() -> Host:
-    """The cores this process may run on, the physical memory, and every GPU torch can see."""
-    import torch
-
-    gpus = tuple(
-        Gpu(i, torch.cuda.get_device_name(i), int(torch.cuda.get_device_properties(i).total_memory))
-        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    )
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Host(socket.gethostname(), len(os.sched_getaffinity(0)), memory, gpus)
 
 
 def cpu_ranks(host: Host, threads: int | None = None) -> tuple[int, int]:
@@ -220,6 +168,59 @@ def write_detected_cluster(out: Path, threads: int | None = None, name: str | No
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return load_cluster(out)
+
+
+def measure_cluster_links(cluster: Cluster, repeats: int = 15) -> tuple[dict[str, object], list[PairLink]]:
+    """The links between ``cluster``'s devices where they run (on their hosts), measured: the pairs' median as the
+    default, and an override for every pair more than ``LINK_TOLERANCE`` away from it in bandwidth."""
+    pairs = measure_links(cluster, repeats)
+    default = statistics.median(p.bandwidth_bytes_per_s for p in pairs)
+    links: dict[str, object] = {
+        "bandwidth": _bandwidth(default),
+        "latency": _seconds(statistics.median(p.latency_s for p in pairs)),
+    }
+    apart = [p for p in pairs if abs(p.bandwidth_bytes_per_s / default - 1) > LINK_TOLERANCE]
+    if apart:
+        links["overrides"] = [
+            {
+                "between": list(p.between),
+                "bandwidth": _bandwidth(p.bandwidth_bytes_per_s),
+                "latency": _seconds(p.latency_s),
+            }
+            for p in apart
+        ]
+    return links, pairs
+
+
+def write_measured_links(
+    cluster_file: str | os.PathLike[str], out: Path, repeats: int = 15
+) -> tuple[Cluster, list[str]]:
+    """``cluster_file``'s cluster with its links measured where its devices run, written to ``out``; also one line
+    per pair comparing the measured link with the file's."""
+    cluster = load_cluster(cluster_file)
+    if len(cluster.devices) < 2:
+        raise DetectError(f"cluster {cluster.name!r} has one device: no link to measure")
+    links, pairs = measure_cluster_links(cluster, repeats)
+    data = {**cluster.model_dump(mode="json", exclude_none=True), "links": links}
+    lines = [_compared(cluster, pair) for pair in pairs]
+    header = [
+        f"Links measured by `tapp cluster detect --cluster {cluster_file}` at {datetime.now(UTC):%Y-%m-%d %H:%M} "
+        f"UTC: MPI ping-pong where the devices run, one-way time = half the median of {repeats} round trips.",
+        *lines,
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(f"# {line}\n" for line in header) + yaml.safe_dump(data, sort_keys=False, width=120))
+    return load_cluster(out), lines
+
+
+def _compared(cluster: Cluster, pair: PairLink) -> str:
+    said = cluster.link(*pair.between)
+    error = pair.bandwidth_bytes_per_s / said.bandwidth - 1
+    return (
+        f"{pair.between[0]} <-> {pair.between[1]}: measured {pair.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s, "
+        f"{pair.latency_s * 1e6:.0f} us; the file says {said.bandwidth * 8 / 1e6:.1f} Mbit/s, "
+        f"{said.latency * 1e6:.0f} us ({error:+.1%} bandwidth)"
+    )
 
 
 def summary(cluster: Cluster) -> list[str]:

@@ -7,12 +7,17 @@ modules are leaves; user containers are traced through) plus every function and 
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch.fx
 from torch import nn
 
 from tapp_core.errors import TappError
 
-LAYER_OPS = ("call_module", "call_function", "call_method", "get_attr")
+LAYER_OPS = ("call_module", "call_function", "call_method")
+"""The node kinds that are layers. A ``get_attr`` node is not one: it computes nothing, it only reads a tensor the
+model holds itself (a ViT's class token, a position embedding), and that tensor belongs to the layers that use its
+value (``parameter_users``), wherever a plan cuts."""
 
 
 class ModelError(TappError):
@@ -44,6 +49,33 @@ def layer_index(graph_module: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
     return {node: i for i, node in enumerate(layer_nodes(graph_module))}
 
 
+def parameter_users(graph_module: torch.fx.GraphModule) -> dict[str, tuple[int, ...]]:
+    """Every parameter a layer uses, by its name in the model, with the layers that use it, in layer order.
+
+    A leaf module's parameters are used by the layers that call it; a parameter the model reads itself (a
+    ``get_attr`` node) by the layers that take its value. A parameter used by several layers is one tensor: the
+    stages of a plan must not split those layers (``tapp_core.runtime.stage.check_stage_assignment``).
+    """
+    # The last of a shared parameter's names, as in the state dict the runtime names parameters by.
+    names = {id(param): name for name, param in graph_module.named_parameters(remove_duplicate=False)}
+    users: dict[str, set[int]] = {}
+
+    def use(params: list[torch.Tensor], layers: list[int]) -> None:
+        for param in params:
+            if id(param) in names:
+                users.setdefault(names[id(param)], set()).update(layers)
+
+    index = layer_index(graph_module)
+    for node in graph_module.graph.nodes:
+        if node.op == "call_module":
+            use(list(graph_module.get_submodule(str(node.target)).parameters()), [index[node]])
+        elif node.op == "get_attr":
+            value = attrgetter(str(node.target))(graph_module)
+            if isinstance(value, nn.Parameter):
+                use([value], [index[user] for user in node.users if user in index])
+    return {name: tuple(sorted(layers)) for name, layers in users.items() if layers}
+
+
 def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
     """A short operation name: the leaf module's class (Conv2d) or the function/method name (add, flatten)."""
     if node.op == "call_module":
@@ -62,24 +94,10 @@ def layer_edges(graph_module: torch.fx.GraphModule) -> list[tuple[int, int]]:
 
 def layer_parameters(graph_module: torch.fx.GraphModule) -> list[dict[str, nn.Parameter]]:
     """Per layer, the parameters it uses by their names in the model, each charged once, to the first layer that
-    uses it (a leaf module's own, or one read with ``get_attr``)."""
-    names = {id(param): name for name, param in graph_module.named_parameters(remove_duplicate=False)}
-    seen: set[int] = set()
-    result: list[dict[str, nn.Parameter]] = []
-    for node in layer_nodes(graph_module):
-        params: list[nn.Parameter] = []
-        if node.op == "call_module":
-            params = list(graph_module.get_submodule(str(node.target)).parameters())
-        elif node.op == "get_attr":
-            holder, _, attr = str(node.target).rpartition(".")
-            value = getattr(graph_module.get_submodule(holder) if holder else graph_module, attr)
-            params = [value] if isinstance(value, nn.Parameter) else []
-        own = {}
-        for param in params:
-            if id(param) not in seen:
-                seen.add(id(param))
-                own[names[id(param)]] = param
-        result.append(own)
+    uses it (``parameter_users``: a leaf module's own, or one the model reads itself with ``get_attr``)."""
+    result: list[dict[str, nn.Parameter]] = [{} for _ in layer_nodes(graph_module)]
+    for name, layers in parameter_users(graph_module).items():
+        result[layers[0]][name] = graph_module.get_parameter(name)
     return result
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tapp_core.cluster import Cluster, Device
-from tapp_core.runtime.placement import is_local_host
+from tapp_core.hosts import is_local_host
 
 if TYPE_CHECKING:
     from tapp_core.library import LayerLibrary

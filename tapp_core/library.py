@@ -36,6 +36,10 @@ from tapp_core.placement import MODEL_INPUT, LayerSpec
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
 KINDS_FILE = "kinds.json"
+PROFILE_VERSION = 3
+"""The profiler's version, recorded in every library it writes (``extra["profile_version"]``): bumped when a
+library's contents change meaning (2: fixed per-call parts fitted; 3: the GPU model and the host recorded, which
+decide which devices a library is the library of); caches and calibrations key on it."""
 """In a folder of libraries, one per kind: the subfolders, the reference kind's first."""
 
 
@@ -67,6 +71,13 @@ class Layer:
     forward_fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
     """The part of ``forward_s`` / ``backward_s`` that one call costs whatever its number of samples."""
+
+    @property
+    def outputs_tensor(self) -> bool:
+        """Whether the output holds a tensor (a 0-dimensional one has bytes). A layer that reads a shape (``x.shape``,
+        ``x.size(0)``, arithmetic on those) outputs numbers: nothing of it crosses a cut, the consuming stage
+        rebuilds it from its own micro-batch (``tapp_core.runtime.stage``)."""
+        return bool(self.output_shape) or self.activation_bytes > 0
 
 
 @dataclass
@@ -125,6 +136,11 @@ class LayerLibrary:
 
     def edges(self) -> list[tuple[int, int]]:
         return [(layer.index, succ) for layer in self.layers for succ in layer.successors]
+
+    def tensor_edges(self) -> list[tuple[int, int]]:
+        """The edges whose value is a tensor: those a cut value crosses when their ends are on two stages
+        (``tapp_core.program``); the runtime finds the same by running the model (``ModelGraph``)."""
+        return [(layer.index, succ) for layer in self.layers if layer.outputs_tensor for succ in layer.successors]
 
     def specs(self) -> tuple[LayerSpec, ...]:
         """The layers as the layout pass of ``tapp_core.placement`` reads them (cached while the layers stay)."""

@@ -15,7 +15,7 @@ and a race compares the two kinds alike: time per mini-batch, as a user training
 Communication share: for each device, the time it waited on sends/receives that did not overlap its compute,
 divided by the step time; then averaged over devices.
 
-Plans that are compared are *raced* (``tapp_core.runtime.race``): measured in interleaved rounds, each plan's
+Plans that are compared are *raced* (``tapp_core.races``): measured in interleaved rounds, each plan's
 step time the median over its rounds with a confidence interval (``tapp_core.stats``). Such a Measurement holds
 the rounds, the interval and the host's load average before and after the race.
 """

@@ -34,10 +34,10 @@ import torch
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
+from tapp_core.hosts import is_local_host
 from tapp_core.kinds import DeviceKind, device_kind
-from tapp_core.library import LayerLibrary, LibraryError
-from tapp_core.profiler import PROFILE_VERSION, profile_model
-from tapp_core.runtime.placement import is_local_host
+from tapp_core.library import PROFILE_VERSION, LayerLibrary, LibraryError
+from tapp_core.profiler import profile_model
 
 CACHE_DIR_ENV = "TAPP_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".tapp")

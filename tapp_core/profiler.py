@@ -32,19 +32,15 @@ import torch
 import torch.fx
 from torch.nn import functional as F
 
+from tapp_core import gpu
 from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
 from tapp_core.graph import ModelError, layer_index, layer_param_bytes, op_type
-from tapp_core.library import Layer, LayerLibrary
-from tapp_core.runtime import gpu
+from tapp_core.library import PROFILE_VERSION, Layer, LayerLibrary
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
 LOSS = -1
 """Owner of the loss's own forward and backward time: reported apart from the layers."""
-
-PROFILE_VERSION = 3
-"""Bumped when a library's contents change meaning (2: fixed per-call parts fitted; 3: the GPU model and the host
-recorded, which decide which devices a library is the library of); caches key on it."""
 
 
 class ProfileError(TappError):
@@ -545,7 +541,6 @@ def profile_model(
 
 
 __all__ = [
-    "PROFILE_VERSION",
     "Clock",
     "CpuClock",
     "CudaClock",

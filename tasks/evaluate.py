@@ -23,42 +23,42 @@ from mlflow.entities import Metric
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from reports import runs
+from tapp_core import schema
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import Estimate, estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan, validate
-from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner
-from tapp_core.runtime.race import RaceResult
+from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner, planner_options
+from tapp_core.races import RaceResult
+from tasks.config import ExperimentConfig, ExperimentSettings
 from tasks.measure import RuntimeSettings, race_plans
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
-PAPER_METHODS: tuple[str, ...] = ("tapp", "single-cpu", "bsp", "pipetorch")
-OTHER_METHODS: tuple[str, ...] = ("even", "pipedream", "autoddl", "oracle", "pipeline-cd")
-KNOWN_METHODS: tuple[str, ...] = (*PAPER_METHODS, "single-gpu", *OTHER_METHODS)
-MEASUREMENT_FROM = runs.MEASUREMENT_FROM
+MEASUREMENT_FROM = schema.MEASUREMENT_FROM
 
 
 class EvaluationFailed(RuntimeError):
     """A method that could not be planned, estimated or measured; its MLflow run is FAILED."""
 
 
-def methods_for(cluster: Cluster, methods: tuple[str, ...]) -> tuple[str, ...]:
-    """The methods to evaluate, in order: TAPP and the paper's baselines, SingleGPU if the cluster has a GPU, the rest."""
-    chosen = list(dict.fromkeys(methods))
-    if any(d.kind == "cuda" for d in cluster.devices) and "single-gpu" not in chosen:
-        chosen.insert(len([m for m in chosen if m in PAPER_METHODS]), "single-gpu")
-    return tuple(chosen)
+def planner_choices(config: ExperimentSettings) -> dict[str, object]:
+    """The schedule options every method is planned with (a planner takes those it has: ``schedules`` and
+    ``staleness`` only the searching and asynchronous ones)."""
+    return {"schedule": config.schedule, "schedules": config.schedules, "staleness": config.staleness}
 
 
-def check_methods(methods: tuple[str, ...]) -> None:
-    unknown = [m for m in methods if m not in KNOWN_METHODS]
-    if unknown:
-        raise PlannerError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_METHODS)}")
-    if "tapp" not in methods:
-        raise PlannerError("the methods must include 'tapp': it is what the experiment evaluates")
+def check_choices(config: ExperimentConfig) -> None:
+    """A schedule option given to an experiment must reach some planner of it: one that none of its methods takes
+    is an error naming it, not a setting that silently does nothing."""
+    for option, value in planner_choices(config).items():
+        if value is None:
+            continue
+        takers = [m for m in config.evaluated_methods if option in planner_options(m)]
+        if not takers:
+            methods = ", ".join(config.evaluated_methods)
+            raise PlannerError(f"{option}: none of the methods ({methods}) has that option, so it would change nothing")
 
 
 def baseline_plan(
@@ -68,10 +68,16 @@ def baseline_plan(
     batch_size: int,
     seed: int,
     calibration: Calibration = DEFAULT_CALIBRATION,
+    **options: object,
 ) -> Plan:
+    """Method ``method``'s plan (any planner of the registry but TAPP's search, which is the flow's), with the
+    ``options`` it accepts among those given."""
     if method not in PLANNER_NAMES:
         raise PlannerError(f"unknown method {method!r}")
-    return get_planner(method, batch_size=batch_size, seed=seed, calibration=calibration).plan(library, cluster)
+    accepted = planner_options(method)
+    chosen = {k: v for k, v in options.items() if k in accepted and v is not None}
+    planner = get_planner(method, **{**chosen, "batch_size": batch_size, "seed": seed, "calibration": calibration})
+    return planner.plan(library, cluster)
 
 
 @dataclass(frozen=True)
@@ -132,8 +138,8 @@ def plan_params(plan: Plan) -> dict[str, object]:
 
 def estimate_metrics(predicted: Estimate) -> dict[str, float]:
     return {
-        runs.ESTIMATED_STEP_TIME: predicted.step_time,
-        runs.ESTIMATED_COMMUNICATION_SHARE: predicted.communication_share,
+        schema.ESTIMATED_STEP_TIME: predicted.step_time,
+        schema.ESTIMATED_COMMUNICATION_SHARE: predicted.communication_share,
         "estimated_peak_memory_mib": max(predicted.peak_memory.values(), default=0) / 2**20,
     }
 
@@ -141,45 +147,47 @@ def estimate_metrics(predicted: Estimate) -> dict[str, float]:
 def measurement_metrics(measured: Measurement) -> dict[str, float]:
     """The measurement's numbers, the race's interval and rounds, and the host's load around the race."""
     return {
-        runs.MEASURED_STEP_TIME: measured.step_time_s,
-        runs.STEP_TIME_LOW: measured.interval_low_s,
-        runs.STEP_TIME_HIGH: measured.interval_high_s,
-        runs.STEP_TIME_COVERAGE: measured.coverage,
-        runs.RACE_ROUNDS: measured.rounds,
+        schema.MEASURED_STEP_TIME: measured.step_time_s,
+        schema.STEP_TIME_LOW: measured.interval_low_s,
+        schema.STEP_TIME_HIGH: measured.interval_high_s,
+        schema.STEP_TIME_COVERAGE: measured.coverage,
+        schema.RACE_ROUNDS: measured.rounds,
         "measured_step_time_spread_s": measured.step_time_spread_s,
-        runs.MEASURED_COMMUNICATION_SHARE: measured.communication_share,
+        schema.MEASURED_COMMUNICATION_SHARE: measured.communication_share,
         "measured_peak_memory_mib": max(measured.peak_memory_bytes.values(), default=0) / 2**20,
         "loss": measured.loss,
-        runs.LOAD_BEFORE: measured.load_before,
-        runs.LOAD_AFTER: measured.load_after,
-        runs.HOST_CPUS: measured.host_cpus,
-        runs.HOST_RANKS: measured.host_ranks,
-        runs.HOST_OTHER_CPU: measured.other_cpu_share,
+        schema.LOAD_BEFORE: measured.load_before,
+        schema.LOAD_AFTER: measured.load_after,
+        schema.HOST_CPUS: measured.host_cpus,
+        schema.HOST_RANKS: measured.host_ranks,
+        schema.HOST_OTHER_CPU: measured.other_cpu_share,
     }
 
 
 def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str, float] | None = None) -> None:
     """The final numbers, logged only once everything has succeeded (a FAILED run never looks complete), and
     before the ``details`` (MLflow's compare page plots the metric a run logged first)."""
-    run.log_metrics({runs.STEP_TIME: result.step_time_s, runs.COMMUNICATION_SHARE: result.communication_share})
+    run.log_metrics({schema.STEP_TIME: result.step_time_s, schema.COMMUNICATION_SHARE: result.communication_share})
     run.log_metrics(details or {})
-    run.set_tags({runs.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
+    run.set_tags({schema.STEP_TIME_SOURCE: "measured" if result.measured else "estimated"})
 
 
 @task(name="plan", task_run_name="plan-{method}", cache_policy=NO_CACHE)
 def plan_method(
     method: str,
     library: LayerLibrary,
-    cluster: Cluster,
-    tags: ExperimentTags,
+    config: ExperimentConfig,
     plan: Plan | None = None,
     calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> PlannedMethod:
-    """Plan (unless ``plan`` is given), check and estimate ``method``; a failure is kept for its evaluation run."""
+    """Plan (unless ``plan`` is given), check and estimate ``method`` on the configuration's cluster, with its
+    schedules; a failure is kept for its evaluation run."""
     started = time.perf_counter()
     chosen: Plan | None = plan
+    cluster = config.target
     try:
-        chosen = plan or baseline_plan(method, library, cluster, tags.batch_size, tags.seed, calibration)
+        options = planner_choices(config)
+        chosen = plan or baseline_plan(method, library, cluster, config.batch_size, config.seed, calibration, **options)
         wall = time.perf_counter() - started
         validate(chosen, library, cluster)
         predicted = estimate(chosen, library, cluster, calibration)
@@ -222,17 +230,17 @@ def evaluate_method(
     ``measurement_from`` names an earlier method with the same plan, whose measurement this one shares.
     """
     method = planned.method
-    with tracked_run(method, tags.child(parent, runs.EVALUATION, method=method), parent=parent) as run:
+    with tracked_run(method, tags.child(parent, schema.EVALUATION, method=method), parent=parent) as run:
         chosen = planned.plan
         if chosen is not None:
             run.log_params(plan_params(chosen))
-            run.log_dict(chosen.to_dict(), runs.PLAN_ARTIFACT)
+            run.log_dict(chosen.to_dict(), schema.PLAN_ARTIFACT)
         details = {"planning_wall_s": planned.planning_wall_s}  # logged after the step time, or when it fails
         if planned.failure is not None:
             run.log_metrics(details)
             raise planned.failure
         assert chosen is not None and planned.estimate is not None
-        run.log_dict(planned.estimate.to_dict(), runs.ESTIMATE_ARTIFACT)
+        run.log_dict(planned.estimate.to_dict(), schema.ESTIMATE_ARTIFACT)
         details.update(estimate_metrics(planned.estimate))
         measured = None
         if race is not None:
@@ -255,14 +263,14 @@ def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> Non
     """Each round's step time (step = the race's round number, so two methods' runs pair round by round), the race
     the measurement came from and whether the method is in the race's best group."""
     now = int(time.time() * 1000)
-    rounds = [Metric(runs.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
+    rounds = [Metric(schema.ROUND_STEP_TIME, t, now, n) for n, t in measured.round_step_times_s.items()]
     run.client.log_batch(run.run_id, metrics=rounds, synchronous=True)
     best = any(p.id == measured.plan_id for p in race.best_group())
     run.set_tags(
         {
-            runs.RACE_ID: race.id,
-            runs.RACE_STOP: race.stop,
-            runs.HOST_OVERLOADED: str(race.overloaded).lower(),
-            runs.BEST_GROUP: str(best).lower(),
+            schema.RACE_ID: race.id,
+            schema.RACE_STOP: race.stop,
+            schema.HOST_OVERLOADED: str(race.overloaded).lower(),
+            schema.BEST_GROUP: str(best).lower(),
         }
     )

@@ -2,7 +2,7 @@
 
 Starting mpiexec and importing torch on every rank costs seconds, so a flow keeps one ``WorkerPool`` per
 cluster for all its measurements (sampling, then the final evaluation) and closes it at the end
-(``close_pools``). Plans that are compared are raced (``tapp_core.runtime.race``): a plan that fails on the
+(``close_pools``). Plans that are compared are raced (``tapp_core.races``): a plan that fails on the
 workers comes back as a failed Measurement and the race goes on; a pool that cannot start raises ``PoolError``,
 which is worth a retry.
 """
@@ -21,8 +21,9 @@ from prefect.client.schemas.objects import State
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
 from tapp_core.plan import Plan
+from tapp_core.races import RaceOptions, RaceResult, RoundSteps
 from tapp_core.runtime import PoolError, WorkerPool
-from tapp_core.runtime.race import RaceOptions, RaceResult, RoundSteps, race
+from tapp_core.runtime.race import race
 from tasks.progress import StageProgress
 
 EVALUATION_RACE = RaceOptions(min_rounds=5, max_rounds=15, budget_s=240.0)

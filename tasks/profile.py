@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from reports import runs
+from tapp_core import schema
 from tapp_core.cluster import Cluster
 from tapp_core.library import LayerLibrary, save_libraries
 from tapp_core.profile_cache import ProfileCache
+from tasks.config import ExperimentConfig
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
 
@@ -50,17 +52,33 @@ def record_library(run: TrackedRun, library: LayerLibrary) -> None:
     )
 
 
-def profile_stage(parent: RunRef, tags: ExperimentTags, cluster: Cluster, repeats: int = 5) -> LayerLibrary:
-    """The profile stage's nested run: the (cached) layer libraries of the experiment's model, logged."""
-    progress = StageProgress("profile", 1, f"profiling {tags.model} at batch {tags.batch_size}")
-    with tracked_run("profile", tags.child(parent, runs.STAGE_RUN, stage="profile"), parent=parent) as run:
-        started = time.perf_counter()
-        library = profile_cluster_layers(tags.model, tags.batch_size, cluster, repeats)
-        record_library(run, library)
-        run.log_metrics({"wall_s": time.perf_counter() - started})
+@dataclass(frozen=True)
+class Profiled:
+    """The experiment's layer libraries and how long getting them took (from the cache: moments)."""
+
+    library: LayerLibrary
+    wall_s: float
+
+
+def profile_stage(config: ExperimentConfig, repeats: int = 5) -> Profiled:
+    """The layer libraries of the experiment's model, one per kind of its cluster (``profile_cluster_layers``).
+
+    It runs before the experiment's first MLflow run: a model that cannot be built or traced fails here, before
+    any run exists, and the model is traced only here (once per kind this host profiles; not at all from the
+    cache). ``record_profile`` then records it in the experiment's ``profile`` run."""
+    progress = StageProgress("profile", 1, f"profiling {config.model} at batch {config.batch_size}")
+    started = time.perf_counter()
+    library = profile_cluster_layers(config.model, config.batch_size, config.target, repeats)
     progress.update(
         1,
         f"{len(library.layers)} layers, whole model {library.whole_model_s * 1e3:.1f} ms on {library.kind.name}"
         + (f" (kinds {', '.join(library.kind_libraries)})" if library.kinds else ""),
     )
-    return library
+    return Profiled(library, time.perf_counter() - started)
+
+
+def record_profile(parent: RunRef, tags: ExperimentTags, profiled: Profiled) -> None:
+    """The profile stage's nested run: the libraries' files and figures."""
+    with tracked_run("profile", tags.child(parent, schema.STAGE_RUN, stage="profile"), parent=parent) as run:
+        record_library(run, profiled.library)
+        run.log_metrics({"wall_s": profiled.wall_s})

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prefect import task
 
-from reports import runs
 from reports.paper import Report, write_report
+from tapp_core import schema
 from tasks.progress import StageProgress
 from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, code_version, tracked_run
 
@@ -27,7 +27,7 @@ def report_experiment(
 ) -> ReportRun:
     """Tables and figures of this experiment's runs only (read back from MLflow), in ``out`` and under ``report/``."""
     progress = StageProgress("report", 1, "tables and figures from MLflow")
-    with tracked_run("report", tags.child(parent, runs.STAGE_RUN, stage="report"), parent=parent) as run:
+    with tracked_run("report", tags.child(parent, schema.STAGE_RUN, stage="report"), parent=parent) as run:
         report = write_report(experiment, out, parent.tracking_uri, within=parent.run_id)
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
@@ -42,8 +42,8 @@ def report_experiment(
 def paper_report(experiment: str, out: str | Path, tracking_uri: str) -> Report:
     """Tables and figures of a whole MLflow experiment, in ``out`` and in a report run of that experiment."""
     report = write_report(experiment, out, tracking_uri)
-    tags = {runs.KIND: runs.REPORT, runs.CODE_VERSION: code_version()}
-    with tracked_run("paper table", tags, experiment=experiment, uri=tracking_uri) as run:
+    tags = {schema.KIND: schema.REPORT, schema.CODE_VERSION: code_version()}
+    with tracked_run(schema.REPORT_NAME, tags, experiment=experiment, uri=tracking_uri) as run:
         for path in (*report.table_files, *report.figure_files):
             run.log_file(path, "report")
         run.log_metrics({"evaluations": len(report.tables.evaluations)})

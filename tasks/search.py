@@ -33,7 +33,7 @@ from mlflow.exceptions import MlflowException
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from reports import runs
+from tapp_core import schema
 from tapp_core.cluster import Cluster
 from tapp_core.costmodel import estimate
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
@@ -41,7 +41,7 @@ from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.metrics import Measurement
 from tapp_core.plan import Plan
-from tapp_core.planners import PlannerError
+from tapp_core.planners import PlannerError, get_planner, planner_options
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp import (
     MeasuredReward,
@@ -53,6 +53,8 @@ from tapp_core.planners.tapp import (
     TappPlanner,
     TappSearch,
 )
+from tasks.config import DEFAULT_SIMULATED_ROUNDS, ExperimentConfig
+from tasks.evaluate import planner_choices
 from tasks.measure import RuntimeSettings, pool_failed, pool_for
 from tasks.prefect_ui import SAMPLED_PLANS_KEY, table_artifact
 from tasks.progress import StageProgress
@@ -68,7 +70,7 @@ class SearchBudget:
     in ``planner`` overridden, and how sampled plans are measured. Its defaults are a small budget: the whole default
     experiment must finish in minutes on two cores."""
 
-    rounds: int = 30
+    rounds: int = DEFAULT_SIMULATED_ROUNDS
     """Rounds rewarded by the cost model (the planner's ``rounds`` counts the measured ones too)."""
     samples_per_round: int = 16
     measured_rounds: int = SearchOptions.measured_rounds
@@ -94,10 +96,19 @@ class SearchBudget:
         return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1, timeout_s=self.measured_timeout_s)
 
     def planner(
-        self, batch_size: int | None = None, seed: int = 0, calibration: Calibration = DEFAULT_CALIBRATION
+        self,
+        batch_size: int | None = None,
+        seed: int = 0,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+        **choices: object,
     ) -> TappPlanner:
-        """The TAPP planner with this budget in place of its defaults for these options, and its own for the rest."""
-        return TappPlanner(
+        """The TAPP planner with this budget in place of its defaults for these options, the ``choices`` it accepts
+        (the schedule options, ``planner_choices``), and its own for the rest."""
+        accepted = planner_options("tapp")
+        options = {k: v for k, v in choices.items() if k in accepted and v is not None}
+        planner = get_planner(
+            "tapp",
+            **options,
             reward="hybrid" if self.measured_rounds > 0 else "simulated",
             rounds=self.rounds + self.measured_rounds,
             samples_per_round=self.samples_per_round,
@@ -107,12 +118,20 @@ class SearchBudget:
             seed=seed,
             calibration=calibration,
         )
+        assert isinstance(planner, TappPlanner)
+        return planner
 
     def config(
-        self, library: LayerLibrary, cluster: Cluster, batch_size: int, seed: int, calibration: Calibration
+        self,
+        library: LayerLibrary,
+        cluster: Cluster,
+        batch_size: int,
+        seed: int,
+        calibration: Calibration,
+        **choices: object,
     ) -> SearchConfig:
         """The search's configuration, as the TAPP planner of ``planner`` makes it."""
-        return self.planner(batch_size, seed, calibration).config(library, cluster, None)
+        return self.planner(batch_size, seed, calibration, **choices).config(library, cluster, None)
 
 
 class RecordingState(TypedDict):
@@ -278,7 +297,7 @@ def search_stage(
     parent: RunRef,
     tags: ExperimentTags,
     library: LayerLibrary,
-    cluster: Cluster,
+    experiment: ExperimentConfig,
     budget: SearchBudget,
     runtime: RuntimeSettings,
     calibration: Calibration,
@@ -286,13 +305,14 @@ def search_stage(
 ) -> SearchState:
     """The cost-model rounds, one task each, in the ``search`` stage run; the checkpoint lives in ``workdir``. A
     checkpoint already there (``fetch_checkpoint``) is resumed: the rounds go on from the one after it."""
-    config = budget.config(library, cluster, tags.batch_size, tags.seed, calibration)
+    cluster, choices = experiment.target, planner_choices(experiment)
+    config = budget.config(library, cluster, experiment.batch_size, experiment.seed, calibration, **choices)
     state = SearchState(workdir / CHECKPOINT_FILE, config, calibration)
-    setting = SearchSetting(library, cluster, tags.model, runtime)
+    setting = SearchSetting(library, cluster, experiment.model, runtime)
     if state.checkpoint.is_file():
         resumed = _open_search(state, setting).search
         state = dataclasses.replace(state, config=resumed.config, history=tuple(resumed.history))
-    with tracked_run("search", tags.child(parent, runs.STAGE_RUN, stage="search"), parent=parent) as run:
+    with tracked_run("search", tags.child(parent, schema.STAGE_RUN, stage="search"), parent=parent) as run:
         run.log_params({f"search_{k}": v for k, v in state.config.to_dict().items() if k != "policy"})
         run.log_params({f"policy_{k}": v for k, v in state.config.policy.__dict__.items()})
         if state.history:
@@ -310,8 +330,8 @@ def fetch_checkpoint(uri: str, experiment_run: str, workdir: Path) -> int | None
 
     client = MlflowClient(uri)
     experiment_id = client.get_run(experiment_run).info.experiment_id
-    query = f"tags.{runs.EXPERIMENT_RUN} = '{experiment_run}' and tags.{runs.KIND} = '{runs.STAGE_RUN}'"
-    stages = {run.data.tags.get(runs.STAGE): run.info.run_id for run in client.search_runs([experiment_id], query)}
+    query = f"tags.{schema.EXPERIMENT_RUN} = '{experiment_run}' and tags.{schema.KIND} = '{schema.STAGE_RUN}'"
+    stages = {run.data.tags.get(schema.STAGE): run.info.run_id for run in client.search_runs([experiment_id], query)}
     for stage in ("sampling", "search"):
         if stage not in stages:
             continue
@@ -345,7 +365,7 @@ def sampling_stage(
     config = state.config
     setting = SearchSetting(library, cluster, tags.model, runtime)
     measured_rounds = config.rounds - len(state.history) if config.reward != "simulated" else 0
-    with tracked_run("sampling", tags.child(parent, runs.STAGE_RUN, stage="sampling"), parent=parent) as run:
+    with tracked_run("sampling", tags.child(parent, schema.STAGE_RUN, stage="sampling"), parent=parent) as run:
         first = len(state.history) + 1
         if measured_rounds > 0:
             state = _run_rounds(run, state, range(first, first + measured_rounds), "sampling", setting)

@@ -4,7 +4,7 @@ Runs are addressed by id through ``MlflowClient``, never through MLflow's fluent
 thread, and Prefect may run each task in its own thread, process or host. A task is handed a ``RunRef`` (tracking
 URI, experiment id, run id), which pickles, and opens its own child run under it with ``tracked_run``.
 
-The tags (named in ``reports.runs``, which reads them back) make a UI comparison and the paper table a filter:
+The tags (named in ``tapp_core.schema``, which ``reports`` reads them back by) make a UI comparison and the paper table a filter:
 ``model``, ``method``, ``cluster``, ``batch_size``, ``seed``, ``dataset``, ``emulated``, ``code_version``,
 ``run_kind`` and ``experiment_run`` (the experiment's parent run, on every run of one experiment). Every run also
 carries what the MLflow UI shows as its Source and Created by (``mlflow.source.*``, ``mlflow.user``) and, when it
@@ -43,7 +43,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 
-from reports import runs
+from tapp_core import schema
 from tapp_core.errors import TappError
 from tapp_core.paths import writable_folder_problem
 from tapp_core.runtime.guard import ProcessId, boot_id
@@ -201,26 +201,29 @@ class ExperimentTags:
     emulated: bool
     sweep_run: str | None = None
     """The benchmark sweep's parent run, when the experiment is part of one."""
+    more: tuple[tuple[str, str], ...] = ()
+    """The experiment's other tags (``ExperimentConfig.tags``: the cluster's family and power, the schedule)."""
 
     def as_tags(self, **more: object) -> dict[str, str]:
         tags = {
-            runs.MODEL: self.model,
-            runs.CLUSTER: self.cluster,
-            runs.BATCH_SIZE: str(self.batch_size),
-            runs.SEED: str(self.seed),
-            runs.DATASET: self.dataset,
-            runs.EMULATED: str(self.emulated).lower(),
-            runs.CODE_VERSION: code_version(),
+            schema.MODEL: self.model,
+            schema.CLUSTER: self.cluster,
+            schema.BATCH_SIZE: str(self.batch_size),
+            schema.SEED: str(self.seed),
+            schema.DATASET: self.dataset,
+            schema.EMULATED: str(self.emulated).lower(),
+            schema.CODE_VERSION: code_version(),
             GIT_COMMIT_TAG: code_version().removesuffix("+dirty"),
         }
         if self.sweep_run:
-            tags[runs.SWEEP_RUN] = self.sweep_run
+            tags[schema.SWEEP_RUN] = self.sweep_run
+        tags.update(self.more)
         tags.update({k: str(v) for k, v in more.items() if v is not None})
         return tags
 
     def child(self, parent: RunRef, kind: str, **more: object) -> dict[str, str]:
         """Tags of a run nested in the experiment run ``parent``."""
-        return self.as_tags(**{runs.KIND: kind, runs.EXPERIMENT_RUN: parent.run_id, **more})
+        return self.as_tags(**{schema.KIND: kind, schema.EXPERIMENT_RUN: parent.run_id, **more})
 
 
 @dataclass(frozen=True)
@@ -339,7 +342,7 @@ def tracked_run(
         interrupted = _interrupted(exc)
         status = "KILLED" if interrupted else "FAILED"
         reason = f"interrupted ({type(exc).__name__})" if interrupted else f"{type(exc).__name__}: {exc}"
-        client.set_tag(run.run_id, runs.ERROR, reason[:MAX_TAG_LENGTH])
+        client.set_tag(run.run_id, schema.ERROR, reason[:MAX_TAG_LENGTH])
         client.set_terminated(run.run_id, status)
         raise
     client.set_terminated(run.run_id, "FINISHED")
@@ -404,7 +407,7 @@ def _fail_if_orphaned(client: MlflowClient, run: Run, host: str, here: str) -> b
         f"interrupted: its process {process.pid} on {host} is gone{restarted}, without ending the run; marked "
         "FAILED by a later run on this store"
     )
-    client.set_tag(run.info.run_id, runs.ERROR, reason)
+    client.set_tag(run.info.run_id, schema.ERROR, reason)
     client.set_terminated(run.info.run_id, "FAILED")
     return True
 
@@ -444,7 +447,7 @@ def _user() -> str:
 
 # --- What the MLflow UI opens on ------------------------------------------------------------------------------
 
-VIEW_COLUMNS = ("tags.`method`", "tags.`model`", "tags.`cluster`", f"metrics.`{runs.STEP_TIME}`")
+VIEW_COLUMNS = ("tags.`method`", "tags.`model`", "tags.`cluster`", f"metrics.`{schema.STEP_TIME}`")
 
 
 def runs_view_state() -> dict[str, object]:
@@ -461,15 +464,15 @@ def runs_view_state() -> dict[str, object]:
             "displayName": metric,
             "metricKey": metric,
         }
-        for metric in (runs.STEP_TIME, runs.COMMUNICATION_SHARE)
+        for metric in (schema.STEP_TIME, schema.COMMUNICATION_SHARE)
     ]
     return {
-        "searchFilter": f"tags.{runs.KIND} = '{runs.EVALUATION}'",
-        "orderByKey": f"metrics.`{runs.STEP_TIME}`",
+        "searchFilter": f"tags.{schema.KIND} = '{schema.EVALUATION}'",
+        "orderByKey": f"metrics.`{schema.STEP_TIME}`",
         "orderByAsc": True,
         "selectedColumns": list(VIEW_COLUMNS),
         "columnOrder": list(VIEW_COLUMNS),
-        "columnWidths": {f"metrics.`{runs.STEP_TIME}`": 170},
+        "columnWidths": {f"metrics.`{schema.STEP_TIME}`": 170},
         "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts,
         "compareRunSections": [

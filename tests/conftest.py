@@ -128,3 +128,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print(message, file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- Real data ------------------------------------------------------------------------------------------------
+
+REQUIRE_FASHION_MNIST = "TAPP_REQUIRE_FASHION_MNIST"
+"""Set by CI (.ci/run), which installs Debian's dataset-fashion-mnist: a test that needs it then fails without it
+instead of being skipped."""
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist() -> Path:
+    """Debian's Fashion-MNIST (``make data`` installs it where it can). Without it, a test that needs it is skipped
+    with one line saying how to install it, except where it must be there (``TAPP_REQUIRE_FASHION_MNIST=1``)."""
+    from tapp_core.data import FASHION_MNIST_ROOT, fashion_mnist_installed
+
+    if fashion_mnist_installed():
+        return Path(FASHION_MNIST_ROOT)
+    reason = (
+        f"Fashion-MNIST is not in {FASHION_MNIST_ROOT}: `make data` as root (apt-get install dataset-fashion-mnist)"
+    )
+    if os.environ.get(REQUIRE_FASHION_MNIST) == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)

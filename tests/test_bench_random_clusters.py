@@ -146,8 +146,7 @@ def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path:
 def test_drawn_kinds_are_costed_from_their_own_committed_library() -> None:
     from bench.planners import LIBRARIES, library_for
     from tapp_core.kinds import device_library
-    from tapp_core.library import LayerLibrary
-    from tapp_core.profiler import PROFILE_VERSION
+    from tapp_core.library import PROFILE_VERSION, LayerLibrary
 
     for threads in (1, 2):  # committed and current, so that library_for reads them and profiles nothing
         committed = LayerLibrary.load(LIBRARIES / f"alexnet_b64-t{threads}")

@@ -125,7 +125,7 @@ def test_every_option_of_every_command_has_help() -> None:
         assert sub.help, f"tapp {name} has no help"
         group = sub.commands if isinstance(sub, TyperGroup) else {"": sub}
         commands.update({f"{name} {part}".strip(): leaf for part, leaf in group.items()})
-    assert len(commands) == 9
+    assert len(commands) == 12  # with tapp sweep, tapp cluster detect, tapp testbed up and tapp testbed down
     missing = []
     for name, sub in commands.items():
         assert sub.help, f"tapp {name} has no help"
@@ -145,17 +145,23 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
     """Method names as the planners' registry has them; every command's defaults the flows' own."""
     import typer.main
 
-    from flows import experiment
     from flows.cli import common, experiments
     from tapp_core.planners import PLANNER_NAMES
-    from tasks.evaluate import KNOWN_METHODS
+    from tapp_core.planners.tapp import SearchOptions
+    from tasks.config import DEFAULT_MEASURED_ROUNDS, DEFAULT_SIMULATED_ROUNDS, ExperimentConfig, default_methods
+    from tasks.measure import RuntimeSettings
+    from tasks.search import SearchBudget
 
-    assert common.METHODS == PLANNER_NAMES and set(KNOWN_METHODS) == set(PLANNER_NAMES)
-    assert (experiments.DEFAULT_ROUNDS, common.DEFAULT_STEPS, common.DEFAULT_WARMUP) == (
-        experiment.DEFAULT_ROUNDS,
-        experiment.DEFAULT_STEPS,
-        experiment.DEFAULT_WARMUP,
-    )
+    assert set(default_methods()) | {"single-gpu"} == set(PLANNER_NAMES)
+    defaults = ExperimentConfig(dataset="synthetic")
+    assert (
+        defaults.search_rounds,
+        defaults.steps,
+        defaults.warmup,
+    ) == (experiments.DEFAULT_ROUNDS, common.DEFAULT_STEPS, common.DEFAULT_WARMUP)
+    # The configuration's search defaults are the TAPP planner's and the flow's (written twice: one imports torch).
+    assert (SearchBudget.rounds, SearchOptions.measured_rounds) == (DEFAULT_SIMULATED_ROUNDS, DEFAULT_MEASURED_ROUNDS)
+    assert (defaults.steps + defaults.warmup, defaults.warmup) == (RuntimeSettings.steps, RuntimeSettings.warmup)
     defaults: dict[str, set[str]] = {}
     for sub in typer.main.get_command(app).commands.values():  # type: ignore[attr-defined]
         for parameter in sub.params:
@@ -183,7 +189,7 @@ def test_the_planner_takes_the_method_names(work_dir: Path) -> None:
     tapp("plan", *MODEL, "--planner", "single", "--out", "old.json")  # the old name still works
     assert Plan.load(work_dir / "old.json").stage_devices == Plan.load(work_dir / "single.json").stage_devices
     output = tapp("plan", *MODEL, "--planner", "bsp", "--rounds", "3", exit_code=2)
-    assert "--rounds is for the tapp planner" in output
+    assert "--rounds is not an option of planner 'bsp'" in output
 
 
 def test_tapp_plan_rounds_and_budget(work_dir: Path) -> None:
@@ -195,3 +201,38 @@ def test_tapp_plan_rounds_and_budget(work_dir: Path) -> None:
     tapp(*args, "--rounds", "50", "--budget", "5")
     notes = Plan.load(work_dir / "tapp.json").notes
     assert notes["rounds"] <= 1 and notes["evaluations"] >= 5  # it ends with the round that spent the budget
+
+
+def test_the_schedule_is_a_choice_of_plan_simulate_and_measure(work_dir: Path) -> None:
+    tapp("plan", *MODEL, "--planner", "even", "--schedule", "gpipe", "--out", "gpipe.json")
+    assert Plan.load(work_dir / "gpipe.json").schedule == "gpipe"
+    default = json.loads(tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--json"))
+    overridden = json.loads(
+        tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "1f1b", "--json")
+    )
+    assert default["step_time"] > 0 and overridden["step_time"] > 0
+    tapp("plan", *MODEL, "--planner", "even", "--schedule", "async", "--staleness", "1", "--out", "async.json")
+    bounded = Plan.load(work_dir / "async.json")
+    assert (bounded.schedule, bounded.staleness) == ("async", 1)
+    as_gpipe = json.loads(
+        tapp("simulate", "--model", "tiny_cnn", "--plan", "async.json", "--schedule", "gpipe", "--json")
+    )
+    assert as_gpipe["step_time"] > 0  # its staleness dropped: gpipe takes none
+    output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "sideways", exit_code=2)
+    assert "schedule: unknown schedule 'sideways'" in output
+    output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "1f1b", "--staleness", "2", exit_code=2)
+    assert "a staleness (2) is for the async schedule" in output
+    output = tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "zigzag", exit_code=2)
+    assert "zigzag" in output and output.startswith("error: ")
+
+
+def test_list_options_take_several_values_after_one_flag() -> None:
+    """``tapp sweep --power 1 0.5 0.25`` as the issue writes it, and ``--model a --model b`` as click does."""
+    import typer.main
+
+    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]
+    args = ["--model", "mlp", "tiny_cnn", "--model", "vgg16", "--power", "1", "0.5", "0.25", "--batch-sizes", "16"]
+    context = sweep.make_context("sweep", [*args, "--estimate-only", "--seed", "3"])
+    assert context.params["models"] == ["mlp", "tiny_cnn", "vgg16"]
+    assert context.params["powers"] == [1.0, 0.5, 0.25] and context.params["batch_sizes"] == [16]
+    assert context.params["estimate_only"] is True and context.params["seed"] == 3

@@ -13,11 +13,10 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tapp_core.calibrate import shared_cores_factors
+from tapp_core.calibration import SharingProbe
 from tapp_core.costs import Calibration, MadeFor
-from tapp_core.library import load_libraries
-from tapp_core.profiler import PROFILE_VERSION
-from tapp_core.runtime.calibration import SharingProbe
-from tapp_core.runtime.placement import host_cpus
+from tapp_core.hosts import host_cpus
+from tapp_core.library import PROFILE_VERSION, load_libraries
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 TWO_THREAD_COUNTS = """name: unequal

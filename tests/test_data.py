@@ -21,11 +21,12 @@ from tapp_core.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     DATA_DIR_ENV,
-    FASHION_MNIST_ROOT,
     DataError,
     FashionMNIST32,
     SyntheticCIFAR,
     batch_loader,
+    check_dataset,
+    find_dataset,
     open_dataset,
     random_crop_and_flip,
 )
@@ -308,13 +309,33 @@ def test_fashion_mnist_missing_or_corrupt_file_is_named(tmp_path: Path) -> None:
         FashionMNIST32(tmp_path)
 
 
-@pytest.mark.skipif(not Path(FASHION_MNIST_ROOT).is_dir(), reason="dataset-fashion-mnist is not installed")
-def test_installed_fashion_mnist_test_set() -> None:
+def test_installed_fashion_mnist_test_set(fashion_mnist: Path) -> None:
     dataset = FashionMNIST32(train=False)
     assert len(dataset) == 10_000
     assert sorted(set(dataset.labels.tolist())) == list(range(10))
     x, _ = dataset.get_batch(range(1000))
     assert abs(x.mean().item()) < 0.1 and 0.9 < x.std().item() < 1.1
+    head = dataset.head(100)  # the test subset an experiment's accuracy is measured on: the first images
+    assert len(head) == 100 and head.labels.tolist() == dataset.labels[:100].tolist()
+    assert dataset.head(None) is dataset and dataset.head(20_000) is dataset
+
+
+def test_the_real_data_found_when_none_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fashion_mnist: Path
+) -> None:
+    """CIFAR-10 where a data folder is given, else Fashion-MNIST where Debian installs it, else none."""
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    assert find_dataset(None) == ("fashion-mnist", None)
+    assert find_dataset(str(tmp_path)) == ("cifar10", str(tmp_path))  # checked when read: a missing file is named
+    with pytest.raises(DataError, match=r"batches\.meta: CIFAR-10 file is missing"):
+        check_dataset("cifar10", str(tmp_path))
+    write_cifar_folder(tmp_path)
+    assert find_dataset(str(tmp_path)) == ("cifar10", str(tmp_path))
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    assert find_dataset(None) == ("cifar10", str(tmp_path))
+    monkeypatch.delenv(DATA_DIR_ENV)
+    monkeypatch.setattr("tapp_core.data.FASHION_MNIST_ROOT", str(tmp_path / "nowhere"))
+    assert find_dataset(None) is None
 
 
 # --- open_dataset -----------------------------------------------------------------------------------------------

@@ -13,17 +13,13 @@ from tapp_core.cluster import ClusterError, load_cluster, parse_cluster
 from tapp_core.detect import (
     MAX_CPU_RANKS,
     DetectError,
-    Gpu,
-    Host,
-    PairLink,
     cpu_ranks,
     devices_of,
-    fit_link,
     links_of,
     read_pairs,
-    this_host,
     write_detected_cluster,
 )
+from tapp_core.hosts import Gpu, Host, PairLink, fit_link, this_host
 
 GIB = 2**30
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GIB)

@@ -26,12 +26,13 @@ from flows.cli import app
 from flows.experiment import ExperimentIncomplete, ExperimentResult, tapp_experiment
 from flows.paper_table import paper_table
 from flows.sweep import benchmark_sweep
-from reports import runs
+from tapp_core import schema
 from tapp_core.cluster import ClusterError, load_cluster
 from tapp_core.errors import TappError
 from tapp_core.library import LayerLibrary
 from tapp_core.models import ModelError
 from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE
+from tasks.config import ExperimentConfig, SweepConfig, build
 from tasks.profile import profile_cluster_layers
 from tasks.tracking import NOTE_TAG, RUNS_VIEW, TrackingError
 
@@ -41,24 +42,26 @@ QUICK = {"search_rounds": 3, "samples_per_round": 8, "methods": PAPER_METHODS}
 
 @pytest.fixture(scope="module")
 def measured(
-    prefect_harness: None, mlflow_store: str, tmp_path_factory: pytest.TempPathFactory
+    prefect_harness: None, mlflow_store: str, fashion_mnist: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ExperimentResult, object, Path]]:
     """One measured experiment: (result, Prefect state, working folder)."""
     folder = tmp_path_factory.mktemp("measured")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
         patch.chdir(folder)
-        state = tapp_experiment(
+        config = ExperimentConfig(
             model="tiny_cnn",
             batch_size=16,
-            train_epochs=1,  # on synthetic data: a 512-sample test set keeps it quick; the plumbing is what is tested
-            train_steps=3,
+            dataset="fashion-mnist",  # real data: Debian's dataset-fashion-mnist
+            train_seconds=1.0,  # per method, in two parts each tested on 200 test images: the plumbing is tested
+            test_samples=200,
+            accuracy_points=2,
             measured_rounds=1,
             measured_per_round=1,
-            experiment="flows-measured",
-            out=str(folder / "report"),
-            return_state=True,
             **{**QUICK, "search_rounds": 4},  # the last of them measured
+        )
+        state = tapp_experiment(
+            config=config, experiment="flows-measured", out=str(folder / "report"), return_state=True
         )
         yield state.result(), state, folder
 
@@ -84,18 +87,18 @@ def test_experiment_records_every_stage_and_method(measured: tuple[ExperimentRes
     assert all(run.info.status == "FINISHED" for run in nested.values())
     for method in PAPER_METHODS:
         run = nested[method]
-        assert run.data.tags[runs.METHOD] == method
-        assert run.data.tags[runs.STEP_TIME_SOURCE] == "measured"
-        assert run.data.metrics[runs.STEP_TIME] == result.evaluations[method].step_time_s
-        assert run.data.metrics[runs.STEP_TIME] == run.data.metrics[runs.MEASURED_STEP_TIME]
-        assert runs.ESTIMATED_STEP_TIME in run.data.metrics
-        assert run.data.metrics[runs.STEP_TIME_LOW] <= run.data.metrics[runs.STEP_TIME]
-        assert run.data.metrics[runs.STEP_TIME] <= run.data.metrics[runs.STEP_TIME_HIGH]
-        assert run.data.metrics[runs.RACE_ROUNDS] >= 5
-        assert run.data.tags[runs.RACE_ID] == nested["tapp"].data.tags[runs.RACE_ID]  # one race for every method
-    speedup = parent.data.metrics[runs.SPEEDUP]  # the median of per-round BSP/TAPP ratios, with its interval
-    assert parent.data.metrics[f"{runs.SPEEDUP}_low"] <= speedup <= parent.data.metrics[f"{runs.SPEEDUP}_high"]
-    assert runs.LOAD_BEFORE in parent.data.metrics and runs.HOST_OVERLOADED in parent.data.tags
+        assert run.data.tags[schema.METHOD] == method
+        assert run.data.tags[schema.STEP_TIME_SOURCE] == "measured"
+        assert run.data.metrics[schema.STEP_TIME] == result.evaluations[method].step_time_s
+        assert run.data.metrics[schema.STEP_TIME] == run.data.metrics[schema.MEASURED_STEP_TIME]
+        assert schema.ESTIMATED_STEP_TIME in run.data.metrics
+        assert run.data.metrics[schema.STEP_TIME_LOW] <= run.data.metrics[schema.STEP_TIME]
+        assert run.data.metrics[schema.STEP_TIME] <= run.data.metrics[schema.STEP_TIME_HIGH]
+        assert run.data.metrics[schema.RACE_ROUNDS] >= 5
+        assert run.data.tags[schema.RACE_ID] == nested["tapp"].data.tags[schema.RACE_ID]  # one race for every method
+    speedup = parent.data.metrics[schema.SPEEDUP]  # the median of per-round BSP/TAPP ratios, with its interval
+    assert parent.data.metrics[f"{schema.SPEEDUP}_low"] <= speedup <= parent.data.metrics[f"{schema.SPEEDUP}_high"]
+    assert schema.LOAD_BEFORE in parent.data.metrics and schema.HOST_OVERLOADED in parent.data.tags
 
 
 def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
@@ -123,13 +126,13 @@ def test_search_rounds_are_metrics_and_every_sampled_plan_is_a_table(
     assert table.loc[table["chosen"], "plan_id"].item() == result.evaluations["tapp"].plan.id
     # One cost model (the fitted calibration, logged on the parent) for the search and the final evaluation.
     assert table.loc[table["chosen"], "estimated_step_time_s"].item() == pytest.approx(
-        nested["tapp"].data.metrics[runs.ESTIMATED_STEP_TIME]
+        nested["tapp"].data.metrics[schema.ESTIMATED_STEP_TIME]
     )
     calibration = json.loads(
         Path(client.download_artifacts(result.run_id, "calibration.json", str(tmp_path))).read_text()
     )
     for method in PAPER_METHODS:
-        logged = client.download_artifacts(nested[method].info.run_id, runs.ESTIMATE_ARTIFACT, str(tmp_path / method))
+        logged = client.download_artifacts(nested[method].info.run_id, schema.ESTIMATE_ARTIFACT, str(tmp_path / method))
         assert json.loads(Path(logged).read_text())["calibration"] == calibration
 
     artifacts = {
@@ -151,7 +154,7 @@ def test_report_numbers_equal_the_mlflow_metrics(measured: tuple[ExperimentResul
     nested = children(client, result.run_id)
     labels = {"tapp": "TAPP", "single-cpu": "SingleCPU", "bsp": "BSP", "pipetorch": "Pipe-Torch"}
     for method, column in labels.items():
-        assert table.loc[0, column] == nested[method].data.metrics[runs.STEP_TIME]
+        assert table.loc[0, column] == nested[method].data.metrics[schema.STEP_TIME]
     assert result.step_time_table == (result.report_dir / "step_time.md").read_text()
 
 
@@ -160,14 +163,24 @@ def test_accuracy_table_holds_the_trained_plans_accuracy(measured: tuple[Experim
     client = MlflowClient(result.tracking_uri)
     nested = children(client, result.run_id)
     table = pd.read_csv(result.report_dir / "accuracy.csv")
-    assert list(table["dataset"]) == ["synthetic"]
-    assert "synthetic dataset are random labels" in (result.report_dir / "accuracy.md").read_text()
+    assert list(table["dataset"]) == ["Fashion-MNIST"]
+    markdown = (result.report_dir / "accuracy.md").read_text()
+    assert markdown.startswith("**Test accuracy after 1 s of training per method**")
+    assert "accuracy on the first 200 test images" in markdown
     labels = {"tapp": "TAPP", "single-cpu": "SingleCPU", "bsp": "BSP", "pipetorch": "Pipe-Torch"}
     for method, column in labels.items():
         run = nested[f"train {method}"]
-        assert run.data.tags[runs.KIND] == runs.TRAIN
-        assert 0.0 <= run.data.metrics[runs.TEST_ACCURACY] <= 1.0
-        assert table.loc[0, column] == run.data.metrics[runs.TEST_ACCURACY]
+        assert run.data.tags[schema.KIND] == schema.TRAIN
+        assert 0.0 <= run.data.metrics[schema.TEST_ACCURACY] <= 1.0
+        assert table.loc[0, column] == run.data.metrics[schema.TEST_ACCURACY]
+        steps = int(run.data.metrics[schema.TRAIN_STEPS])
+        assert f"{column} {steps} steps in " in markdown  # the caption says how long each plan trained
+        curve = client.get_metric_history(run.info.run_id, schema.CURVE_ACCURACY)
+        assert [m.step for m in curve] == [1, 2] and curve[-1].value == run.data.metrics[schema.TEST_ACCURACY]
+        # The budget is in the plan's own steps: its measured step time times its steps is about one second.
+        step_time = nested[method].data.metrics[schema.STEP_TIME]
+        assert steps == 2 * max(1, int(1.0 / step_time) // 2)
+    assert (result.report_dir / "accuracy_vs_time.png").stat().st_size > 0
 
 
 def test_search_progress_is_a_prefect_artifact(measured: tuple[ExperimentResult, object, Path]) -> None:
@@ -196,11 +209,11 @@ def test_the_parent_run_opens_on_the_result(measured: tuple[ExperimentResult, ob
     assert set(rows) == {"method", *PAPER_METHODS}
     nested = children(client, result.run_id)
     for method in PAPER_METHODS:
-        step_time = nested[method].data.metrics[runs.STEP_TIME]
+        step_time = nested[method].data.metrics[schema.STEP_TIME]
         cell = rows[method].split("|")[2].strip().strip("*")  # bold in the best group
         median, half = cell.split(" ± ")  # raced: the median ± half its interval
         assert median == f"{step_time:.4g}"  # rounded where shown, exact in MLflow
-        low, high = (nested[method].data.metrics[m] for m in (runs.STEP_TIME_LOW, runs.STEP_TIME_HIGH))
+        low, high = (nested[method].data.metrics[m] for m in (schema.STEP_TIME_LOW, schema.STEP_TIME_HIGH))
         assert half == f"{(high - low) / 2:.4g}"
     assert f"TAPP's plan `{result.evaluations['tapp'].plan.id}`" in note
     report_run = nested["report"].info.run_id
@@ -209,7 +222,7 @@ def test_the_parent_run_opens_on_the_result(measured: tuple[ExperimentResult, ob
     table = client.load_table(result.experiment_id, "evaluation.json", run_ids=[result.run_id])
     assert sorted(table["method"]) == sorted(PAPER_METHODS)
     for row in table.itertuples(index=False):
-        assert row.step_time_s == pytest.approx(nested[row.method].data.metrics[runs.STEP_TIME], rel=1e-3)
+        assert row.step_time_s == pytest.approx(nested[row.method].data.metrics[schema.STEP_TIME], rel=1e-3)
 
 
 def test_the_mlflow_ui_is_told_what_to_show(measured: tuple[ExperimentResult, object, Path]) -> None:
@@ -230,7 +243,7 @@ def test_the_mlflow_ui_is_told_what_to_show(measured: tuple[ExperimentResult, ob
         assert tags["prefect.flow_run_id"] == flow_run_id
         assert tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")  # the harness is a server
     for method in PAPER_METHODS:
-        assert next(iter(nested[method].data.metrics)) == runs.STEP_TIME  # the compare page plots it
+        assert next(iter(nested[method].data.metrics)) == schema.STEP_TIME  # the compare page plots it
         assert nested[method].data.params["planner"] == method
     parent = client.get_run(result.run_id).data.params
     assert parent["search_rounds"] == nested["search"].data.params["search_rounds"] == "4"
@@ -262,7 +275,7 @@ def test_prefect_shows_tapps_work(measured: tuple[ExperimentResult, object, Path
     result, state, _ = measured
     flow_run, artifacts, logs, tasks = _flow_run_record(state.state_details.flow_run_id)
     assert flow_run.name == "tiny_cnn-local-b16-measured"
-    assert flow_run.parameters["measured_rounds"] == 1  # as MLflow records it
+    assert flow_run.parameters["config"]["measured_rounds"] == 1  # as MLflow records it
     keyed = {a.key: a for a in artifacts if a.key}
     assert keyed["tapp-result"].type == "markdown" and keyed["tapp-result"].data == result.summary
     evaluation = json.loads(keyed["tapp-evaluation"].data)
@@ -298,7 +311,7 @@ def test_tapp_run_prints_the_links_and_records_what_it_ran(
     assert done.exit_code == 0, done.output
     client = MlflowClient(tracking_uri)
     experiment_id = client.get_experiment_by_name(experiment_name).experiment_id
-    (parent,) = client.search_runs([experiment_id], f"tags.{runs.KIND} = 'experiment'")
+    (parent,) = client.search_runs([experiment_id], f"tags.{schema.KIND} = 'experiment'")
     flow_run_id = parent.data.tags["prefect.flow_run_id"]
     assert f"#/experiments/{experiment_id}/runs?viewStateShareKey=tapp&workflowType=machine_learning" in done.output
     assert f"#/experiments/{experiment_id}/runs/{parent.info.run_id}?workflowType" in done.output
@@ -306,7 +319,7 @@ def test_tapp_run_prints_the_links_and_records_what_it_ran(
     flow_run, _, _, tasks = _flow_run_record(flow_run_id)
     assert flow_run.name == "mlp-local-b8-estimated"
     for key in ("search_rounds", "measured_rounds", "steps", "warmup"):
-        assert str(flow_run.parameters[key]) == parent.data.params[key], key
+        assert str(flow_run.parameters["config"][key]) == parent.data.params[key], key
     assert parent.data.params["measured_rounds"] == "0"
     assert {t.name for t in tasks} >= {"profile", "search-round-1", "search-round-2", "sampling", "report"}
 
@@ -321,7 +334,7 @@ def test_report_command_and_paper_table_flow_write_identical_tables(
     assert cli.exit_code == 0, cli.output
 
     names = sorted(p.name for p in by_flow.table_files)
-    assert len(names) == 9
+    assert len(names) == 18  # six tables, three formats
     _, mismatch, errors = filecmp.cmpfiles(tmp_path / "flow", tmp_path / "cli", names, shallow=False)
     assert (mismatch, errors) == ([], [])
     assert "TAPP" in cli.output
@@ -352,8 +365,9 @@ def test_profiling_is_cached_by_its_inputs(prefect_harness: None, work_dir: Path
             TrackingError,
             "MLflow tracking server http://127.0.0.1:9 is unreachable",
         ),
-        ({"methods": ("tapp", "magic")}, TappError, "unknown method"),
-        ({"search_rounds": 0}, TappError, r"search rounds \(0\)"),
+        ({"methods": ("tapp", "magic")}, TappError, "methods: unknown method"),
+        ({"search_rounds": 0}, TappError, "search_rounds: Input should be greater than or equal to 1"),
+        ({"schedule": "zigzag"}, TappError, "schedule: unknown schedule 'zigzag'"),
     ],
 )
 def test_bad_input_fails_before_any_run(
@@ -378,8 +392,10 @@ def test_bad_input_fails_before_any_run(
             )
         )
         change = {"cluster": str(bad)}
+    uri = change.pop("tracking_uri", None)
     with pytest.raises(error, match=message):
-        tapp_experiment(**{"model": "mlp", "batch_size": 8, "experiment": experiment_name, "measure": False, **change})
+        config = build(ExperimentConfig, {"model": "mlp", "batch_size": 8, "measure": False, **change})
+        tapp_experiment(config=config, experiment=experiment_name, tracking_uri=uri)
     assert MlflowClient().get_experiment_by_name(experiment_name) is None
 
 
@@ -405,44 +421,38 @@ def test_methods_that_fail_are_failed_runs_and_the_others_are_reported(
     """The whole model (~16 MiB of training state) fits no single 12 MiB device, so SingleCPU and BSP fail."""
     (work_dir / "big.py").write_text(TWO_BIG_LAYERS)
     (work_dir / "small.yaml").write_text(SMALL_DEVICES)
-    state = tapp_experiment(
-        model=f"{work_dir / 'big.py'}:model",
-        cluster=str(work_dir / "small.yaml"),
-        batch_size=8,
-        measure=False,
-        experiment=experiment_name,
-        out="report",
-        return_state=True,
-        **QUICK,
+    config = ExperimentConfig(
+        model=f"{work_dir / 'big.py'}:model", cluster=str(work_dir / "small.yaml"), batch_size=8, measure=False, **QUICK
     )
+    state = tapp_experiment(config=config, experiment=experiment_name, out="report", return_state=True)
     assert state.is_failed()
     with pytest.raises(ExperimentIncomplete, match="evaluation of single-cpu, evaluation of bsp"):
         state.result()
 
     client = MlflowClient()
     (parent,) = client.search_runs(
-        [client.get_experiment_by_name(experiment_name).experiment_id], f"tags.{runs.KIND} = 'experiment'"
+        [client.get_experiment_by_name(experiment_name).experiment_id], f"tags.{schema.KIND} = 'experiment'"
     )
     assert parent.info.status == "FAILED"
     nested = children(client, parent.info.run_id)
     for method in ("single-cpu", "bsp"):
         assert nested[method].info.status == "FAILED"
         assert "memory" in nested[method].data.tags["error"]
-        assert runs.STEP_TIME not in nested[method].data.metrics
+        assert schema.STEP_TIME not in nested[method].data.metrics
     for method in ("tapp", "pipetorch"):
         assert nested[method].info.status == "FINISHED"
-        assert nested[method].data.tags[runs.STEP_TIME_SOURCE] == "estimated"
+        assert nested[method].data.tags[schema.STEP_TIME_SOURCE] == "estimated"
 
     table = pd.read_csv(io.StringIO((work_dir / "report" / "step_time.csv").read_text()))
     assert math.isnan(table.loc[0, "SingleCPU"]) and math.isnan(table.loc[0, "BSP"])
-    assert table.loc[0, "TAPP"] == nested["tapp"].data.metrics[runs.STEP_TIME]
+    assert table.loc[0, "TAPP"] == nested["tapp"].data.metrics[schema.STEP_TIME]
     assert "| – |" in (work_dir / "report" / "step_time.md").read_text()
 
 
 def test_sweep_runs_experiments_as_subflows_and_reports_them_together(
     prefect_harness: None, tracking_uri: str, experiment_name: str, work_dir: Path
 ) -> None:
-    result = benchmark_sweep(
+    sweep = SweepConfig(
         models=("mlp", "tiny_cnn"),
         batch_sizes=(8,),
         clusters=("local",),
@@ -450,14 +460,13 @@ def test_sweep_runs_experiments_as_subflows_and_reports_them_together(
         samples_per_round=4,
         methods=("tapp", "bsp"),
         measure=False,
-        experiment=experiment_name,
-        out="sweep",
     )
+    result = benchmark_sweep(sweep=sweep, experiment=experiment_name, out="sweep")
     client = MlflowClient()
     experiment_id = client.get_experiment_by_name(experiment_name).experiment_id
-    experiments = client.search_runs([experiment_id], f"tags.{runs.KIND} = 'experiment'")
+    experiments = client.search_runs([experiment_id], f"tags.{schema.KIND} = 'experiment'")
     assert sorted(r.data.tags["model"] for r in experiments) == ["mlp", "tiny_cnn"]
-    assert {r.data.tags[runs.SWEEP_RUN] for r in experiments} == {result.run_id}
+    assert {r.data.tags[schema.SWEEP_RUN] for r in experiments} == {result.run_id}
     assert all(r.info.status == "FINISHED" for r in experiments)
 
     table = pd.read_csv(work_dir / "sweep" / "step_time.csv")

@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from tapp_core import kinds
+from tapp_core.calibration import calibration_path, check_calibration, cluster_calibration
 from tapp_core.cluster import Cluster, load_cluster
 from tapp_core.costmodel import Estimate, estimate
 from tapp_core.costs import Calibration, CalibrationError, KindCalibration, MadeFor, device_terms
 from tapp_core.kinds import DeviceKind, cluster_kinds, device_kind, device_library
-from tapp_core.library import LayerLibrary, LibraryError, load_libraries, save_libraries
+from tapp_core.library import PROFILE_VERSION, LayerLibrary, LibraryError, load_libraries, save_libraries
 from tapp_core.plan import Plan, single_stage_plan
-from tapp_core.profiler import PROFILE_VERSION
-from tapp_core.runtime.calibration import calibration_path, check_calibration, cluster_calibration
 from tests.factories import chain_library, make_cluster
 
 HERE = platform.node()

@@ -18,7 +18,8 @@ from mlflow import MlflowClient
 from flows.experiment import tapp_experiment
 from flows.paper_table import paper_table
 from flows.server import free_port
-from reports import runs
+from tapp_core import schema
+from tasks.config import ExperimentConfig
 
 SERVER_START_TIMEOUT_S = 180
 
@@ -69,17 +70,15 @@ def test_experiment_and_paper_table_over_http(
     prefect_harness: None, mlflow_server: str, work_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    result = tapp_experiment(
+    config = ExperimentConfig(
         model="mlp",
         batch_size=8,
         search_rounds=2,
         samples_per_round=4,
         methods=("tapp", "single-cpu", "bsp", "pipetorch"),
         measure=False,
-        experiment="over-http",
-        out="report",
-        tracking_uri=mlflow_server,
     )
+    result = tapp_experiment(config=config, experiment="over-http", out="report", tracking_uri=mlflow_server)
     assert result.tracking_uri == mlflow_server
 
     client = MlflowClient(mlflow_server)
@@ -88,9 +87,9 @@ def test_experiment_and_paper_table_over_http(
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied by the server, not a local path
     evaluations = client.search_runs(
         [parent.info.experiment_id],
-        f"tags.{runs.KIND} = 'evaluation' and tags.{runs.EXPERIMENT_RUN} = '{result.run_id}'",
+        f"tags.{schema.KIND} = 'evaluation' and tags.{schema.EXPERIMENT_RUN} = '{result.run_id}'",
     )
-    assert sorted(r.data.tags[runs.METHOD] for r in evaluations) == ["bsp", "pipetorch", "single-cpu", "tapp"]
+    assert sorted(r.data.tags[schema.METHOD] for r in evaluations) == ["bsp", "pipetorch", "single-cpu", "tapp"]
 
     (sampling,) = client.search_runs([parent.info.experiment_id], "tags.stage = 'sampling'")
     table = pd.read_csv(client.download_artifacts(sampling.info.run_id, "search/sampled_plans.csv", str(work_dir)))

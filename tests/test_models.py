@@ -22,10 +22,11 @@ from tapp_core.models import (
     build_traced_model,
 )
 from tapp_core.models.inception import InceptionA, InceptionB, InceptionC, InceptionD, InceptionE
+from tapp_core.models.vit import Block, ViT
 
-SMALL_MODELS = ("mlp", "tiny_cnn", "tiny_branchy")
+SMALL_MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit")
 # Listed in the README; a change here is a change of architecture.
-PARAMETER_COUNTS = {"alexnet": 23_272_266, "vgg16": 15_253_578, "inception_v3": 21_806_058}
+PARAMETER_COUNTS = {"alexnet": 23_272_266, "vgg16": 15_253_578, "inception_v3": 21_806_058, "vit": 6_350_602}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -46,7 +47,7 @@ def _unique_module_name() -> str:
 
 
 def test_registry_lists_the_models_of_the_paper_and_the_small_ones() -> None:
-    assert set(MODEL_NAMES) == {"alexnet", "vgg16", "inception_v3", *SMALL_MODELS}
+    assert set(MODEL_NAMES) == {"alexnet", "vgg16", "inception_v3", "vit", *SMALL_MODELS}
     assert INPUT_SHAPE == (3, 32, 32)
 
 
@@ -104,6 +105,36 @@ def test_inception_v3_graph_fans_out_and_joins_with_cat() -> None:
     assert len(cats) == 11 + 2 * 2
     assert max(len(node.args[0]) for node in cats) == 4
     assert sum(1 for node in layer_nodes(traced) if len(node.users) >= 3) >= 11
+
+
+@pytest.mark.parametrize("name", ["vit", "tiny_vit"])
+def test_vit_is_written_as_such_models_usually_are(name: str) -> None:
+    """Its own parameters read through get_attr, shapes read from the input, one Linear per projection, heads split
+    with view + transpose, pre-norm blocks, no dropout: what the runtime and the integrator's split signatures
+    must take as it is."""
+    model = build_model(name)
+    assert isinstance(model, ViT)
+    traced = build_traced_model(name)
+    attributes = {str(node.target) for node in traced.graph.nodes if node.op == "get_attr"}
+    assert attributes == {"cls_token", "pos_embed"}
+    assert isinstance(model.cls_token, nn.Parameter) and isinstance(model.pos_embed, nn.Parameter)
+    assert model.pos_embed.shape == (1, (32 // 4) ** 2 + 1, model.cls_token.shape[-1])
+    shape_reads = [node for node in traced.graph.nodes if node.target is getattr and node.args[1] == "shape"]
+    assert len(shape_reads) == 1 + len(model.blocks), "shapes must be read from the input"
+    for block in model.blocks:
+        assert isinstance(block, Block)
+        assert all(isinstance(getattr(block.attn, p), nn.Linear) for p in ("q", "k", "v", "proj"))
+        assert [type(m) for m in block.mlp.children()] == [nn.Linear, nn.GELU, nn.Linear]
+        assert isinstance(block.norm1, nn.LayerNorm) and isinstance(block.norm2, nn.LayerNorm)
+    methods = {str(node.target) for node in traced.graph.nodes if node.op == "call_method"}
+    assert {"view", "transpose", "softmax", "reshape"} <= methods
+    assert not _modules_of(model, nn.Dropout)
+
+
+def test_vit_has_the_size_of_a_small_cifar_transformer() -> None:
+    model = build_model("vit")
+    assert 5_000_000 <= sum(p.numel() for p in model.parameters()) <= 10_000_000
+    assert len(model.blocks) == 8 and model.blocks[0].attn.heads == 8
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from reports import runs
+from tapp_core import schema
 from tapp_core.plan import Plan
 from tapp_core.planners.tapp.search import CheckpointError, read_checkpoint
 from tapp_core.runtime.guard import ProcessId, start_time
@@ -160,16 +160,16 @@ def test_a_killed_run_is_failed_by_the_next_which_resumes_it(tmp_path: Path, pre
     now = statuses(tmp_path)
     assert "RUNNING" not in now.values() and all(now[run] == "FAILED" for run in running)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    reason = client.get_run(running[0]).data.tags[runs.ERROR]
+    reason = client.get_run(running[0]).data.tags[schema.ERROR]
     assert f"its process {killed.process.pid} on" in reason and "is gone" in reason
     assert tapp_entries(tmp_path / "tmp") == []  # the search folder SIGKILL left was swept
 
     (experiment,) = [e.experiment_id for e in client.search_experiments() if e.name == "tapp"]
-    parents = client.search_runs([experiment], f"tags.{runs.KIND} = '{runs.EXPERIMENT}'", order_by=["start_time"])
+    parents = client.search_runs([experiment], f"tags.{schema.KIND} = '{schema.EXPERIMENT}'", order_by=["start_time"])
     assert [p.info.status for p in parents] == ["FAILED", "FINISHED"]
     assert parents[1].data.tags["resumed_from"] == parents[0].info.run_id
     assert parents[1].data.params["seed"] == "5" and parents[1].data.params["search_rounds"] == "60"
-    query = f"tags.{runs.EXPERIMENT_RUN} = '{parents[1].info.run_id}' and tags.{runs.STAGE} = 'search'"
+    query = f"tags.{schema.EXPERIMENT_RUN} = '{parents[1].info.run_id}' and tags.{schema.STAGE} = 'search'"
     (search,) = client.search_runs([experiment], query)
     resumed_at = int(search.data.params["resumed_at_round"])
     assert 20 <= resumed_at < 60

@@ -12,10 +12,9 @@ import torch
 from torch import nn
 
 from tapp_core.graph import layer_nodes, trace_model
-from tapp_core.library import LayerLibrary
+from tapp_core.library import PROFILE_VERSION, LayerLibrary
 from tapp_core.models import build_model, build_traced_model
 from tapp_core.profiler import (
-    PROFILE_VERSION,
     CpuClock,
     ProfileError,
     fixed_part,
@@ -341,5 +340,29 @@ def test_function_forms_have_flop_rules() -> None:
     assert flops["max_pool2d"] == 4 * 8 * 8 * 4 * 4
     assert flops["linear"] == 2 * 4 * 8 * 8 * 10
     assert flops["matmul"] == 2 * 10 * 10
-    assert flops["get_attr"] == 0
+    assert library.extra["ops_without_flop_rule"] == []
+
+
+def test_parameters_read_through_get_attr_are_charged_to_the_layers_that_use_them() -> None:
+    """A get_attr node is no layer of its own (it computes nothing and cannot be cut from its user): the bytes of
+    its parameter count on the layer that takes it, so that the memory and cost models see them there."""
+    library = profile_graph(trace_model(FunctionalNet()), "functional", BATCH, **FAST)
+    assert "get_attr" not in {layer.op for layer in library.layers}
+    param_bytes = {layer.op: layer.param_bytes for layer in library.layers}
+    assert param_bytes["conv2d"] == 4 * 3 * 3 * 3 * 4
+    assert param_bytes["linear"] == 10 * 4 * 8 * 8 * 4
+    assert param_bytes["matmul"] == 10 * 10 * 4
+    assert library.param_bytes == sum(p.numel() * 4 for p in FunctionalNet().parameters())
+
+
+def test_vit_class_token_and_position_embedding_count_on_their_users() -> None:
+    library = profile_model("tiny_vit", BATCH, **FAST)
+    model = build_model("tiny_vit")
+    assert library.param_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert by_name(library, "expand").param_bytes == model.cls_token.numel() * 4
+    assert by_name(library, "add").param_bytes == model.pos_embed.numel() * 4
+    # Shapes read from the input are layers too, with nothing to send when a cut falls after them.
+    shapes = [layer for layer in library.layers if layer.op in ("getattr", "getitem") and not layer.output_shape]
+    assert len(shapes) >= 1 + 4 * len(model.blocks)
+    assert all(layer.activation_bytes == 0 for layer in shapes)
     assert library.extra["ops_without_flop_rule"] == []

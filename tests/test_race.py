@@ -14,14 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 from tapp_core.cluster import load_cluster, parse_cluster
+from tapp_core.hosts import rank_cores
 from tapp_core.metrics import Measurement, host_overloaded
 from tapp_core.plan import Plan
 from tapp_core.planners import get_planner
 from tapp_core.planners.tapp import MeasuredReward, TappPlanner
 from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE, FINAL_BY_MEASUREMENT
-from tapp_core.runtime import WorkerPool
-from tapp_core.runtime.emulation import rank_cores
-from tapp_core.runtime.race import (
+from tapp_core.races import (
     MAX_ROUNDS,
     SEPARATED,
     TIME_BUDGET,
@@ -29,9 +28,10 @@ from tapp_core.runtime.race import (
     RaceOptions,
     RoundSteps,
     pooled_rounds,
-    race,
     run_race,
 )
+from tapp_core.runtime import WorkerPool
+from tapp_core.runtime.race import race
 from tapp_core.stats import best_group, median_interval, order_statistic_rank, paired_ratio_interval, separated
 from tests.test_planners_common import chain_library, small_cluster
 from tests.test_runtime_faulty_models import FAULT_LAYER_STAGES

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from reports import runs
 from reports.tables import build_tables
+from tapp_core import schema
 from tasks.tracking import ExperimentTags, RunRef, tracked_run
 
 PAPER = {  # the TAPP paper's table, used here only as round numbers to log
@@ -25,21 +26,31 @@ def log_experiment(
     shares: dict[str, float] | None = None,
     source: str = "measured",
     fail: set[str] = frozenset(),  # type: ignore[assignment]
+    cluster: str = "local",
+    batch_size: int = 64,
+    power: float | None = None,
 ) -> RunRef:
-    tags = ExperimentTags(model=model, cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
-    with tracked_run(f"{model}", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+    family = {schema.BASE_CLUSTER: cluster, schema.POWER: f"{power:g}"} if power is not None else {}
+    name = f"{cluster}@{power:g}x" if power not in (None, 1) else cluster
+    tags = ExperimentTags(
+        model=model, cluster=name, batch_size=batch_size, seed=0, dataset="synthetic", emulated=True,
+        more=tuple(family.items()),
+    )  # fmt: skip
+    with tracked_run(f"{model}", tags.as_tags(**{schema.KIND: schema.EXPERIMENT}), experiment=experiment) as parent:
         for method, seconds in step_times.items():
             child_tags = tags.as_tags(
                 **{
-                    runs.KIND: runs.EVALUATION,
-                    runs.METHOD: method,
-                    runs.EXPERIMENT_RUN: parent.run_id,
-                    runs.STEP_TIME_SOURCE: source,
+                    schema.KIND: schema.EVALUATION,
+                    schema.METHOD: method,
+                    schema.EXPERIMENT_RUN: parent.run_id,
+                    schema.STEP_TIME_SOURCE: source,
                 }
             )
             try:
                 with tracked_run(method, child_tags, parent=parent.ref) as child:
-                    child.log_metrics({runs.STEP_TIME: seconds, runs.COMMUNICATION_SHARE: (shares or {}).get(method)})
+                    child.log_metrics(
+                        {schema.STEP_TIME: seconds, schema.COMMUNICATION_SHARE: (shares or {}).get(method)}
+                    )
                     if method in fail:
                         raise RuntimeError("measurement failed half way")
             except RuntimeError:
@@ -110,9 +121,8 @@ def test_written_files_in_three_formats(tracking_uri: str, experiment_name: str,
     written = build_tables(experiment_name).write(tmp_path)
 
     names = sorted(p.name for p in written)
-    assert names == sorted(
-        f"{t}.{s}" for t in ("step_time", "communication_share", "accuracy") for s in ("md", "csv", "tex")
-    )
+    tables = ("step_time", "communication_share", "accuracy", "computing_power", "batch_size", "paper_comparison")
+    assert names == sorted(f"{t}.{s}" for t in tables for s in ("md", "csv", "tex"))
     assert "No training runs" in (tmp_path / "accuracy.md").read_text()
 
 
@@ -136,16 +146,16 @@ RACE = {  # method: per-round step times of one race (rounds 1-5); the oracle sh
 def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1)) -> RunRef:
     """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load."""
     tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
-    with tracked_run("alexnet", tags.as_tags(**{runs.KIND: runs.EXPERIMENT}), experiment=experiment) as parent:
+    with tracked_run("alexnet", tags.as_tags(**{schema.KIND: schema.EXPERIMENT}), experiment=experiment) as parent:
         for method, rounds in RACE.items():
-            extra = {runs.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
+            extra = {schema.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
             child_tags = tags.as_tags(
                 **{
-                    runs.KIND: runs.EVALUATION,
-                    runs.METHOD: method,
-                    runs.EXPERIMENT_RUN: parent.run_id,
-                    runs.STEP_TIME_SOURCE: "measured",
-                    runs.RACE_ID: "race-1",
+                    schema.KIND: schema.EVALUATION,
+                    schema.METHOD: method,
+                    schema.EXPERIMENT_RUN: parent.run_id,
+                    schema.STEP_TIME_SOURCE: "measured",
+                    schema.RACE_ID: "race-1",
                     **extra,
                 }
             )
@@ -153,19 +163,19 @@ def log_race(experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.
                 ordered = sorted(rounds)
                 child.log_metrics(
                     {
-                        runs.STEP_TIME: ordered[2],
-                        runs.STEP_TIME_LOW: ordered[0],
-                        runs.STEP_TIME_HIGH: ordered[-1],
-                        runs.RACE_ROUNDS: len(rounds),
-                        runs.HOST_OTHER_CPU: loads[0],
-                        runs.LOAD_BEFORE: loads[1],
-                        runs.LOAD_AFTER: loads[2],
-                        runs.HOST_CPUS: 2,
-                        runs.HOST_RANKS: 3,
+                        schema.STEP_TIME: ordered[2],
+                        schema.STEP_TIME_LOW: ordered[0],
+                        schema.STEP_TIME_HIGH: ordered[-1],
+                        schema.RACE_ROUNDS: len(rounds),
+                        schema.HOST_OTHER_CPU: loads[0],
+                        schema.LOAD_BEFORE: loads[1],
+                        schema.LOAD_AFTER: loads[2],
+                        schema.HOST_CPUS: 2,
+                        schema.HOST_RANKS: 3,
                     }
                 )
                 for number, seconds in enumerate(rounds, start=1):
-                    child.log_metrics({runs.ROUND_STEP_TIME: seconds}, step=number)
+                    child.log_metrics({schema.ROUND_STEP_TIME: seconds}, step=number)
     return parent.ref
 
 
@@ -203,3 +213,112 @@ def test_a_race_on_an_overloaded_host_is_a_warning_in_the_table(tracking_uri: st
     markdown = build_tables(experiment_name).step_time.to_markdown()
     assert "WARNING: the race for AlexNet on local, batch 64, ran on an overloaded host" in markdown
     assert "(other processes took 40% of its CPU time; 1-minute load average 3.5 before, 6.0 after;" in markdown
+
+
+# --- Section 5.2.2, the paper beside us, accuracy --------------------------------------------------------------
+
+
+def test_computing_power_rows_are_the_family_at_each_power(tracking_uri: str, experiment_name: str) -> None:
+    """hetero4 at power 1 and 0.5 (its slow half at half speed): a row per power, full power first, and TAPP's
+    speedups over BSP and Pipe-Torch."""
+    log_experiment(experiment_name, "alexnet", {"tapp": 0.5, "bsp": 1.0, "pipetorch": 0.6}, cluster="hetero4", power=1)
+    log_experiment(
+        experiment_name, "alexnet", {"tapp": 0.7, "bsp": 2.1, "pipetorch": 0.7}, cluster="hetero4", power=0.5
+    )
+
+    table = build_tables(experiment_name).computing_power
+    frame = table.frame
+    assert list(frame["cluster"]) == ["hetero4", "hetero4"] and list(frame["power"]) == ["1", "0.5"]
+    assert list(frame["TAPP"]) == [0.5, 0.7]
+    assert list(frame["TAPP over BSP"]) == pytest.approx([2.0, 3.0])
+    assert list(frame["TAPP over Pipe-Torch"]) == pytest.approx([1.2, 1.0])
+    assert "| AlexNet | hetero4 | 0.5 | 64 | – | 0.700 | 2.100 | 0.700 |" in table.to_markdown()
+    assert "estimated by the cost model" not in table.to_markdown()  # logged as measured, without races
+
+
+def test_batch_sizes_give_step_time_and_images_per_second(tracking_uri: str, experiment_name: str) -> None:
+    for batch, seconds in ((16, 0.2), (32, 0.32)):
+        log_experiment(experiment_name, "vgg16", {"tapp": seconds, "bsp": 2 * seconds}, batch_size=batch)
+
+    frame = build_tables(experiment_name).batch_size.frame
+    assert list(frame["batch"]) == [16, 32]
+    assert list(frame["TAPP img/s"]) == pytest.approx([80.0, 100.0])
+    assert list(frame["BSP img/s"]) == pytest.approx([40.0, 50.0])
+    assert list(frame["TAPP"]) == [0.2, 0.32]
+
+
+def test_the_paper_beside_us_says_which_claims_hold(tracking_uri: str, experiment_name: str) -> None:
+    """The race of ``log_race``: TAPP ties SingleCPU, beats Pipe-Torch and BSP beyond the noise; the paper's other
+    models are there, not run here."""
+    log_race(experiment_name)
+
+    table = build_tables(experiment_name).paper_comparison
+    rows = {(r["model"], r["TAPP faster than"]): r for r in table.frame.to_dict("records")}
+    single, pipetorch, bsp = (rows[("AlexNet", label)] for label in ("SingleCPU", "Pipe-Torch", "BSP"))
+    assert single["paper"] == pytest.approx(0.811 / 0.602) and bsp["paper"] == pytest.approx(0.803 / 0.602)
+    paired = sorted(p / t for p, t in zip(RACE["pipetorch"], RACE["tapp"], strict=True))
+    assert pipetorch["ours"] == pytest.approx(paired[2]) and pipetorch["ours low"] == pytest.approx(paired[0])
+    assert pipetorch["ours / paper"] == pytest.approx(paired[2] / (0.675 / 0.602))
+    assert (single["holds here"], pipetorch["holds here"], bsp["holds here"]) == (
+        "no: a tie within the noise", "yes", "yes",
+    )  # fmt: skip
+    assert rows[("VGG-16", "BSP")]["holds here"] == "not run here"
+    assert rows[("VGG-16", "BSP")]["paper"] == pytest.approx(1.865 / 1.432)
+    assert len(table.frame) == 9  # AlexNet here; VGG-16 and Inception-V3 only in the paper
+
+
+def log_training(
+    experiment: str,
+    parent: RunRef,
+    method: str,
+    curve: list[tuple[float, float]],
+    steps: int,
+    schedule: str,
+    staleness: int | None = None,
+) -> None:
+    """A train run as ``tasks.train`` logs it: the accuracy curve (training time, accuracy) per test evaluation."""
+    tags = ExperimentTags(
+        model="alexnet", cluster="local", batch_size=64, seed=0, dataset="fashion-mnist", emulated=True
+    )
+    with tracked_run(f"train {method}", tags.child(parent, schema.TRAIN, method=method), parent=parent) as run:
+        run.log_params({"plan_schedule": schedule, "train_budget_s": 20.0, "epochs": len(curve)})
+        if staleness is not None:
+            run.log_params({"plan_staleness": staleness})
+        for point, (seconds, accuracy) in enumerate(curve, start=1):
+            run.log_metrics({schema.CURVE_TIME: seconds, schema.CURVE_ACCURACY: accuracy}, step=point)
+        run.log_metrics(
+            {
+                schema.TEST_ACCURACY: curve[-1][1],
+                schema.TRAIN_TIME: curve[-1][0],
+                schema.TRAIN_STEPS: steps,
+                "test_samples": 1000,
+                "epochs": len(curve),
+            }
+        )
+
+
+def test_accuracy_table_names_what_was_trained_and_why_a_row_is_empty(
+    tracking_uri: str, experiment_name: str, tmp_path
+) -> None:
+    from reports.paper import write_report
+
+    parent = log_experiment(experiment_name, "alexnet", {"single-cpu": 0.3, "bsp": 1.2})  # no Gantt chart to draw
+    log_training(experiment_name, parent, "tapp", [(9.8, 0.41), (19.6, 0.62)], 64, "1f1b")
+    log_training(experiment_name, parent, "bsp", [(9.6, 0.12), (19.2, 0.25)], 16, "gpipe")
+    log_training(experiment_name, parent, "pipetorch", [(9.9, 0.3), (19.9, 0.5)], 50, "async", staleness=1)
+    untrained = log_experiment(experiment_name, "vgg16", {"bsp": 1.0})
+    MlflowClient().set_tag(untrained.run_id, schema.TRAINING_SKIPPED, "estimate-only: there is no runtime to train on")
+
+    report = write_report(experiment_name, tmp_path)
+    table = report.tables.accuracy
+    assert list(table.frame["dataset"]) == ["Fashion-MNIST", "–"]
+    assert (table.frame.loc[0, "TAPP"], table.frame.loc[0, "BSP"]) == (0.62, 0.25)
+    markdown = table.to_markdown()
+    assert markdown.startswith("**Test accuracy after 20 s of training per method**")
+    assert (
+        "Pipe-Torch 50 steps in 19.9 s, async (staleness 1); BSP 16 steps in 19.2 s, gpipe; TAPP 64 steps" in markdown
+    )
+    assert "accuracy on the first 1,000 test images" in markdown
+    assert "VGG-16 on local, batch 64: no accuracy, nothing was trained (estimate-only" in markdown
+    figure = tmp_path / "accuracy_vs_time.png"
+    assert figure in report.figure_files and figure.stat().st_size > 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.graph import layer_nodes
+from tapp_core.graph import layer_nodes, layer_parameters
 from tapp_core.metrics import run_length
 from tapp_core.models import build_model, build_traced_model
 from tapp_core.plan import Plan
@@ -173,12 +173,8 @@ def async_reference(
     traced = build_traced_model(model, seed=SEED)
     stage_of = stages_by_cuts(model, cuts)
     names_of_stage: list[set[str]] = [set() for _ in range(n_stages)]
-    for layer, node in enumerate(layer_nodes(traced)):
-        if node.op == "call_module":
-            prefix = f"{node.target}."
-            names_of_stage[stage_of[layer]] |= {
-                prefix + n for n, _ in traced.get_submodule(str(node.target)).named_parameters()
-            }
+    for layer, own in enumerate(layer_parameters(traced)):  # a layer's modules' and the get_attr ones it reads
+        names_of_stage[stage_of[layer]] |= set(own)
     net = build_model(model, seed=SEED)
     live = dict(net.named_parameters())
     optimizer = make_optimizer(live.values(), OPTIMIZER)

@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.server import free_port
-from reports import runs
+from tapp_core import schema
 from tapp_core.cluster import load_cluster, parse_cluster
 from tapp_core.costs import DEFAULT_CALIBRATION
 from tapp_core.library import LayerLibrary
@@ -19,8 +19,9 @@ from tapp_core.plan import Plan, PlanError, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.profiler import profile_model
-from tapp_core.runtime.race import run_race
-from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, methods_for, plan_method
+from tapp_core.races import run_race
+from tasks.config import ExperimentConfig
+from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, plan_method
 from tasks.profile import record_library
 from tasks.search import SearchBudget
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
@@ -34,6 +35,13 @@ def tiny_library() -> LayerLibrary:
 
 def experiment_tags() -> ExperimentTags:
     return ExperimentTags(model="tiny_cnn", cluster="local", batch_size=16, seed=0, dataset="synthetic", emulated=True)
+
+
+def tiny_config(**settings: object) -> ExperimentConfig:
+    """tiny_cnn at batch 16 on the local cluster, estimated only."""
+    return ExperimentConfig.model_validate(
+        {"model": "tiny_cnn", "batch_size": 16, "dataset": "synthetic", "measure": False, **settings}
+    )
 
 
 def test_unreachable_tracking_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +72,7 @@ def test_a_run_that_raises_ends_failed_with_its_error(tracking_uri: str, experim
 def test_tags_carry_the_comparison_keys(tracking_uri: str, experiment_name: str) -> None:
     tags = experiment_tags()
     with tracked_run("parent", tags.as_tags(run_kind="experiment"), experiment=experiment_name) as parent:
-        child = tracked_run("child", tags.child(parent.ref, runs.EVALUATION, method="bsp"), parent=parent.ref)
+        child = tracked_run("child", tags.child(parent.ref, schema.EVALUATION, method="bsp"), parent=parent.ref)
         with child as child_run:
             pass
     stored = MlflowClient().get_run(child_run.run_id).data.tags
@@ -77,7 +85,7 @@ def test_tags_carry_the_comparison_keys(tracking_uri: str, experiment_name: str)
         "emulated": "true",
         "run_kind": "evaluation",
     }
-    assert stored["mlflow.parentRunId"] == parent.run_id == stored[runs.EXPERIMENT_RUN]
+    assert stored["mlflow.parentRunId"] == parent.run_id == stored[schema.EXPERIMENT_RUN]
     assert stored["code_version"] == code_version() != "unknown"
 
 
@@ -92,38 +100,36 @@ def test_layer_library_is_logged_and_reads_back(
 
 
 def test_evaluation_logs_plan_and_estimate(tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary) -> None:
-    cluster = load_cluster("local")
     tags = experiment_tags()
-    planned = plan_method.fn("pipetorch", tiny_library, cluster, tags)
+    planned = plan_method.fn("pipetorch", tiny_library, tiny_config())
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
         result = evaluate_method.fn(planned, parent.ref, tags)
 
     stored = MlflowClient().get_run(result.run_id)
     assert stored.info.status == "FINISHED"
-    assert stored.data.tags[runs.STEP_TIME_SOURCE] == "estimated"
-    assert stored.data.metrics[runs.STEP_TIME] == result.estimate.step_time == result.step_time_s
-    assert stored.data.metrics[runs.ESTIMATED_STEP_TIME] == result.estimate.step_time
+    assert stored.data.tags[schema.STEP_TIME_SOURCE] == "estimated"
+    assert stored.data.metrics[schema.STEP_TIME] == result.estimate.step_time == result.step_time_s
+    assert stored.data.metrics[schema.ESTIMATED_STEP_TIME] == result.estimate.step_time
     assert stored.data.params["plan_id"] == result.plan.id
-    plan_file = MlflowClient().download_artifacts(result.run_id, runs.PLAN_ARTIFACT)
+    plan_file = MlflowClient().download_artifacts(result.run_id, schema.PLAN_ARTIFACT)
     assert json.loads(Path(plan_file).read_text())["id"] == result.plan.id
 
 
 def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
     tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
 ) -> None:
-    cluster = load_cluster("local")
     tags = experiment_tags()
     bad = single_stage_plan(tiny_library, ["nowhere"], batch_size=16)  # a device the cluster does not have
-    planned = plan_method.fn("tapp", tiny_library, cluster, tags, plan=bad)
+    planned = plan_method.fn("tapp", tiny_library, tiny_config(), plan=bad)
     assert not planned.ok and isinstance(planned.failure, PlanError)
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent, pytest.raises(PlanError):
         evaluate_method.fn(planned, parent.ref, tags)
 
     client = MlflowClient()
-    (child,) = client.search_runs([parent.ref.experiment_id], f"tags.{runs.METHOD} = 'tapp'")
+    (child,) = client.search_runs([parent.ref.experiment_id], f"tags.{schema.METHOD} = 'tapp'")
     assert child.info.status == "FAILED"
     assert "unknown device 'nowhere'" in child.data.tags["error"]
-    assert runs.STEP_TIME not in child.data.metrics
+    assert schema.STEP_TIME not in child.data.metrics
 
 
 def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> None:
@@ -132,7 +138,7 @@ def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> Non
     assert single_cpu.stage_devices == (("cpu0",),) and single_cpu.planner == "single-cpu"
     with pytest.raises(PlannerError, match="no cuda device of cluster 'local'"):
         baseline_plan("single-gpu", tiny_library, cluster, 16, seed=0)
-    assert methods_for(cluster, ("tapp", "bsp")) == ("tapp", "bsp")
+    assert tiny_config(methods=("tapp", "bsp")).evaluated_methods == ("tapp", "bsp")
 
 
 def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None:
@@ -143,19 +149,17 @@ def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None
             "links": {"bandwidth": "1Gbit/s", "latency": 0},
         }
     )
-    assert methods_for(cluster, ("tapp", "single-cpu", "bsp", "pipetorch", "even")) == (
-        "tapp", "single-cpu", "bsp", "pipetorch", "single-gpu", "even",
-    )  # fmt: skip
+    config = tiny_config(cluster=cluster, methods=("tapp", "single-cpu", "bsp", "pipetorch", "even"))
+    assert config.evaluated_methods == ("tapp", "single-cpu", "bsp", "pipetorch", "single-gpu", "even")
 
 
 def test_two_methods_with_one_plan_are_raced_once_and_share_its_figure(
     tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
 ) -> None:
-    cluster = load_cluster("local")
     tags = experiment_tags()
-    single = plan_method.fn("single-cpu", tiny_library, cluster, tags)
+    single = plan_method.fn("single-cpu", tiny_library, tiny_config())
     oracle = dataclasses.replace(single, method="oracle", plan=dataclasses.replace(single.plan, planner="oracle"))
-    bsp = plan_method.fn("bsp", tiny_library, cluster, tags)
+    bsp = plan_method.fn("bsp", tiny_library, tiny_config())
     race = run_race(FixedRounds({single.plan.id: 0.25, bsp.plan.id: 0.5}), [single.plan, oracle.plan, bsp.plan])
     assert len(race.plans) == 2  # the oracle's plan is SingleCPU's: raced once
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
@@ -166,11 +170,11 @@ def test_two_methods_with_one_plan_are_raced_once_and_share_its_figure(
     stored = [MlflowClient().get_run(r.run_id).data for r in results]
     assert MEASUREMENT_FROM not in stored[0].tags and stored[1].tags[MEASUREMENT_FROM] == "single-cpu"
     for data in stored:
-        assert data.metrics[runs.STEP_TIME] == data.metrics[runs.MEASURED_STEP_TIME] == 0.25
-        assert (data.metrics[runs.STEP_TIME_LOW], data.metrics[runs.STEP_TIME_HIGH]) == (0.25, 0.25)
-        assert data.metrics[runs.RACE_ROUNDS] == race.rounds and data.tags[runs.RACE_ID] == race.id
-        assert data.tags[runs.BEST_GROUP] == "true"  # 0.25 s against BSP's 0.5 s
-    rounds = MlflowClient().get_metric_history(results[1].run_id, runs.ROUND_STEP_TIME)
+        assert data.metrics[schema.STEP_TIME] == data.metrics[schema.MEASURED_STEP_TIME] == 0.25
+        assert (data.metrics[schema.STEP_TIME_LOW], data.metrics[schema.STEP_TIME_HIGH]) == (0.25, 0.25)
+        assert data.metrics[schema.RACE_ROUNDS] == race.rounds and data.tags[schema.RACE_ID] == race.id
+        assert data.tags[schema.BEST_GROUP] == "true"  # 0.25 s against BSP's 0.5 s
+    rounds = MlflowClient().get_metric_history(results[1].run_id, schema.ROUND_STEP_TIME)
     assert [m.step for m in rounds] == list(range(1, race.rounds + 1))
 
 

@@ -6,7 +6,9 @@ One module per group of commands, registered here in the order ``tapp --help`` l
 - ``runtime``: ``measure``, ``train`` (a plan on MPI workers);
 - ``hardware``: ``calibrate`` (the cost model's calibration, measured on this machine) and ``cluster detect``
   (the cluster file of this host);
-- ``experiments``: ``run`` (the Prefect flow, tracked in MLflow) and ``report`` (tables and figures from MLflow);
+- ``testbed``: ``testbed up``, ``testbed down`` (a real cluster of several hosts on this one);
+- ``experiments``: ``run`` (the Prefect flow, tracked in MLflow), ``sweep`` (a list of experiments) and ``report``
+  (tables and figures from MLflow);
 - ``common``: the consoles, the options several commands share, the layer library and plan they start from.
 
 Every command turns a ``TappError`` (bad model, cluster, plan, data or library) into one red line on stderr and
@@ -20,8 +22,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import experiments, hardware, planning, runtime
-from flows.cli.common import console, reports_user_errors
+from flows.cli import experiments, hardware, planning, runtime, testbed
+from flows.cli.common import ManyValuesCommand, console, reports_user_errors
 
 HELP = (
     "TAPP: split the training of a deep network into a pipeline across unequal devices, measure the plan on MPI "
@@ -68,9 +70,11 @@ for _command in (
     runtime.train,
     hardware.calibrate,
     experiments.run,
+    experiments.sweep,
     experiments.report,
 ):
-    app.command()(reports_user_errors(_command))
+    app.command(cls=ManyValuesCommand)(reports_user_errors(_command))
 app.add_typer(hardware.cluster_app, name="cluster")
+app.add_typer(testbed.testbed_app, name="testbed")
 
 __all__ = ["app", "tapp_version"]

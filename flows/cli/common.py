@@ -4,15 +4,17 @@ the layer library and plan every planning or runtime command starts from."""
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperOption
 
 from tapp_core.errors import TappError
+from tapp_core.schedules import SCHEDULES
+from tasks.config import ExperimentSettings
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -24,36 +26,22 @@ if TYPE_CHECKING:
 console = Console()
 error_console = Console(stderr=True)
 
-METHODS = (
-    "tapp",
-    "single-cpu",
-    "single-gpu",
-    "bsp",
-    "even",
-    "pipetorch",
-    "pipedream",
-    "autoddl",
-    "pipeline-cd",
-    "oracle",
-)
-"""The methods, by the names every command, MLflow's ``method`` tag and the report's runs use (the planners'
-registry, ``tapp_core.planners.PLANNER_NAMES``; written out here so that ``--help`` needs no import of it)."""
 DEFAULT_MODEL = "alexnet"
 DEFAULT_CLUSTER = "local"
 DEFAULT_BATCH = 64
 DEFAULT_PLAN = Path("plan.json")
 DEFAULT_REPORT = Path("out/report")
-DEFAULT_STEPS = 3
+DEFAULT_STEPS = ExperimentSettings.model_fields["steps"].default
 """Timed steps per plan and race round, after the warm-up (``tapp measure``, ``tapp run``): plans are measured in
-races of interleaved rounds (``tapp_core.runtime.race``), the flow's ``RuntimeSettings``."""
-DEFAULT_WARMUP = 1
+races of interleaved rounds (``tapp_core.races``); the experiments' default (``tasks.config``)."""
+DEFAULT_WARMUP = ExperimentSettings.model_fields["warmup"].default
 
 ModelOpt = Annotated[
     str,
     typer.Option(
         "--model",
         "-m",
-        help="alexnet | vgg16 | inception_v3 | mlp | tiny_cnn | tiny_branchy | module:callable | file.py:callable",
+        help="alexnet | vgg16 | inception_v3 | vit | mlp | tiny_cnn | tiny_branchy | tiny_vit | module:callable | file.py:callable",
     ),
 ]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
@@ -85,16 +73,53 @@ DataDirOpt = Annotated[
 ]
 DatasetOpt = Annotated[
     str | None,
-    typer.Option(help="synthetic | cifar10 | fashion-mnist (default: cifar10 with a data folder, else synthetic)"),
+    typer.Option(
+        help="cifar10 | fashion-mnist | synthetic (default: CIFAR-10 in --data-dir when given, else Fashion-MNIST "
+        "where Debian's dataset-fashion-mnist installs it; with neither, tapp run trains nothing and tapp train "
+        "uses synthetic data)"
+    ),
 ]
 
 
+ScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        help=" | ".join(SCHEDULES) + ": the pipeline schedule (default: the planner's own, or the plan's)",
+    ),
+]
+SchedulesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated schedules a planner may choose among (it plans with each and keeps the fastest), e.g. "
+        "1f1b,async (default: --schedule alone)"
+    ),
+]
+StalenessOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="async schedule: how many weight versions a stage may lag behind (default: as deep as the pipeline; "
+        "0: synchronous)",
+    ),
+]
+
+
+def comma_list(text: str | None) -> tuple[str, ...] | None:
+    """``a,b, c`` as ``("a", "b", "c")``; None for no text."""
+    if text is None:
+        return None
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def chosen_dataset(dataset: str | None, data_dir: Path | None) -> str:
-    """``--dataset``, else CIFAR-10 when a data folder is given (``--data-dir`` or ``$TAPP_DATA_DIR``), else
-    synthetic data."""
+    """``--dataset``, else the real data found (``tapp_core.data.find_dataset``: CIFAR-10 in ``--data-dir`` or
+    ``$TAPP_DATA_DIR``, else the Debian package's Fashion-MNIST), else synthetic data."""
     if dataset:
         return dataset
-    return "cifar10" if data_dir is not None or os.environ.get("TAPP_DATA_DIR") else "synthetic"
+    from tapp_core.data import find_dataset
+
+    found = find_dataset(data_dir)
+    return found[0] if found is not None else "synthetic"
 
 
 P = ParamSpec("P")
@@ -119,6 +144,34 @@ def fail(message: str) -> typer.Exit:
     """Print ``message`` as an error; the caller raises the returned exit (status 1: the work failed)."""
     error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(1)
+
+
+class ManyValuesCommand(TyperCommand):
+    """A command whose repeatable options also take several values after one flag: ``--power 1 0.5 0.25`` is read
+    as ``--power 1 --power 0.5 --power 0.25``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        many = {name for p in self.params if isinstance(p, TyperOption) and p.multiple for name in p.opts}
+        spread: list[str] = []
+        current: str | None = None
+        waiting = False
+        for arg in args:
+            if arg.startswith("-") and not _number(arg):
+                current, waiting = (arg, True) if arg in many else (None, False)
+            elif current is not None and not waiting:
+                spread.append(current)
+            else:
+                waiting = False
+            spread.append(arg)
+        return super().parse_args(ctx, spread)
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def progress_bars(description: str = "[bold]{task.description}") -> Progress:
@@ -149,18 +202,27 @@ def cluster_library(model: str, batch_size: int, library: Path | None, cluster: 
         return ProfileCache().cluster_libraries(model, batch_size, cluster)
 
 
-def read_plan(model: str, plan_file: Path) -> Plan:
-    """The plan in ``plan_file``, which must be for ``model``."""
+def read_plan(model: str, plan_file: Path, schedule: str | None = None) -> Plan:
+    """The plan in ``plan_file``, which must be for ``model``; with ``schedule`` (``--schedule``) in place of its
+    own."""
     from tapp_core.plan import Plan
 
     chosen = Plan.load(plan_file)
     if chosen.model != model:
         raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
+    if schedule is not None and schedule != chosen.schedule:  # checked as a plan's schedule is; a new id
+        from tapp_core.schedules import BOUNDED
+
+        data = {k: v for k, v in chosen.to_dict().items() if k != "id"}
+        if schedule not in BOUNDED:
+            data.pop("staleness", None)  # a bound only the asynchronous schedule takes
+        chosen = Plan.from_dict({**data, "schedule": schedule}, f"{plan_file} with --schedule {schedule}")
     return chosen
 
 
-def load_plan(model: str, plan_file: Path, cluster: str) -> tuple[Plan, Cluster]:
-    """The plan in ``plan_file`` (which must be for ``model``) and the cluster named ``cluster``."""
+def load_plan(model: str, plan_file: Path, cluster: str, schedule: str | None = None) -> tuple[Plan, Cluster]:
+    """The plan in ``plan_file`` (which must be for ``model``; ``schedule`` in place of its own if given) and the
+    cluster named ``cluster``."""
     from tapp_core.cluster import load_cluster
 
-    return read_plan(model, plan_file), load_cluster(cluster)
+    return read_plan(model, plan_file, schedule), load_cluster(cluster)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -17,7 +19,6 @@ from flows.cli.common import (
     DEFAULT_REPORT,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
-    METHODS,
     BatchOpt,
     ClusterOpt,
     DataDirOpt,
@@ -25,24 +26,30 @@ from flows.cli.common import (
     ExperimentOpt,
     ModelOpt,
     ReportOutOpt,
+    ScheduleOpt,
+    SchedulesOpt,
     SeedOpt,
+    StalenessOpt,
     StepsOpt,
     TrackingUriOpt,
     WarmupOpt,
-    chosen_dataset,
+    comma_list,
     console,
     error_console,
     print_markdown,
     progress_bars,
 )
+from tapp_core import schema
 from tapp_core.errors import TappError
+from tapp_core.planners.base import PLANNER_NAMES
+from tasks.config import DEFAULT_MEASURED_ROUNDS, ExperimentConfig, ExperimentSettings, SweepConfig
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
 
-DEFAULT_ROUNDS = 33
-"""TAPP's search rounds in all (``flows.experiment.DEFAULT_ROUNDS``; here so that ``--help`` imports no flow)."""
-DEFAULT_MEASURED_ROUNDS = 3
+_FIELDS = ExperimentSettings.model_fields
+DEFAULT_ROUNDS = _FIELDS["search_rounds"].default
+"""TAPP's search rounds in all (the experiments' default, ``tasks.config``)."""
 
 RoundsOpt = Annotated[
     int,
@@ -52,26 +59,43 @@ RoundsOpt = Annotated[
         help="TAPP's search rounds in all (as tapp plan --rounds counts them), measured ones included",
     ),
 ]
-SamplesOpt = Annotated[int | None, typer.Option(min=1, help="plans sampled per search round (default: 16)")]
+SamplesOpt = Annotated[int, typer.Option(min=1, help="plans sampled per search round")]
 MeasuredRoundsOpt = Annotated[
     int | None,
     typer.Option(
         min=0,
-        help=f"how many of the last rounds are rewarded by measurements on the workers (default: "
-        f"{DEFAULT_MEASURED_ROUNDS}; 0 with --estimate-only)",
+        help=f"how many of the last rounds are rewarded by measurements on the workers (default: {DEFAULT_MEASURED_ROUNDS}; 0 with --estimate-only)",
     ),
 ]
 MethodsOpt = Annotated[
     str | None,
     typer.Option(
-        help="comma-separated methods, tapp among them: " + " | ".join(METHODS) + " (default: all; single-gpu "
+        help="comma-separated methods, tapp among them: " + " | ".join(PLANNER_NAMES) + " (default: all; single-gpu "
         "only on a cluster with a GPU)"
     ),
 ]
-EstimateOnlyOpt = Annotated[bool, typer.Option("--estimate-only", help="no MPI runtime: cost-model step times")]
-TrainEpochsOpt = Annotated[int, typer.Option(min=0, help="also train each plan for the accuracy table")]
+EstimateOnlyOpt = Annotated[
+    bool, typer.Option("--estimate-only", help="no MPI runtime: cost-model step times, and no training")
+]
+TrainSecondsOpt = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="seconds of training per method: the TAPP paper's methods' plans are trained on the real data for this "
+        "long (steps = seconds / the plan's step time), their test accuracy measured along the way (0: no training)",
+    ),
+]
+TrainEpochsOpt = Annotated[int | None, typer.Option(min=1, help="train whole epochs instead of --train-seconds")]
+TestSamplesOpt = Annotated[
+    int, typer.Option(min=0, help="test images each accuracy is measured on (0: the whole test set)")
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's log lines")]
-
+PowerOpt = Annotated[
+    float,
+    typer.Option(
+        help="computing power: the factor on the speed of the cluster's slow devices (its slow half; 1: as written)",
+    ),
+]
 
 ResumeOpt = Annotated[
     str | None,
@@ -79,37 +103,117 @@ ResumeOpt = Annotated[
         "--resume",
         metavar="RUN_ID",
         help="continue an interrupted experiment (its parent run's id, or `last`: the latest of --experiment) with "
-        "its own settings, from the last round its search logged; the other experiment options are not used",
+        "its own configuration, from the last round its search logged; the other experiment options are not used",
     ),
 ]
 
 
+def _settings(
+    methods: MethodsOpt = None,
+    schedule: ScheduleOpt = None,
+    schedules: SchedulesOpt = None,
+    staleness: StalenessOpt = None,
+    rounds: RoundsOpt = DEFAULT_ROUNDS,
+    samples_per_round: SamplesOpt = _FIELDS["samples_per_round"].default,
+    measured_rounds: MeasuredRoundsOpt = None,
+    estimate_only: EstimateOnlyOpt = False,
+    steps: StepsOpt = DEFAULT_STEPS,
+    warmup: WarmupOpt = DEFAULT_WARMUP,
+    data_dir: DataDirOpt = None,
+    dataset: DatasetOpt = None,
+    train_seconds: TrainSecondsOpt = _FIELDS["train_seconds"].default,
+    train_epochs: TrainEpochsOpt = None,
+    test_samples: TestSamplesOpt = _FIELDS["test_samples"].default,
+    seed: SeedOpt = 0,
+) -> dict[str, object]:
+    """The experiment settings' options (``tasks.config.ExperimentSettings``), as the configuration's values."""
+    values: dict[str, object] = {
+        "methods": comma_list(methods),
+        "schedule": schedule,
+        "schedules": comma_list(schedules),
+        "staleness": staleness,
+        "search_rounds": rounds,
+        "samples_per_round": samples_per_round,
+        "measured_rounds": measured_rounds,
+        "measure": not estimate_only,
+        "steps": steps,
+        "warmup": warmup,
+        "dataset": dataset,
+        "data_dir": str(data_dir) if data_dir is not None else None,
+        "train_seconds": train_seconds,
+        "train_epochs": train_epochs,
+        "test_samples": test_samples or None,
+        "seed": seed,
+    }
+    return {k: v for k, v in values.items() if v is not None}  # left out: the configuration's default
+
+
+OPTION_NAMES = {
+    "search_rounds": "--rounds",
+    "measure": "--estimate-only",
+    "models": "--model",
+    "model": "--model",
+    "clusters": "--cluster",
+    "cluster": "--cluster",
+    "batch_sizes": "--batch-sizes",
+    "powers": "--power",
+}
+"""The command line's name of a setting whose option is not ``--`` + its name (messages name the option)."""
+
+
+def with_settings(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with the experiment settings' options (``_settings``) after its own; it receives them as
+    ``settings``, one dictionary of configuration values. ``tapp run`` and ``tapp sweep`` share them this way, as
+    their configurations share ``ExperimentSettings``."""
+    own = inspect.signature(command, eval_str=True)
+    extra = inspect.signature(_settings, eval_str=True)
+
+    @functools.wraps(command)
+    def wrapper(**options: Any) -> None:
+        settings = _settings(**{name: options.pop(name) for name in extra.parameters})
+        command(settings=settings, **options)
+
+    parameters = [p for p in own.parameters.values() if p.name != "settings"] + list(extra.parameters.values())
+    wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return wrapper
+
+
+C = TypeVar("C", ExperimentConfig, SweepConfig)
+
+
+def built(kind: type[C], values: dict[str, object], command: str) -> C:
+    """The configuration ``kind`` of ``values``; a bad one is one line naming its option (exit 2)."""
+    from tasks.config import ConfigError, build
+
+    try:
+        return build(kind, values, f"tapp {command}")
+    except ConfigError as exc:
+        text = str(exc)
+        for field, option in OPTION_NAMES.items():
+            text = text.replace(f" {field}: ", f" {option}: ").replace(f"; {field}: ", f"; {option}: ")
+        for field in kind.model_fields:
+            text = text.replace(f" {field}: ", f" --{field.replace('_', '-')}: ")
+        raise ConfigError(text) from None
+
+
+@with_settings
 def run(
     model: ModelOpt = DEFAULT_MODEL,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     batch_size: BatchOpt = DEFAULT_BATCH,
-    data_dir: DataDirOpt = None,
-    dataset: DatasetOpt = None,
-    rounds: RoundsOpt = DEFAULT_ROUNDS,
-    samples_per_round: SamplesOpt = None,
-    measured_rounds: MeasuredRoundsOpt = None,
-    methods: MethodsOpt = None,
-    estimate_only: EstimateOnlyOpt = False,
-    steps: StepsOpt = DEFAULT_STEPS,
-    warmup: WarmupOpt = DEFAULT_WARMUP,
-    train_epochs: TrainEpochsOpt = 0,
-    seed: SeedOpt = 0,
+    power: PowerOpt = 1.0,
     experiment: ExperimentOpt = "tapp",
     out: ReportOutOpt = DEFAULT_REPORT,
     tracking_uri: TrackingUriOpt = None,
     resume: ResumeOpt = None,
     verbose: VerboseOpt = False,
+    *,
+    settings: dict[str, object],
 ) -> None:
-    """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, report (Prefect + MLflow)."""
-    # Prefect's local server would otherwise post anonymous usage data at start (and log an error when offline).
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, training of the
+    paper's methods' plans for the accuracy table, report (Prefect + MLflow)."""
+    _quiet_prefect_server()
     from flows.server import prefect_api, sigterm_exits
     from tapp_core.paths import check_output_folder
 
@@ -118,16 +222,15 @@ def run(
     # The server starts first, so that its start overlaps the imports, the input checks and the MLflow store.
     with sigterm_exits(), prefect_api() as prefect_ready:
         if resume is not None:
-            uri, resume, experiment, parameters = _resumed(resume, experiment, tracking_uri)
+            uri, resume, experiment, config = _resumed(resume, experiment, tracking_uri)
         else:
-            uri, parameters = _checked_parameters(
-                model, cluster, batch_size, data_dir, dataset, rounds, samples_per_round, measured_rounds,
-                methods, estimate_only, steps, warmup, train_epochs, seed, tracking_uri,
-            )  # fmt: skip
-        _announce(parameters, uri, experiment, resume)
+            values = {**settings, "model": model, "cluster": cluster, "batch_size": batch_size, "power": power}
+            config = built(ExperimentConfig, values, "run")
+            uri = _checked(config, tracking_uri)
+        _announce(config, uri, experiment, resume)
         prefect_ready()
         with _stage_progress(verbose):
-            state = _run_flow(parameters, experiment, out, uri, resume)
+            state = _run_flow(config, experiment, out, uri, resume)
         flow_run = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
         failure = _failure(state)
         _print_report(out, uri, experiment, flow_run)  # in the block: a temporary Prefect server gets no link
@@ -136,56 +239,33 @@ def run(
         raise typer.Exit(1)
 
 
-def _checked_parameters(
-    model: str,
-    cluster: str,
-    batch_size: int,
-    data_dir: Path | None,
-    dataset: str | None,
-    rounds: int,
-    samples_per_round: int | None,
-    measured_rounds: int | None,
-    methods: str | None,
-    estimate_only: bool,
-    steps: int,
-    warmup: int,
-    train_epochs: int,
-    seed: int,
-    tracking_uri: str | None,
-) -> tuple[str, dict[str, Any]]:
-    """The store (opened, its orphaned runs marked FAILED) and the flow's parameters, every input checked first."""
-    from flows.experiment import DEFAULT_METHODS, check_inputs, runtime_settings, search_budget
-    from tasks.search import SearchBudget
+def _quiet_prefect_server() -> None:
+    # Prefect's local server would otherwise post anonymous usage data at start (and log an error when offline).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
-    chosen = chosen_dataset(dataset, data_dir)
-    chosen_methods = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else DEFAULT_METHODS
-    data = str(data_dir) if data_dir else None
-    # Checked before the flow too, so that a typo fails at once, before any run exists.
-    _, uri = check_inputs(model, cluster, batch_size, chosen, data, chosen_methods, tracking_uri)
-    budget = {"search_rounds": rounds, "samples_per_round": samples_per_round, "measured_rounds": measured_rounds}
-    given: dict[str, Any] = {k: v for k, v in budget.items() if v is not None}  # else the flow's defaults
-    samples = samples_per_round or SearchBudget.samples_per_round
-    resolved = search_budget(rounds, samples, measured_rounds, SearchBudget.measured_per_round, not estimate_only)
-    given["measured_rounds"] = resolved.measured_rounds  # so that Prefect's parameters say what MLflow records
-    runtime_settings(not estimate_only, steps, warmup, seed)
+
+def _checked(config: ExperimentConfig, tracking_uri: str | None) -> str:
+    """The store (opened, its orphaned runs marked FAILED), every input checked first."""
+    from flows.experiment import check_inputs
+
+    uri = check_inputs(config, tracking_uri)  # the data and the store, before any run exists
     _open(uri)
-    parameters = {"model": model, "cluster": cluster, "batch_size": batch_size, "dataset": chosen, "data_dir": data}
-    parameters |= {"methods": chosen_methods, "measure": not estimate_only, "steps": steps, "warmup": warmup}
-    return uri, parameters | {"train_epochs": train_epochs, "seed": seed, **given}
+    return uri
 
 
-def _resumed(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, str, str, dict[str, Any]]:
-    """(store, run id, experiment name, the flow's parameters) of the interrupted experiment run ``run_id``
-    (``last``: the latest of ``experiment``)."""
-    from flows.experiment import check_inputs, resume_parameters
+def _resumed(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, str, str, ExperimentConfig]:
+    """(store, run id, experiment name, configuration) of the interrupted experiment run ``run_id`` (``last``: the
+    latest of ``experiment``)."""
+    from flows.experiment import check_inputs, resume_config
     from tasks.tracking import check_tracking
 
     uri = check_tracking(tracking_uri)
     _open(uri)
-    run_id, experiment, parameters = resume_parameters(uri, run_id, experiment)
-    p = parameters
-    check_inputs(p["model"], p["cluster"], p["batch_size"], p["dataset"], p["data_dir"], p["methods"], uri)
-    return uri, run_id, experiment, parameters
+    run_id, experiment, config = resume_config(uri, run_id, experiment)
+    check_inputs(config, uri)
+    return uri, run_id, experiment, config
 
 
 def _open(uri: str) -> None:
@@ -202,23 +282,23 @@ def _open(uri: str) -> None:
         )
 
 
-def _announce(parameters: dict[str, Any], uri: str, experiment: str, resume: str | None) -> None:
-    from tapp_core.cluster import load_cluster
-
-    target = load_cluster(parameters["cluster"])
+def _announce(config: ExperimentConfig, uri: str, experiment: str, resume: str | None) -> None:
+    target = config.target
     resuming = f"; resuming run {resume}" if resume else ""
+    trained = f"trained on {config.dataset}" if config.training else f"not trained: {config.training_skipped}"
     console.print(
-        f"[bold]tapp_experiment[/]: {parameters['model']} on {target.name} ({len(target.devices)} devices), batch "
-        f"{parameters['batch_size']}, {parameters['dataset']} data; MLflow store {uri}, experiment {experiment!r}"
-        f"{resuming}"
+        f"[bold]tapp_experiment[/]: {config.model} on {target.name} ({len(target.devices)} devices), batch "
+        f"{config.batch_size}; {trained}; MLflow store {uri}, experiment {experiment!r}{resuming}",
+        highlight=False,
+        soft_wrap=True,
     )
 
 
-def _run_flow(parameters: dict[str, Any], experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
+def _run_flow(config: ExperimentConfig, experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
     from flows.experiment import tapp_experiment
 
     state: State[Any] = tapp_experiment(
-        **parameters, experiment=experiment, out=str(out), tracking_uri=uri, resume_from=resume, return_state=True
+        config=config, experiment=experiment, out=str(out), tracking_uri=uri, resume_from=resume, return_state=True
     )
     return state
 
@@ -234,6 +314,170 @@ def _failure(state: State[Any]) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+ModelsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="the models, each a registry name, module:callable or file.py:callable: --model M1 M2 or --model M1 "
+        "--model M2 (default: alexnet vgg16 inception_v3)",
+    ),
+]
+ClustersOpt = Annotated[
+    list[str] | None, typer.Option("--cluster", "-c", help="the clusters, by name or YAML file (default: local)")
+]
+BatchSizesOpt = Annotated[
+    list[int] | None, typer.Option("--batch-sizes", "-b", min=1, help="the batch sizes (default: 64)")
+]
+PowersOpt = Annotated[
+    list[float] | None,
+    typer.Option(
+        "--power",
+        help="the computing powers: each cluster's family, its slow devices' speed times each (default: 1)",
+    ),
+]
+SweepResumeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted sweep (its run's id, or `last`: the latest of --experiment) with its own "
+        "configuration, at its first unfinished configuration; the other sweep options are not used",
+    ),
+]
+
+
+@with_settings
+def sweep(
+    models: ModelsOpt = None,
+    clusters: ClustersOpt = None,
+    batch_sizes: BatchSizesOpt = None,
+    powers: PowersOpt = None,
+    experiment: ExperimentOpt = "tapp",
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for the sweep's report")] = Path("out/sweep"),
+    tracking_uri: TrackingUriOpt = None,
+    resume: SweepResumeOpt = None,
+    verbose: VerboseOpt = False,
+    *,
+    settings: dict[str, object],
+) -> None:
+    """Run a sweep of experiments without a Prefect server: every combination of models, clusters, computing powers
+    and batch sizes (the deployments' benchmark_sweep, with the same parameters), then its report; a bar per
+    configuration."""
+    _quiet_prefect_server()
+    from flows.server import prefect_api, sigterm_exits
+    from tapp_core.paths import check_output_folder
+
+    check_output_folder(out, "--out")
+    with sigterm_exits(), prefect_api() as prefect_ready:
+        if resume is not None:
+            uri, resume, chosen = _resumed_sweep(resume, experiment, tracking_uri)
+        else:
+            lists = {"models": models, "clusters": clusters, "batch_sizes": batch_sizes, "powers": powers}
+            chosen = built(SweepConfig, {**settings, **{k: v for k, v in lists.items() if v}}, "sweep")
+            uri = _checked_sweep(chosen, tracking_uri)
+        configurations = chosen.configurations()
+        how = "measured" if chosen.measure else "estimated"
+        console.print(
+            f"[bold]benchmark_sweep[/]: {len(configurations)} experiments ({how}); MLflow store {uri}, experiment "
+            f"{experiment!r}" + (f"; resuming run {resume}" if resume else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
+        prefect_ready()
+        with _sweep_progress(verbose, configurations):
+            state = _run_sweep(chosen if resume is None else None, experiment, out, uri, resume)
+        failure = _failure(state)
+        for name in ("step_time.md", "computing_power.md", "batch_size.md", "paper_comparison.md", "accuracy.md"):
+            if (out / name).is_file():
+                print_markdown((out / name).read_text())
+        console.print(f"Report:  {out}/ (tables as .md/.csv/.tex, figures as .png)", highlight=False)
+    if failure:
+        error_console.print(f"[bold red]the sweep failed:[/] {failure}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _checked_sweep(chosen: SweepConfig, tracking_uri: str | None) -> str:
+    from flows.experiment import check_inputs
+
+    uri = ""
+    for config in chosen.configurations():
+        uri = check_inputs(config, tracking_uri)
+    _open(uri)
+    return uri
+
+
+def _resumed_sweep(run_id: str, experiment: str, tracking_uri: str | None) -> tuple[str, str, SweepConfig]:
+    """(store, run id, configuration) of the interrupted sweep run ``run_id`` (``last``: the latest of
+    ``experiment``)."""
+    from flows.sweep import resume_sweep
+    from tasks.tracking import check_tracking
+
+    uri = check_tracking(tracking_uri)
+    _open(uri)
+    chosen, resumed = resume_sweep(uri, run_id, experiment)
+    left = len(chosen.configurations()) - len(resumed.finished)
+    console.print(
+        f"resuming sweep {resumed.sweep_id}: {len(resumed.finished)} configurations finished, {left} to run",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return uri, resumed.run_id, chosen
+
+
+def _run_sweep(chosen: SweepConfig | None, experiment: str, out: Path, uri: str, resume: str | None) -> State[Any]:
+    from flows.sweep import benchmark_sweep
+
+    state: State[Any] = benchmark_sweep(
+        sweep=chosen, experiment=experiment, out=str(out), tracking_uri=uri, resume_from=resume, return_state=True
+    )
+    return state
+
+
+@contextlib.contextmanager
+def _sweep_progress(verbose: bool, configurations: list[ExperimentConfig]) -> Iterator[None]:
+    """A rich bar per configuration, in the sweep's order: its stages done, and the latest stage's status."""
+    from flows.sweep import SWEEP_STAGE, configuration_label
+    from tasks.progress import listening
+
+    _quiet_prefect_logs(verbose)
+    with progress_bars("[bold]{task.description}") as progress:
+        bars = {
+            configuration_label(c): progress.add_task(configuration_label(c), total=len(expected_stages(c)), status="")
+            for c in configurations
+        }
+        stages_of = {configuration_label(c): expected_stages(c) for c in configurations}
+        current: list[str] = []
+        finished: dict[str, set[str]] = {}
+
+        def show(stage: str, done: int, total: int, status: str) -> None:
+            if stage == SWEEP_STAGE:
+                state, _, label = status.partition(" ")
+                if label in bars and state == "start":
+                    current[:] = [label]
+                elif label.split(" (")[0] in bars and state in ("done", "failed"):
+                    name = label.split(" (")[0]
+                    progress.update(bars[name], completed=len(stages_of[name]), status=f"{state}{label[len(name) :]}")
+                return
+            if not current:
+                return
+            finished.setdefault(current[0], set())
+            if done >= total:
+                finished[current[0]].add(stage)
+            progress.update(bars[current[0]], completed=len(finished[current[0]]), status=f"{stage}: {status}")
+
+        with listening(show):
+            yield
+
+
+def expected_stages(config: ExperimentConfig) -> list[str]:
+    """The progress stages one experiment of this configuration goes through."""
+    stages = ["profile", "search", "sampling"]
+    stages += ["race"] if config.measure else []
+    stages += ["evaluation"] + (["training"] if config.training else []) + ["report"]
+    return stages
 
 
 def report(
@@ -258,16 +502,9 @@ def report(
 @contextlib.contextmanager
 def _stage_progress(verbose: bool) -> Iterator[None]:
     """One rich bar per flow stage, fed by the stages' progress reports; Prefect's log lines only with --verbose."""
-    import logging
-
-    from prefect.logging.handlers import PrefectConsoleHandler
-
     from tasks.progress import listening
 
-    if not verbose:
-        for handler in logging.getLogger().handlers + logging.getLogger("prefect").handlers:
-            if isinstance(handler, PrefectConsoleHandler):
-                handler.setLevel(logging.WARNING)
+    _quiet_prefect_logs(verbose)
 
     with progress_bars("[bold]{task.description:<10}") as progress:
         shown: dict[str, Any] = {}
@@ -281,13 +518,25 @@ def _stage_progress(verbose: bool) -> Iterator[None]:
             yield
 
 
+def _quiet_prefect_logs(verbose: bool) -> None:
+    """Prefect's log lines on the console only with --verbose (the bars say what happens)."""
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    if not verbose:
+        for handler in logging.getLogger().handlers + logging.getLogger("prefect").handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(logging.WARNING)
+
+
 def _print_report(out: Path, uri: str, experiment: str, flow_run: str | None) -> None:
     """The tables, then where to look: the MLflow UI (how to start it, the runs view, this experiment's run), the
     Prefect flow run when a lasting Prefect server holds it, and the report folder."""
     from tasks.prefect_ui import flow_run_url
     from tasks.tracking import mlflow_ui_url, run_url, runs_view_url
 
-    for name in ("step_time.md", "communication_share.md"):
+    for name in ("step_time.md", "communication_share.md", "accuracy.md"):
         if (out / name).is_file():
             print_markdown((out / name).read_text())
     ui = mlflow_ui_url(uri)
@@ -302,7 +551,8 @@ def _print_report(out: Path, uri: str, experiment: str, flow_run: str | None) ->
     prefect_page = flow_run_url(flow_run)
     if prefect_page:
         console.print(f"Prefect: {prefect_page}", highlight=False, soft_wrap=True)
-    console.print(f"Report:  {out}/ (step_time, communication_share, accuracy as .md/.csv/.tex; figures .png)")
+    figure = " and the time-to-accuracy figure accuracy_vs_time.png" if (out / "accuracy_vs_time.png").is_file() else ""
+    console.print(f"Report:  {out}/ (tables as .md/.csv/.tex, figures as .png{figure})", highlight=False)
 
 
 def _parent_run(uri: str, experiment: str, flow_run: str | None) -> tuple[str, str] | None:
@@ -310,7 +560,6 @@ def _parent_run(uri: str, experiment: str, flow_run: str | None) -> tuple[str, s
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from reports import runs
     from tasks.tracking import FLOW_RUN_TAG
 
     if flow_run is None:
@@ -320,7 +569,7 @@ def _parent_run(uri: str, experiment: str, flow_run: str | None) -> tuple[str, s
         found = client.get_experiment_by_name(experiment)
         if found is None:
             return None
-        query = f"tags.`{FLOW_RUN_TAG}` = '{flow_run}' and tags.{runs.KIND} = '{runs.EXPERIMENT}'"
+        query = f"tags.`{FLOW_RUN_TAG}` = '{flow_run}' and tags.{schema.KIND} = '{schema.EXPERIMENT}'"
         parents = client.search_runs([found.experiment_id], query, max_results=1)
     except MlflowException:
         return None

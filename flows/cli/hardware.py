@@ -42,8 +42,8 @@ def calibrate(
     other computing at once. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
     from flows.cli.common import cluster_library
     from tapp_core.calibrate import calibrate as measure_calibration
+    from tapp_core.calibration import calibration_path
     from tapp_core.cluster import load_cluster
-    from tapp_core.runtime.calibration import calibration_path
 
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)
@@ -65,13 +65,30 @@ def detect(
         int | None, typer.Option(min=1, help="threads per CPU rank (default: 4 when the cores allow, else chosen)")
     ] = None,
     name: Annotated[str | None, typer.Option(help="the cluster's name (default: the file's name)")] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster", "-c", help="measure this cluster's links where its devices run (on their hosts) instead"
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="round trips per message size and pair")] = 15,
 ) -> None:
     """Write this host's cluster: every GPU a cuda device, the CPU cores split into CPU ranks, and the links between
-    them measured by a short MPI ping-pong. Then `tapp profile --cluster FILE` and `tapp calibrate --cluster FILE`."""
-    from tapp_core.detect import summary, write_detected_cluster
+    them measured by a short MPI ping-pong. Then `tapp profile --cluster FILE` and `tapp calibrate --cluster FILE`.
 
+    With `--cluster C`: measure the links between C's devices where they run (a testbed's hosts, other machines)
+    and write C with those links, comparing each pair with C's."""
+    from tapp_core.detect import summary, write_detected_cluster, write_measured_links
+
+    if cluster is not None:
+        with console.status(f"measuring the links of {cluster} where its devices run"):
+            _, lines = write_measured_links(cluster, out, repeats)
+        for line in lines:
+            console.print(line, highlight=False)
+        console.print(f"wrote {out}")
+        return
     with console.status("detecting this host and measuring its links"):
-        cluster = write_detected_cluster(out, threads, name)
-    for line in summary(cluster):
+        detected = write_detected_cluster(out, threads, name)
+    for line in summary(detected):
         console.print(line, highlight=False)
     console.print(f"wrote {out}")

@@ -14,20 +14,24 @@ from flows.cli.common import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
     DEFAULT_PLAN,
-    METHODS,
     BatchOpt,
     ClusterOpt,
     LibraryOpt,
     ModelOpt,
     PlanFileOpt,
+    ScheduleOpt,
+    SchedulesOpt,
     SeedOpt,
+    StalenessOpt,
     cluster_library,
+    comma_list,
     console,
     load_plan,
     progress_bars,
 )
 from tapp_core.errors import TappError
 from tapp_core.metrics import step_kind
+from tapp_core.planners.base import PLANNER_NAMES
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 CHECKPOINT_FILE = "search.pt"
 """The file a TAPP search saves itself to in ``--checkpoint DIR``."""
 
-PlannerOpt = Annotated[str, typer.Option(help=" | ".join(METHODS) + " (the method names of tapp run --methods)")]
+PlannerOpt = Annotated[str, typer.Option(help=" | ".join(PLANNER_NAMES) + " (the method names of tapp run --methods)")]
 CalibrationOpt = Annotated[
     Path | None,
     typer.Option(help="calibration JSON (tapp calibrate --out); default: the one beside the cluster file, if any"),
@@ -106,7 +110,7 @@ def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) ->
 def calibration_for(cluster: str, target: Cluster, library: LayerLibrary, path: Path | None) -> Calibration:
     """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file, checked against
     this machine and ``library``; the ideal one when there is none."""
-    from tapp_core.runtime.calibration import cluster_calibration
+    from tapp_core.calibration import cluster_calibration
 
     return cluster_calibration(cluster, target, library, path)
 
@@ -130,6 +134,9 @@ def plan(
         ),
     ] = None,
     reward: Annotated[str, typer.Option(help="tapp reward source: simulated | measured | hybrid")] = "simulated",
+    schedule: ScheduleOpt = None,
+    schedules: SchedulesOpt = None,
+    staleness: StalenessOpt = None,
     seed: SeedOpt = 0,
     calibration: CalibrationOpt = None,
     checkpoint: Annotated[
@@ -152,6 +159,7 @@ def plan(
 
     check_output_file(out, "--out")
     options: dict[str, object] = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
+    options |= schedule_options(planner, schedule, comma_list(schedules), staleness)
     options.update(_checkpoint_options(planner, checkpoint, resume, rounds))
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)
@@ -196,14 +204,28 @@ def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rou
     return options
 
 
+def schedule_options(
+    planner: str, schedule: str | None, schedules: tuple[str, ...] | None, staleness: int | None
+) -> dict[str, object]:
+    """The planner options ``--schedule``, ``--schedules`` and ``--staleness`` give (those given; the planner's
+    own defaults for the others), checked the way an experiment's configuration checks them."""
+    from tasks.config import ExperimentSettings, build
+
+    asked = {"schedule": schedule, "schedules": schedules, "staleness": staleness}
+    given = {k: v for k, v in asked.items() if v is not None}
+    checked = build(ExperimentSettings, {**given, "dataset": "none"}, f"tapp plan --planner {planner}")
+    return {k: getattr(checked, k) for k in given}
+
+
 def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int | None, **options: object) -> Plan:
     """Build planner ``name`` with the options it accepts and run it under a progress bar over search rounds."""
     from tapp_core.errors import TappError
     from tapp_core.planners import get_planner, planner_options
 
     accepted = planner_options(name)
-    if "rounds" in options and "rounds" not in accepted:
-        raise TappError(f"--rounds is for the tapp planner, not {name!r}")
+    for option in ("rounds", "schedules", "staleness"):
+        if option in options and option not in accepted:
+            raise TappError(f"--{option} is not an option of planner {name!r}")
     planner = get_planner(name, **{k: v for k, v in options.items() if k in accepted})
     with progress_bars() as progress:
         bars: list[TaskID] = []  # added on the first report, so constructive planners show no empty bar
@@ -223,6 +245,7 @@ def simulate(
     model: ModelOpt = DEFAULT_MODEL,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_file: PlanFileOpt = DEFAULT_PLAN,
+    schedule: ScheduleOpt = None,
     library: LibraryOpt = None,
     gantt: Annotated[Path | None, typer.Option(help="draw the timeline of one step to this PNG")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
@@ -235,7 +258,7 @@ def simulate(
 
     if gantt is not None:
         check_output_file(gantt, "--gantt")
-    chosen, target = load_plan(model, plan_file, cluster)
+    chosen, target = load_plan(model, plan_file, cluster, schedule)
     layers = cluster_library(model, chosen.batch_size, library, target)
     validate(chosen, layers, target)
     fitted = calibration_for(cluster, target, layers, calibration)

@@ -31,6 +31,7 @@ from flows.cli.common import (
     LibraryOpt,
     ModelOpt,
     PlanFileOpt,
+    ScheduleOpt,
     SeedOpt,
     StepsOpt,
     WarmupOpt,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from tapp_core.cluster import Cluster
     from tapp_core.library import LayerLibrary
     from tapp_core.plan import Plan
-    from tapp_core.runtime.race import RaceResult
+    from tapp_core.races import RaceResult
 
 
 AllowOversubscribeOpt = Annotated[
@@ -62,22 +63,27 @@ AllowOversubscribeOpt = Annotated[
 
 
 def _plans_to_run(
-    model: str, plan_files: list[Path], cluster: str, library: Path | None, allow_oversubscribe: bool
+    model: str,
+    plan_files: list[Path],
+    cluster: str,
+    library: Path | None,
+    allow_oversubscribe: bool,
+    schedule: str | None = None,
 ) -> tuple[list[Plan], Cluster]:
     """The plans and cluster to run, checked as far as they can be before any MPI process starts: each plan's
     devices against the cluster, its structure and schedule against the traced model (``check_before_launch``), and
     its memory against the layer library (the given folder, else the profile cache's, profiled now if missing;
     loaded once per batch size)."""
     from tapp_core.cluster import load_cluster
+    from tapp_core.hosts import OVERSUBSCRIBE_VARIABLE
     from tapp_core.plan import validate
     from tapp_core.runtime import check_before_launch
-    from tapp_core.runtime.placement import OVERSUBSCRIBE_VARIABLE
 
     target = load_cluster(cluster)
     libraries: dict[int, LayerLibrary] = {}
     plans = []
     for plan_file in plan_files:
-        chosen = read_plan(model, plan_file)
+        chosen = read_plan(model, plan_file, schedule)
         missing = sorted(set(chosen.devices) - set(target.device_names))
         if missing:
             raise TappError(f"plan {plan_file} uses device(s) {', '.join(missing)} that cluster {target.name!r} lacks")
@@ -106,6 +112,7 @@ def measure(
     model: ModelOpt = DEFAULT_MODEL,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_files: PlanFilesOpt = None,
+    schedule: ScheduleOpt = None,
     steps: StepsOpt = DEFAULT_STEPS,
     warmup: WarmupOpt = DEFAULT_WARMUP,
     min_rounds: Annotated[int, typer.Option(min=1, help="rounds before any verdict (5: a 90 % interval)")] = 5,
@@ -128,9 +135,9 @@ def measure(
     choice = RaceChoice(steps, warmup, min_rounds, max_rounds, budget, timeout)
     files = plan_files or [DEFAULT_PLAN]
     if len(files) > 1:
-        _race(model, cluster, files, library, seed, emulate, choice, json_out, allow_oversubscribe)
+        _race(model, cluster, files, library, seed, emulate, choice, json_out, allow_oversubscribe, schedule)
         return
-    [chosen], target = _plans_to_run(model, files, cluster, library, allow_oversubscribe)
+    [chosen], target = _plans_to_run(model, files, cluster, library, allow_oversubscribe, schedule)
     with error_console.status(f"measuring plan {chosen.id} on {target.name} ({_ranks(chosen)})"):
         result = _run_race(target, [chosen], model, seed, emulate, choice)
     measured = result.measurements[0]
@@ -161,8 +168,9 @@ def _run_race(
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
     """Race ``plans`` (checked by ``_plans_to_run``) on a pool of the devices they use."""
+    from tapp_core.races import RaceOptions, RoundSteps
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import RaceOptions, RoundSteps, race
+    from tapp_core.runtime.race import race
 
     options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
     steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
@@ -181,13 +189,15 @@ def _race(
     choice: RaceChoice,
     json_out: Path | None,
     allow_oversubscribe: bool,
+    schedule: str | None = None,
 ) -> None:
-    """Race the plans of ``files`` on one pool and print the verdict as a Markdown table."""
+    """Race the plans of ``files`` (each with ``schedule`` in place of its own, if given) on one pool and print the
+    verdict as a Markdown table."""
     from tapp_core.paths import check_output_file
 
     if json_out is not None:
         check_output_file(json_out, "--json")
-    plans, target = _plans_to_run(model, files, cluster, library, allow_oversubscribe)
+    plans, target = _plans_to_run(model, files, cluster, library, allow_oversubscribe, schedule)
     names: dict[str, list[str]] = {}
     for path, plan in zip(files, plans, strict=True):
         names.setdefault(plan.id, []).append(path.name)

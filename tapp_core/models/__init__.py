@@ -1,4 +1,5 @@
-"""CIFAR-10 models (AlexNet, VGG-16, Inception-V3, small test models) and the registry that builds them by name."""
+"""CIFAR-10 models (AlexNet, VGG-16, Inception-V3, a small ViT, small test models) and the registry that builds
+them by name."""
 
 from tapp_core.graph import ModelError
 from tapp_core.models.alexnet import AlexNet
@@ -6,6 +7,7 @@ from tapp_core.models.inception import InceptionV3
 from tapp_core.models.registry import INPUT_SHAPE, MODEL_NAMES, build_model, build_traced_model
 from tapp_core.models.small import MLP, TinyBranchy, TinyCNN
 from tapp_core.models.vgg import VGG16
+from tapp_core.models.vit import ViT
 
 __all__ = [
     "INPUT_SHAPE",
@@ -17,6 +19,7 @@ __all__ = [
     "ModelError",
     "TinyBranchy",
     "TinyCNN",
+    "ViT",
     "build_model",
     "build_traced_model",
 ]

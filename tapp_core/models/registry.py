@@ -25,6 +25,7 @@ from tapp_core.models.alexnet import alexnet
 from tapp_core.models.inception import inception_v3
 from tapp_core.models.small import mlp, tiny_branchy, tiny_cnn
 from tapp_core.models.vgg import vgg16
+from tapp_core.models.vit import tiny_vit, vit
 
 INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
 """Shape of one input sample (CIFAR-10): channels, height, width."""
@@ -33,9 +34,11 @@ _BUILDERS: dict[str, Callable[[int], nn.Module]] = {
     "alexnet": alexnet,
     "vgg16": vgg16,
     "inception_v3": inception_v3,
+    "vit": vit,
     "mlp": mlp,
     "tiny_cnn": tiny_cnn,
     "tiny_branchy": tiny_branchy,
+    "tiny_vit": tiny_vit,
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)

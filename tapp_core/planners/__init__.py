@@ -7,24 +7,32 @@ oracle. See ``base`` for the shared options and the progress callback.
 
 from tapp_core.planners.base import (
     DEFAULT_MICRO_BATCHES,
+    PAPER_METHODS,
     PLANNER_NAMES,
+    Method,
     Planner,
     PlannerBase,
     PlannerError,
     ProgressCallback,
     SearchProgress,
     get_planner,
+    method_description,
+    method_label,
     planner_options,
 )
 
 __all__ = [
     "DEFAULT_MICRO_BATCHES",
+    "PAPER_METHODS",
     "PLANNER_NAMES",
+    "Method",
     "Planner",
     "PlannerBase",
     "PlannerError",
     "ProgressCallback",
     "SearchProgress",
     "get_planner",
+    "method_description",
+    "method_label",
     "planner_options",
 ]

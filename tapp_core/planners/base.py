@@ -24,25 +24,82 @@ from tapp_core.library import LayerLibrary
 from tapp_core.plan import Plan
 from tapp_core.schedules import SCHEDULES, UnknownScheduleError, parse_schedule_spec, schedule_spec
 
-# name -> "module:Class" under tapp_core.planners; imported on first use so that the DP planners never pay
-# for torch's import and no planner module imports another's.
-# The names are the experiments' method names (``tapp run --methods``, the MLflow ``method`` tag).
-_REGISTRY: dict[str, str] = {
-    "tapp": "tapp.planner:TappPlanner",
-    "single-cpu": "single:SingleCpuPlanner",
-    "single-gpu": "single:SingleGpuPlanner",
-    "bsp": "bsp:BspPlanner",
-    "even": "even:EvenPlanner",
-    "pipetorch": "pipetorch:PipeTorchPlanner",
-    "pipedream": "pipedream:PipeDreamPlanner",
-    "autoddl": "autoddl:AutoDdlPlanner",
-    "pipeline-cd": "pipeline_cd:PipelineCdPlanner",
-    "oracle": "oracle:OraclePlanner",
-    "single": "single:SinglePlanner",
-}
+
+@dataclass(frozen=True)
+class Method:
+    """A planner as the experiments name it: its name (``tapp plan --planner``, ``tapp run --methods``, MLflow's
+    ``method`` tag), the label the report gives it (the paper's, where the paper has one) and what it is."""
+
+    name: str
+    target: str
+    """``module:Class`` under tapp_core.planners, imported on first use: the DP planners never pay for torch's
+    import and no planner module imports another's."""
+    label: str
+    description: str
+
+
+_METHODS: tuple[Method, ...] = (
+    Method("tapp", "tapp.planner:TappPlanner", "TAPP", "the reinforcement-learning search of the TAPP paper"),
+    Method(
+        "single-cpu",
+        "single:SingleCpuPlanner",
+        "SingleCPU",
+        "the whole model on the fastest CPU whose memory holds it",
+    ),
+    Method(
+        "single-gpu",
+        "single:SingleGpuPlanner",
+        "SingleGPU",
+        "the whole model on the fastest GPU whose memory holds it",
+    ),
+    Method("bsp", "bsp:BspPlanner", "BSP", "synchronous data parallelism over the devices that divide the batch"),
+    Method("even", "even:EvenPlanner", "Even split", "GPipe-style split of the layers by count and time"),
+    Method(
+        "pipetorch",
+        "pipetorch:PipeTorchPlanner",
+        "Pipe-Torch",
+        "Pipe-Torch's dynamic programming over device speeds and links",
+    ),
+    Method("pipedream", "pipedream:PipeDreamPlanner", "PipeDream/APapo", "the antichain DP of PipeDream and APapo"),
+    Method(
+        "autoddl",
+        "autoddl:AutoDdlPlanner",
+        "AutoDDL",
+        "coordinate descent over the cost model, with operator parallelism (SBP layouts) inside stages",
+    ),
+    Method(
+        "pipeline-cd",
+        "pipeline_cd:PipelineCdPlanner",
+        "Pipeline CD",
+        "coordinate descent over the cost model, pipelines only (no operator parallelism)",
+    ),
+    Method(
+        "oracle",
+        "oracle:OraclePlanner",
+        "Oracle",
+        "exhaustive search: the optimum under the cost model, on small graphs",
+    ),
+    Method("single", "single:SinglePlanner", "Single", "the whole model on the fastest device of any kind"),
+)
+_REGISTRY: dict[str, Method] = {method.name: method for method in _METHODS}
 OLD_NAMES: tuple[str, ...] = ("single",)
 """Still accepted, not listed: ``single`` is the fastest device of any kind (a GPU first)."""
 PLANNER_NAMES: tuple[str, ...] = tuple(name for name in _REGISTRY if name not in OLD_NAMES)
+PAPER_METHODS: tuple[str, ...] = ("single-cpu", "pipetorch", "bsp", "tapp")
+"""The TAPP paper's comparison, in its table's column order: SingleCPU, Pipe-Torch, BSP, TAPP."""
+
+
+def method_label(name: str) -> str:
+    """The report's label of method ``name`` (the name itself for one the registry does not know)."""
+    found = _REGISTRY.get(name)
+    return found.label if found is not None else name
+
+
+def method_description(name: str) -> str:
+    """What method ``name`` is, in a few words ("" for one the registry does not know)."""
+    found = _REGISTRY.get(name)
+    return found.description if found is not None else ""
+
 
 DEFAULT_MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
@@ -199,7 +256,7 @@ class PlannerBase:
 def _planner_class(name: str) -> type[PlannerBase]:
     if name not in _REGISTRY:
         raise PlannerError(f"unknown planner {name!r}; choose one of {', '.join(PLANNER_NAMES)}")
-    module_name, class_name = _REGISTRY[name].split(":")
+    module_name, class_name = _REGISTRY[name].target.split(":")
     module = importlib.import_module(f"tapp_core.planners.{module_name}")
     planner: type[PlannerBase] = getattr(module, class_name)
     return planner

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import torch
 
+from tapp_core import gpu
 from tapp_core.models import INPUT_SHAPE
-from tapp_core.runtime import gpu
 
 IGNORED_LABEL = -1
 """Label of padding samples: ignored by the loss and by accuracy."""

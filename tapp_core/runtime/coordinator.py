@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from mpi4py import MPI
 
 from tapp_core.runtime.emulation import now
+from tapp_core.runtime.faults import rank_name
 from tapp_core.runtime.jobs import JOB_TYPES, Job, StopJob, WorkJob
 from tapp_core.runtime.rank import Rank, describe
 from tapp_core.runtime.results import RankResult, Reply, assemble_reply
@@ -30,9 +31,10 @@ RESULT_GRACE_S = 5.0
 _IDLE_POLL_S = 0.5e-3
 
 
-def _reply(job: WorkJob, results: Sequence[RankResult], silent: Sequence[int]) -> Reply:
+def _reply(job: WorkJob, results: Sequence[RankResult], silent: Sequence[int], rank: Rank) -> Reply:
     if silent:
-        error = f"rank(s) {', '.join(map(str, silent))} did not finish the plan within its time limit"
+        names = ", ".join(rank_name(rank.cluster, rank.devices, r) for r in silent)
+        error = f"{names} did not finish the plan within its time limit"
         return Reply(id=job.id, restart=True, error=error)
     try:
         return assemble_reply(job, results)
@@ -108,7 +110,7 @@ def coordinate(world: MPI.Intracomm, rank: Rank, link: Link) -> None:
         own = rank.run(job)
         results, silent = _collect(world, job, own)
         busy.clear()
-        link.send(_reply(job, results, silent))
+        link.send(_reply(job, results, silent, rank))
 
 
 def follow(world: MPI.Intracomm, rank: Rank) -> None:

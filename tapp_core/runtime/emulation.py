@@ -1,4 +1,4 @@
-"""Emulated heterogeneity on one host: device threads, compute slowdown and link delay.
+"""Emulated heterogeneity on one host: compute slowdown and link delay (a rank's threads and cores: ``tapp_core.hosts``).
 
 A device with ``slowdown`` k sleeps (k - 1) times the compute it just did, so the compute it reports is k times
 the real one. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
@@ -9,15 +9,11 @@ which every process on one host shares, so link emulation is for one host only (
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
-from tapp_core.cluster import Cluster, Device, Link
+from tapp_core.cluster import Cluster, Link
 from tapp_core.costs import DEFAULT_CALIBRATION, collective_s, ring_allreduce_s, transfer_s
 from tapp_core.placement import Collective
 
@@ -31,41 +27,6 @@ def sleep_until(deadline: float) -> None:
     remaining = deadline - now()
     if remaining > 0:
         time.sleep(remaining)
-
-
-PIN_VARIABLE = "TAPP_PIN_RANKS"
-"""Set to 0 to leave the ranks unpinned (e.g. when several pools share one host)."""
-
-
-def rank_cores(devices: Sequence[Device], rank: int, available: Sequence[int]) -> tuple[int, ...] | None:
-    """The cores rank ``rank`` has to itself, ``devices`` being the devices the ranks run, in rank order: the ranks
-    of one host take consecutive blocks of their device's ``threads`` from ``available``, in rank order. None when
-    the host's ranks want more threads than it has cores: sharing is then left to the operating system, which
-    spreads the load better than any fixed placement can."""
-    device = devices[rank]
-    if sum(d.threads for d in devices if d.host == device.host) > len(available):
-        return None
-    start = sum(d.threads for d in devices[:rank] if d.host == device.host)
-    return tuple(sorted(available)[start : start + device.threads])
-
-
-def configure_threads(device: Device) -> None:
-    """Set torch's intra-op pool to the device's thread count (the interop pool only if still settable)."""
-    torch.set_num_threads(device.threads)
-    with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran in this process
-        torch.set_num_interop_threads(device.threads)
-
-
-def pin_rank(devices: Sequence[Device], rank: int) -> tuple[int, ...] | None:
-    """Pin this process (rank ``rank`` of ranks running ``devices``) to its own cores (``rank_cores``) where the host
-    has a core for every thread of its ranks, so that no rank's compute is preempted by another's; returns the
-    cores (None: not pinned, or ``TAPP_PIN_RANKS=0``)."""
-    if os.environ.get(PIN_VARIABLE, "1") == "0" or not hasattr(os, "sched_setaffinity"):
-        return None
-    cores = rank_cores(devices, rank, sorted(os.sched_getaffinity(0)))
-    if cores is not None:
-        os.sched_setaffinity(0, cores)
-    return cores
 
 
 @dataclass

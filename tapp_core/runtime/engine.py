@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
+from tapp_core import gpu
 from tapp_core.plan import Plan
 from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
-from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.collectives import Group, Segments
 from tapp_core.runtime.emulation import Emulation

@@ -67,6 +67,8 @@ class TrainJob:
     epochs: int
     steps_per_epoch: int | None
     augment: bool
+    test_samples: int | None = None
+    """Evaluate on the test set's first this many images (None: all of them)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class RankInfo:
     pid: int
     host: str
     argv: tuple[str, ...]
+    boot: str = ""
+    """The boot of the kernel it runs on (``guard.boot_id``): equal to the pool's, its pid is a process here."""
 
 
 @dataclass(frozen=True)

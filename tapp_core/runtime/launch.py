@@ -93,10 +93,13 @@ def train(
     emulate: bool | None = None,
     steps_per_epoch: int | None = None,
     augment: bool = False,
+    test_samples: int | None = None,
     timeout_s: float = 24 * 3600.0,
     pool: WorkerPool | None = None,
 ) -> TrainResult:
-    """Train ``plan`` on ``dataset`` for ``epochs`` epochs; ``TrainResult.test_accuracy`` is after the last.
+    """Train ``plan`` on ``dataset`` for ``epochs`` epochs (each cut to ``steps_per_epoch`` steps if given),
+    evaluating on the test set (its first ``test_samples`` images if given) after each; ``TrainResult.test_accuracy``
+    is after the last.
 
     Raises like ``measure``; a training that fails on the workers (its data, say) gives a result with ``error``.
     """
@@ -113,6 +116,7 @@ def train(
             emulate=emulate,
             steps_per_epoch=steps_per_epoch,
             augment=augment,
+            test_samples=test_samples,
             timeout_s=timeout_s,
         )
 

@@ -26,8 +26,7 @@ import torch
 from mpi4py import MPI
 
 from tapp_core.cluster import Cluster, Device
-from tapp_core.detect import PairLink, fit_link
-from tapp_core.runtime.gpu import cuda_aware_mpi
+from tapp_core.hosts import PairLink, cuda_aware_mpi, fit_link
 from tapp_core.runtime.rank import tool_rank
 from tapp_core.runtime.transport import poll
 

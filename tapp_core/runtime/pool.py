@@ -22,7 +22,7 @@ Nothing runs that should not, and nothing is left behind:
 - The folder. The pool's ``tapp-pool-*`` folder goes with ``close``; one left by a SIGKILL is removed by the next
   pool to start (``folders``).
 - The scale. A pool that would put more ranks on this host than it can hold is refused before anything starts
-  (``placement``; ``allow_oversubscribe`` lifts that).
+  (``tapp_core.hosts``; ``allow_oversubscribe`` lifts that).
 """
 
 from __future__ import annotations
@@ -52,12 +52,23 @@ import torch
 
 from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
+from tapp_core.hosts import address_toward, is_local_host, overload, oversubscribe_allowed, pool_address
 from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement, run_length
 from tapp_core.plan import Plan, PlanError, check_devices, check_groups, check_shape, check_stages_used
-from tapp_core.runtime import placement
+from tapp_core.runtime import faults
 from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
-from tapp_core.runtime.guard import ProcessId, set_parent_death_signal
-from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, RankSetup, Ready, StopJob, TrainJob, WorkJob
+from tapp_core.runtime.guard import ProcessId, boot_id, set_parent_death_signal
+from tapp_core.runtime.jobs import (
+    MeasureJob,
+    PlanSetup,
+    PrepareJob,
+    RankInfo,
+    RankSetup,
+    Ready,
+    StopJob,
+    TrainJob,
+    WorkJob,
+)
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.results import Reply, TrainResult
 from tapp_core.runtime.wire import KEY_VARIABLE, ConnectionClosed, Link, accept_rank, new_key
@@ -103,15 +114,26 @@ def mpiexec_command(
     cluster: Cluster, program: list[str], mpiexec: str | None = None, devices: Sequence[str] | None = None
 ) -> list[str]:
     """``mpiexec -n <devices> [-hosts h:n,...] program``: rank i runs ``devices[i]`` (default: the cluster's), on
-    the device's host if given."""
+    the device's host if given.
+
+    With hosts, Hydra starts the ranks on them (with the cluster's ``ssh`` command if it names one), and its proxies
+    there connect back to this machine's address on the route to them (``-localhost``), not to whatever this
+    machine's name resolves to (often loopback)."""
     chosen = [cluster.device(name) for name in devices] if devices is not None else list(cluster.devices)
     command = [mpiexec or mpiexec_path(), "-n", str(len(chosen))]
-    hosts = [d.host for d in chosen]
-    if any(hosts):
-        if not all(hosts):
+    names = [d.host for d in chosen]
+    if any(names):
+        if not all(names):
             raise PoolError(f"cluster {cluster.name!r} gives a host for some devices but not all")
+        hosts = [str(name) for name in names]
         groups = [(host, len(list(run))) for host, run in itertools.groupby(hosts)]
         command += ["-hosts", ",".join(f"{host}:{count}" for host, count in groups)]
+        if cluster.ssh:
+            command += ["-launcher", "ssh", "-launcher-exec", cluster.ssh]
+        remote = next((host for host in hosts if not is_local_host(host)), None)
+        here = address_toward(remote) if remote is not None else None
+        if here is not None:
+            command += ["-localhost", here]
     return command + program
 
 
@@ -202,7 +224,7 @@ class WorkerPool:
 
     ``devices`` names the devices to start ranks for (default: all of the cluster's); plans may use those only.
     ``ports`` is the range to listen on (default: ``PORTS_VARIABLE``, else any free port); ``allow_oversubscribe``
-    starts more ranks on this host than ``placement`` deems it can hold (default: ``placement``'s variable).
+    starts more ranks on this host than ``tapp_core.hosts.overload`` deems it can hold (default: its variable).
     """
 
     def __init__(
@@ -226,11 +248,14 @@ class WorkerPool:
         self.start_timeout_s = start_timeout_s
         self.grace_s = grace_s
         self.extra_env = dict(env or {})
-        self.bind_host = bind_host or placement.bind_address([cluster.device(d) for d in self.devices])
+        self.bind_host = bind_host or pool_address([cluster.device(d) for d in self.devices])
         self.ports = ports if ports is not None else port_range(os.environ.get(PORTS_VARIABLE))
         self.allow_oversubscribe = allow_oversubscribe
         self.restarts = 0
+        self.ranks: tuple[RankInfo, ...] = ()
+        """Every rank's process, in rank order (the pool's devices' order), once started."""
         self.rank_pids: list[int] = []
+        """The processes of the ranks that run on this machine (its kernel), once started."""
         self.port: int | None = None
         """The port the pool listens on while it starts (None otherwise)."""
         self._token = secrets.token_hex(8)  # on the ranks' command lines: how the pool recognises its own ranks
@@ -306,9 +331,9 @@ class WorkerPool:
         self.start()
 
     def _check_capacity(self) -> None:
-        if placement.oversubscribe_allowed(self.allow_oversubscribe):
+        if oversubscribe_allowed(self.allow_oversubscribe):
             return
-        reason = placement.overload(self.cluster.name, [self.cluster.device(d) for d in self.devices])
+        reason = overload(self.cluster.name, [self.cluster.device(d) for d in self.devices])
         if reason is not None:
             raise PoolRefused(reason)
 
@@ -328,7 +353,8 @@ class WorkerPool:
             hello = self._wait_for_ready(deadline)
         except (ConnectionClosed, OSError) as exc:
             raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
-        self.rank_pids = [r.pid for r in hello.ranks]
+        self.ranks = hello.ranks
+        self.rank_pids = [r.pid for r in hello.ranks if r.boot == boot_id()]
 
     def _listen(self) -> socket.socket:
         """A listening socket on ``bind_host``: any free port, or the first free one of ``ports``."""
@@ -432,17 +458,22 @@ class WorkerPool:
         if self._process is not None and self._process.poll() is not None:
             code = self._process.returncode
             self._kill()
-            raise PoolError(f"the worker pool exited with status {code} {when}{self._log_tail()}")
+            place = faults.where(self._log_text(), self.ranks, self.cluster, self.devices)
+            raise PoolError(f"the worker pool exited with status {code} {when}{place}{self._log_tail()}")
 
-    def _log_tail(self, lines: int = 15) -> str:
+    def _log_text(self) -> str:
+        """What the workers wrote since this start."""
         if self._folder is None:
             return ""
         try:
             with self._log_path.open("rb") as log:
                 log.seek(self._log_offset)
-                text = log.read().decode(errors="replace").strip().splitlines()[-lines:]
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def _log_tail(self, lines: int = 15) -> str:
+        text = self._log_text().strip().splitlines()[-lines:]
         return ("; workers' log ends:\n" + "\n".join(text)) if text else ""
 
     # --- jobs -------------------------------------------------------------------------------------------------
@@ -453,14 +484,15 @@ class WorkerPool:
         try:
             reply = self._exchange(job)
         except (ConnectionClosed, OSError) as exc:
-            return Reply(id=job.id, error=self._restart_after_death(job, exc))
+            running = (
+                f"preparing model {job.model}" if isinstance(job, PrepareJob) else f"running plan {job.setup.plan.id}"
+            )
+            return Reply(id=job.id, error=self._restart_after(f"a worker rank died while {running} ({exc})"))
         if reply is None:
-            self.restart()
-            no_answer = f"no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
-            return Reply(id=job.id, error=f"timeout: {no_answer}; the pool was restarted")
+            no_answer = f"timeout: no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
+            return Reply(id=job.id, error=self._restart_after(no_answer, exit_wait_s=0.0))
         if reply.restart:
-            self.restart()
-            return replace(reply, error=f"{reply.error}; the pool was restarted")
+            return replace(reply, error=self._restart_after(reply.error or "a rank asked for a restart", 0.0))
         return reply
 
     def _exchange(self, job: WorkJob) -> Reply | None:
@@ -483,10 +515,11 @@ class WorkerPool:
             if time.monotonic() > deadline:
                 return None
 
-    def _restart_after_death(self, job: WorkJob, exc: Exception) -> str:
-        """Restart the pool after a rank died running ``job``; what happened, for the job's error."""
-        running = f"preparing model {job.model}" if isinstance(job, PrepareJob) else f"running plan {job.setup.plan.id}"
-        message = f"a worker rank died while {running} ({exc}){self._exit_report()}"
+    def _restart_after(self, what: str, exit_wait_s: float = 3.0) -> str:
+        """Restart the pool after ``what`` went wrong in a job; the job's error: what, where it happened
+        (``faults.where``), how mpiexec ended and the end of its log, and how the restart went."""
+        report = self._exit_report(exit_wait_s)
+        message = what + faults.where(self._log_text(), self.ranks, self.cluster, self.devices) + report
         self._kill()
         try:
             self.restarts += 1
@@ -597,8 +630,10 @@ class WorkerPool:
         optimizer: OptimizerConfig | None = None,
         steps_per_epoch: int | None = None,
         augment: bool = False,
+        test_samples: int | None = None,
     ) -> TrainResult:
-        """Train for ``epochs`` epochs on real data and evaluate on the test set after each."""
+        """Train for ``epochs`` epochs on real data and evaluate on the test set (its first ``test_samples`` images
+        if given) after each."""
         setup = self._setup(plan, model, seed, emulate, optimizer)
         failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=setup.emulate)
         try:
@@ -615,6 +650,7 @@ class WorkerPool:
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             augment=augment,
+            test_samples=test_samples,
         )
         reply = self._request(job)
         if reply.train is None:

@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
+from tapp_core.calibration import KindProbe, Line, PairProbe, ProbeResult, SharingProbe
 from tapp_core.cluster import Cluster
+from tapp_core.hosts import cuda_aware_mpi
 from tapp_core.kinds import device_kind
 from tapp_core.models.registry import INPUT_SHAPE, build_model
-from tapp_core.runtime.calibration import KindProbe, Line, PairProbe, ProbeResult, SharingProbe
 from tapp_core.runtime.emulation import Emulation
-from tapp_core.runtime.gpu import cuda_aware_mpi
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
 from tapp_core.runtime.rank import tool_rank
 from tapp_core.runtime.transport import DATA_TAG_BASE, Control, Transport, poll

@@ -7,6 +7,7 @@ that fails tells the others to abort; every rank answers with a RankResult all t
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import resource
 import statistics
@@ -17,13 +18,14 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
+from tapp_core import gpu
 from tapp_core.cluster import Cluster, Device
-from tapp_core.data import batch_loader, open_dataset
+from tapp_core.data import InMemoryImages, batch_loader, open_dataset
 from tapp_core.graph import layer_nodes, trace_model
+from tapp_core.hosts import configure_threads
 from tapp_core.plan import Plan
-from tapp_core.runtime import gpu
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
-from tapp_core.runtime.emulation import Emulation, configure_threads, now
+from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import PlanPlace, StageEngine
 from tapp_core.runtime.jobs import MeasureJob, PlanJob, PrepareJob, TrainJob, WorkJob
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
@@ -272,8 +274,8 @@ class Rank:
                 result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}
 
     def _train(self, engine: StageEngine, job: TrainJob, result: RankResult) -> None:
-        train_set = open_dataset(job.dataset, job.data_dir, train=True, augment=job.augment)
-        test_set = open_dataset(job.dataset, job.data_dir, train=False)
+        train_set = _dataset(job.dataset, job.data_dir, True, job.augment)
+        test_set = _dataset(job.dataset, job.data_dir, False, False).head(job.test_samples)
         batch_size, seed = job.setup.plan.batch_size, job.setup.seed
         for epoch in range(job.epochs):
             loader = batch_loader(train_set, batch_size, seed=seed, epoch=epoch)
@@ -290,3 +292,10 @@ class Rank:
                     "test_loss_sum": evaluation.loss_sum,
                 }
             )
+
+
+@functools.lru_cache(maxsize=2)
+def _dataset(name: str, data_dir: str | None, train: bool, augment: bool) -> InMemoryImages:
+    """A dataset read once per rank for the pool's life: an experiment trains several plans on the same data, and
+    reading and padding Fashion-MNIST's training set takes a second or two each time. Nothing changes it in use."""
+    return open_dataset(name, data_dir, train=train, augment=augment)

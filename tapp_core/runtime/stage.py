@@ -13,6 +13,7 @@ import copy
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
 from tapp_core.flops import tensors_in
-from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, op_type
+from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, op_type, parameter_users
 from tapp_core.models import INPUT_SHAPE, build_traced_model
 from tapp_core.placement import MODEL_INPUT as MODEL_INPUT  # the producer of the model's input: the data source,
 from tapp_core.placement import LayerSpec  # read locally by every stage that needs it
@@ -85,6 +86,13 @@ def check_stage_assignment(graph_module: torch.fx.GraphModule, stage_of_layer: S
         check_edges(stage_of_layer, edges, name)
     except PlanError as exc:
         raise StageError(str(exc)) from None
+    for param, layers in parameter_users(graph_module).items():
+        stages = sorted({stage_of_layer[i] for i in layers})
+        if len(stages) > 1:
+            raise StageError(
+                f"parameter {param!r} is used on stages {', '.join(map(str, stages))} (by "
+                f"{', '.join(name(i) for i in layers)}); a parameter lives on one stage: put those layers on one stage"
+            )
 
 
 def split_stages(
@@ -101,11 +109,14 @@ def split_stages(
     check_stage_assignment(graph_module, stage_of_layer, n_stages)
     index = layer_index(graph_module)
     split = split_module(graph_module, graph_module, lambda node: stage_of_layer[index[node]])
+    _move_attributes_into_stages(split)
 
     placeholders = [n for n in split.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise StageError(f"the model takes {len(placeholders)} inputs; the runtime feeds exactly one (the images)")
     samples = _trace_values(split, torch.randn(2, *input_shape))
+    if _rebuild_shape_values(split, placeholders[0], samples, input_shape):
+        samples = _trace_values(split, torch.randn(2, *input_shape))
     flow = _ValueFlow.of(split, placeholders[0], n_stages)
     by_name = {node.name: i for node, i in index.items()}
     graph = PipelineGraph(
@@ -119,6 +130,219 @@ def split_stages(
         output=flow.output,
     )
     return split, graph
+
+
+def _move_attributes_into_stages(split: torch.fx.GraphModule) -> None:
+    """Give each tensor the model reads itself (a ``get_attr`` node: a class token, a position embedding) to the
+    stages that read it.
+
+    ``split_module`` leaves such a tensor on the top-level module and passes it to every stage that reads it as an
+    argument, where it would be a cut value without a producer, and a parameter no stage trains. Instead each such
+    stage registers the tensor under its own name (a parameter as a parameter, anything else as a buffer) and
+    reads it with its own ``get_attr``: a parameter thus belongs to the one stage that uses it
+    (``check_stage_assignment`` made sure there is one), which updates it, and all-reduces its gradient among the
+    stage's replicas, like any parameter of its layers. A buffer or constant read on several stages is copied to
+    each.
+    """
+    moved: set[str] = set()
+    for node in list(split.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        target = str(node.target)
+        value = attrgetter(target)(split)
+        if not isinstance(value, torch.Tensor):
+            continue
+        for user in list(node.users):
+            if user.op != "call_module":
+                raise StageError(f"the model's {target!r} is used outside every stage (by {user.name})")
+            stage_module = _stage_module(split, user)
+            local = _free_attribute_name(stage_module, target.replace(".", "_"))
+            if isinstance(value, nn.Parameter):
+                stage_module.register_parameter(local, value)
+            else:
+                stage_module.register_buffer(local, value)
+            placeholders = [n for n in stage_module.graph.nodes if n.op == "placeholder"]
+            for position, arg in enumerate(user.args):
+                if arg is node:
+                    with stage_module.graph.inserting_after(placeholders[-1]):
+                        read = stage_module.graph.get_attr(local)
+                    placeholders[position].replace_all_uses_with(read)
+                    stage_module.graph.erase_node(placeholders[position])
+            user.args = tuple(arg for arg in user.args if arg is not node)
+            stage_module.recompile()
+        split.graph.erase_node(node)
+        moved.add(target)
+    for target in moved:  # a tensor read in several places has several get_attr nodes
+        path, _, attribute = target.rpartition(".")
+        delattr(split.get_submodule(path) if path else split, attribute)
+    split.recompile()
+
+
+def _stage_module(split: torch.fx.GraphModule, call: torch.fx.Node) -> torch.fx.GraphModule:
+    """The submodule of the stage that top-level node ``call`` (``submod_s(...)``) runs."""
+    module = split.get_submodule(str(call.target))
+    if not isinstance(module, torch.fx.GraphModule):
+        raise StageError(f"{call.target} is a {type(module).__name__}, not a split's GraphModule")
+    return module
+
+
+def _free_attribute_name(module: nn.Module, name: str) -> str:
+    free, n = name, 0
+    while hasattr(module, free):
+        n += 1
+        free = f"{name}_{n}"
+    return free
+
+
+_SAMPLE_COUNTS = (2, 3, 5)
+"""Sample counts the split model is run at to tell how a shape value crossing a cut depends on the samples."""
+
+
+def _rebuild_shape_values(
+    split: torch.fx.GraphModule,
+    model_input: torch.fx.Node,
+    values: Mapping[torch.fx.Node, Any],
+    input_shape: Sequence[int],
+) -> bool:
+    """Let no shape value cross a cut: rebuild it in each stage that takes it. Returns whether any did.
+
+    A model written the usual way reads shapes from its input (``batch, tokens, dim = x.shape``) and uses them
+    layers later (``q.view(batch, tokens, heads, head_dim)``), so a cut can fall between the two. Such a value is
+    not a tensor of samples that could be sent: it is a number, or a tuple of numbers, each either constant or
+    affine in the micro-batch's samples. The consuming stage computes it from the samples of a tensor it takes
+    (the model input if it takes none), the producing stage stops returning it, and the cut carries nothing for
+    it, as the layer library (no bytes) says. A value that is neither raises ``StageError`` naming it.
+    """
+    crossing = [
+        arg
+        for node in split.graph.nodes
+        if node.op == "call_module"
+        for arg in node.args
+        if isinstance(arg, torch.fx.Node) and _is_shape_value(values.get(arg))
+    ]
+    if not crossing:
+        return False
+    runs = [values, *(_trace_values(split, torch.randn(n, *input_shape)) for n in _SAMPLE_COUNTS[1:])]
+    for node in dict.fromkeys(crossing):
+        template = _shape_template([run[node] for run in runs], _returned_node(split, node).name)
+        for user in list(node.users):
+            _rebuild_in_stage(split, user, node, template, model_input, values)
+        _stop_returning(split, node)
+    split.recompile()
+    return True
+
+
+def _is_shape_value(value: object) -> bool:
+    """A number or a (nested) tuple or list of numbers: what reading a tensor's shape gives."""
+    if isinstance(value, tuple | list):
+        return all(_is_shape_value(item) for item in value)
+    return isinstance(value, int | float)
+
+
+def _shape_template(runs: Sequence[Any], name: str) -> tuple[Any, ...]:
+    """How a shape value depends on the samples, from its values at ``_SAMPLE_COUNTS`` samples: ``("const", v)``,
+    ``("samples", a, b)`` for ``a * samples + b``, or ``(kind, items)`` for a torch.Size, tuple or list."""
+    first = runs[0]
+    if isinstance(first, tuple | list):
+        kind = "size" if isinstance(first, torch.Size) else type(first).__name__
+        if all(type(run) is type(first) and len(run) == len(first) for run in runs):
+            return (kind, tuple(_shape_template([run[i] for run in runs], name) for i in range(len(first))))
+    elif all(run == first for run in runs):
+        return ("const", first)
+    elif all(isinstance(run, int) for run in runs):
+        (s0, s1, _), (v0, v1, _) = _SAMPLE_COUNTS, runs
+        per_sample, constant = (v1 - v0) // (s1 - s0), v0 - (v1 - v0) // (s1 - s0) * s0
+        if all(per_sample * s + constant == v for s, v in zip(_SAMPLE_COUNTS, runs, strict=True)):
+            return ("samples", per_sample, constant)
+    raise StageError(
+        f"value {name!r} crossing a stage cut is a shape that is not a function of the micro-batch size "
+        f"({', '.join(f'{v} at {s} samples' for s, v in zip(_SAMPLE_COUNTS, runs, strict=True))}); move the cut"
+    )
+
+
+def shape_value(anchor: torch.Tensor, template: tuple[Any, ...]) -> Any:
+    """The shape value ``template`` (``_shape_template``) stands for, for ``anchor``'s number of samples."""
+    kind = template[0]
+    if kind == "const":
+        return template[1]
+    if kind == "samples":
+        return template[1] * anchor.shape[0] + template[2]
+    items = [shape_value(anchor, item) for item in template[1]]
+    return torch.Size(items) if kind == "size" else tuple(items) if kind == "tuple" else items
+
+
+def _rebuild_in_stage(
+    split: torch.fx.GraphModule,
+    user: torch.fx.Node,
+    node: torch.fx.Node,
+    template: tuple[Any, ...],
+    model_input: torch.fx.Node,
+    values: Mapping[torch.fx.Node, Any],
+) -> None:
+    """In the stage that ``user`` calls, compute the value of ``node`` instead of taking it as an argument."""
+    stage_module = _stage_module(split, user)
+    graph = stage_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    taken = {_graph_node(arg, user): placeholder for arg, placeholder in zip(user.args, placeholders, strict=True)}
+    anchor = next((placeholder for arg, placeholder in taken.items() if _has_samples(values.get(arg))), None)
+    if anchor is None:  # a stage that takes no tensor reads the model's input, which every rank has
+        with graph.inserting_after(placeholders[-1]):
+            anchor = graph.placeholder(_free_attribute_name(stage_module, model_input.name))
+        user.args = (*user.args, model_input)
+    with graph.inserting_after([n for n in graph.nodes if n.op == "placeholder"][-1]):
+        rebuilt = graph.call_function(shape_value, (anchor, template))
+    taken[node].replace_all_uses_with(rebuilt)
+    graph.erase_node(taken[node])
+    user.args = tuple(arg for arg in user.args if arg is not node)
+    stage_module.recompile()
+
+
+def _has_samples(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0
+
+
+def _returned_by(node: torch.fx.Node) -> tuple[torch.fx.Node, int | None]:
+    """Top-level value ``node``'s stage call, and its position in what the stage returns (None: its only value)."""
+    if node.op == "call_module":
+        return node, None
+    call, position = node.args  # getitem(submod_s, position)
+    if not isinstance(position, int):
+        raise StageError(f"{node.name} picks {position!r} from what a stage returns, not a position")
+    return _graph_node(call, node), position
+
+
+def _returned_node(split: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:
+    """The node, inside the stage that returns it, of the split's top-level value ``node``: a stage's submodule
+    returns its values under their names in the traced model (not the split's ``submod_s`` or ``getitem``)."""
+    call, position = _returned_by(node)
+    (output,) = [n for n in _stage_module(split, call).graph.nodes if n.op == "output"]
+    returned = output.args[0]
+    if position is not None:
+        assert isinstance(returned, tuple | list)
+        returned = returned[position]
+    if not isinstance(returned, torch.fx.Node):
+        raise StageError(f"stage {call.target} returns a constant ({returned!r}) as {node.name}")
+    return returned
+
+
+def _stop_returning(split: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """Drop ``node``, a value no stage takes any more, from what its producing stage returns."""
+    if node.users:
+        raise StageError(f"value {node.name!r} is a shape the model returns; the model must return its logits")
+    call, position = _returned_by(node)
+    stage_module = _stage_module(split, call)
+    (output,) = [n for n in stage_module.graph.nodes if n.op == "output"]
+    if position is None:
+        output.args = ((),)
+    else:
+        returned = output.args[0]
+        assert isinstance(returned, tuple)
+        output.args = ((*returned[:position], *returned[position + 1 :]),)
+        split.graph.erase_node(node)
+        for later in list(call.users):
+            if isinstance(later.args[1], int) and later.args[1] > position:
+                later.args = (call, later.args[1] - 1)
+    stage_module.recompile()
 
 
 @dataclass
@@ -189,21 +413,8 @@ class _ValueFlow:
 
 
 def _layer_of(split: torch.fx.GraphModule, node: torch.fx.Node, by_name: Mapping[str, int]) -> int:
-    """The layer of the traced model whose output the split's top-level value ``node`` is: a stage's submodule
-    returns its values under their names in the traced model."""
-    if node.op == "placeholder":
-        return MODEL_INPUT
-    call, position = (node, None) if node.op == "call_module" else (node.args[0], node.args[1])
-    assert isinstance(call, torch.fx.Node)
-    submodule = split.get_submodule(str(call.target))
-    assert isinstance(submodule, torch.fx.GraphModule)
-    output = next(n for n in submodule.graph.nodes if n.op == "output")
-    returned = output.args[0]
-    if position is not None:
-        assert isinstance(returned, tuple | list) and isinstance(position, int)
-        returned = returned[position]
-    assert isinstance(returned, torch.fx.Node)
-    return by_name[returned.name]
+    """The layer of the traced model whose output the split's top-level value ``node`` is."""
+    return MODEL_INPUT if node.op == "placeholder" else by_name[_returned_node(split, node).name]
 
 
 def _graph_node(arg: torch.fx.node.Argument, user: torch.fx.Node) -> torch.fx.Node:
@@ -252,7 +463,7 @@ def _trace_values(split: torch.fx.GraphModule, sample: torch.Tensor) -> dict[tor
     try:
         Recorder(split).run(sample)
     except Exception as exc:
-        raise StageError(f"running the split model on a sample failed: {type(exc).__name__}: {exc}") from exc
+        raise StageError(f"running the model on a sample failed: {type(exc).__name__}: {exc}") from exc
     finally:
         split.train(was_training)
     return values
@@ -278,13 +489,14 @@ def owned_copy(shared: torch.fx.GraphModule, device: torch.device) -> torch.fx.G
     for name, buffer in list(owned._buffers.items()):
         if buffer is not None:
             owned._buffers[name] = copies[id(buffer)]
+    copied = {id(tensor) for tensor in copies.values()}
     for node in owned.graph.nodes:
         if node.op != "get_attr":
             continue
         path, _, attr = str(node.target).rpartition(".")
         holder = owned.get_submodule(path) if path else owned
         constant = getattr(holder, attr)
-        if isinstance(constant, torch.Tensor) and id(constant) not in copies:
+        if isinstance(constant, torch.Tensor) and id(constant) not in copies and id(constant) not in copied:
             setattr(holder, attr, constant.detach().to(device, copy=True))
     return owned
 
@@ -349,11 +561,14 @@ class Stage:
 
 @dataclass(frozen=True)
 class ModelGraph:
-    """What programs need of a traced model (``tapp_core.program``): its layer edges, each layer's parameter bytes,
-    the layer that owns each parameter (by the model's names), and each layer's ``LayerSpec`` (what the layout
-    pass of ``tapp_core.placement`` reads); the same facts a layer library holds (``LayerLibrary.specs``)."""
+    """What programs need of a traced model (``tapp_core.program``): its layer edges that carry tensors, each layer's
+    parameter bytes, the layer that owns each parameter (by the model's names), and each layer's ``LayerSpec`` (what
+    the layout pass of ``tapp_core.placement`` reads); the same facts a layer library holds
+    (``LayerLibrary.tensor_edges``, ``Layer.param_bytes``, ``LayerLibrary.specs``)."""
 
     edges: tuple[tuple[int, int], ...]
+    """The edges whose value is a tensor, found by running the model once: a shape read on one stage and used on
+    a later one crosses no cut (``_rebuild_shape_values``)."""
     param_bytes: tuple[int, ...]
     layer_of_param: Mapping[str, int]
     specs: tuple[LayerSpec, ...] = ()
@@ -364,8 +579,12 @@ class ModelGraph:
     def of(cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] = INPUT_SHAPE) -> ModelGraph:
         owners = layer_parameters(graph_module)
         param_bytes = tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners)
+        outputs = _trace_values(graph_module, torch.randn(2, *input_shape))
+        nodes = layer_nodes(graph_module)
         return cls(
-            edges=tuple(layer_edges(graph_module)),
+            edges=tuple(
+                (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
+            ),
             param_bytes=param_bytes,
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
             specs=layer_specs(graph_module, param_bytes, input_shape),

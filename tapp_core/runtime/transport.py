@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from tapp_core.runtime import gpu
+from tapp_core import gpu
+from tapp_core.hosts import cuda_aware_mpi
 from tapp_core.runtime.emulation import Emulation, now, sleep_until
-from tapp_core.runtime.gpu import cuda_aware_mpi
 
 ABORT_TAG = 1
 DATA_TAG_BASE = 16

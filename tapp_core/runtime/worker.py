@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from tapp_core.runtime.guard import ProcessId, RankGuard
+from tapp_core.runtime.guard import ProcessId, RankGuard, boot_id
 from tapp_core.runtime.wire import KEY_VARIABLE, Link, connect_pool
 
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     """Rank 0 links to the pool and coordinates; the others follow."""
     import torch
 
+    from tapp_core.hosts import configure_threads, pin_rank
     from tapp_core.runtime.coordinator import coordinate, follow
-    from tapp_core.runtime.emulation import configure_threads, pin_rank
     from tapp_core.runtime.jobs import RankInfo, RankSetup, Ready
     from tapp_core.runtime.rank import Rank, warm_up
 
@@ -91,7 +91,7 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     pin_rank(devices, world.Get_rank())
     warm_up()
     rank = Rank(world, setup.cluster, setup.devices)
-    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv)), root=0)
+    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv), boot_id()), root=0)
     if link is None:
         follow(world, rank)
         return

@@ -56,7 +56,7 @@ from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolic
 from tapp_core.planners.tapp.polish import SPAN, STARTS, TRIES, Polish, polish_starts
 from tapp_core.planners.tapp.rewards import Racing, RewardSource, SimulatedReward, TimedPlan
 from tapp_core.planners.tapp.warm import WarmCandidate, WarmStart, warm_notes
-from tapp_core.runtime.race import RaceResult
+from tapp_core.races import RaceResult
 
 PHASES = ("simulated", "measured")
 WARM_AUTODDL_SHARE = 0.1

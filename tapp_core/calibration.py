@@ -22,15 +22,24 @@ from pydantic import TypeAdapter
 
 from tapp_core.cluster import Cluster, resolve_cluster_path
 from tapp_core.costs import DEFAULT_CALIBRATION, Calibration, CalibrationError
+from tapp_core.hosts import cuda_aware_mpi
 from tapp_core.kinds import cluster_kinds
-from tapp_core.library import LayerLibrary
+from tapp_core.library import PROFILE_VERSION, LayerLibrary
 
 CALIBRATION_SUFFIX = ".calibration.json"
 
 
-def calibration_path(cluster: str | os.PathLike[str]) -> Path:
-    """Where the calibration of cluster ``cluster`` (a name or a YAML file) lives: beside its file."""
-    path = resolve_cluster_path(cluster)
+def calibration_path(cluster: str | os.PathLike[str] | Cluster) -> Path:
+    """Where the calibration of cluster ``cluster`` (a name, a YAML file, or a loaded cluster, which remembers its
+    file) lives: beside its file."""
+    if isinstance(cluster, Cluster):
+        if cluster.source is None:
+            raise CalibrationError(
+                f"cluster {cluster.name!r} was not read from a file: it has no calibration beside it"
+            )
+        path = cluster.source
+    else:
+        path = resolve_cluster_path(cluster)
     return path.with_name(path.stem + CALIBRATION_SUFFIX)
 
 
@@ -52,8 +61,6 @@ def check_calibration(calibration: Calibration, cluster: Cluster, library: Layer
             f"{refused}: it measured the kinds {', '.join(made.kinds)}, cluster {cluster.name!r} also has "
             f"{', '.join(missing)}; {rerun}"
         )
-    from tapp_core.runtime.gpu import cuda_aware_mpi
-
     if made.cuda_aware_mpi != cuda_aware_mpi():
         raise CalibrationError(
             f"{refused}: it was measured with TAPP_MPI_CUDA_AWARE={int(made.cuda_aware_mpi)}, "
@@ -76,8 +83,6 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
     if library is None:
         import torch
 
-        from tapp_core.profiler import PROFILE_VERSION
-
         return {"this process": (torch.__version__, PROFILE_VERSION)}
     return {
         f"the {kind} layer library": (lib.torch_version, lib.extra.get("profile_version"))
@@ -87,13 +92,16 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
 
 
 def cluster_calibration(
-    cluster_name: str | os.PathLike[str],
+    cluster_name: str | os.PathLike[str] | Cluster,
     cluster: Cluster,
     library: LayerLibrary | None = None,
     path: Path | None = None,
 ) -> Calibration:
-    """The calibration at ``path`` or, without one, beside the cluster file of ``cluster_name``, checked against
-    this machine, ``cluster`` and ``library`` (``check_calibration``); the ideal one when there is none beside it."""
+    """The calibration at ``path`` or, without one, beside the cluster file of ``cluster_name`` (a loaded cluster
+    names its own file), checked against this machine, ``cluster`` and ``library`` (``check_calibration``); the ideal
+    one when there is none beside it (or the cluster was made in code, with no file)."""
+    if path is None and isinstance(cluster_name, Cluster) and cluster_name.source is None:
+        return DEFAULT_CALIBRATION
     chosen = path if path is not None else calibration_path(cluster_name)
     if path is None and not chosen.is_file():
         return DEFAULT_CALIBRATION
@@ -103,7 +111,7 @@ def cluster_calibration(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What ``tapp_core.runtime.probe`` measured on the ranks (it writes them; ``tapp_core.calibrate`` reads them)
+# What ``tapp_core.runtime.probe`` measures on the ranks (it writes them; ``tapp_core.calibrate`` reads them)
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,12 @@
-"""Typed wrappers of the few ``torch.cuda`` calls the runtime makes whose stubs are untyped (one place for them).
+"""Typed wrappers of the few ``torch.cuda`` calls the runtime and the profiler make whose stubs are untyped (one
+place for them).
 
-Only called on ranks that run on a GPU; importing this module does not initialise CUDA.
+Only called where a GPU is used; importing this module does not initialise CUDA.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-
-def cuda_aware_mpi() -> bool:
-    """Whether the MPI library reads and writes GPU memory itself (``TAPP_MPI_CUDA_AWARE=1``); else GPU tensors
-    travel through pinned host memory."""
-    return os.environ.get("TAPP_MPI_CUDA_AWARE", "") == "1"
 
 
 def claim(device: torch.device) -> None:

@@ -1,0 +1,152 @@
+"""The figures of the paper's evaluation beyond one step's time: test accuracy against training time, and the two
+experiments of its section 5.2.2 (computing power, batch sizes). Drawn on ``matplotlib.figure.Figure`` with the Agg
+renderer, as ``reports.figures`` draws.
+
+Each takes a long frame (one row per point) and draws one panel per ``group`` and one line per ``method``, in the
+frame's order, with the same colour for a method in every panel.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+from reports.figures import _save_png
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
+
+
+def _panels(groups: list[str], width: float = 5.2, height: float = 3.8) -> tuple[Figure, list[Axes]]:
+    columns = min(len(groups), 3)
+    rows = math.ceil(len(groups) / columns)
+    figure = Figure(figsize=(width * columns + 1.8, height * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel().tolist()
+    for extra in axes[len(groups) :]:
+        extra.set_visible(False)
+    return figure, axes[: len(groups)]
+
+
+def _styles(methods: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, marker) per method, in the order given."""
+    return {m: (f"C{i % 10}", MARKERS[i % len(MARKERS)]) for i, m in enumerate(methods)}
+
+
+def _legend(figure: Figure, axes: list[Axes]) -> None:
+    handles, labels = axes[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))
+    for ax in axes[1:]:
+        more_handles, more_labels = ax.get_legend_handles_labels()
+        for label, handle in zip(more_labels, more_handles, strict=True):
+            seen.setdefault(label, handle)
+    figure.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=8)
+
+
+def accuracy_vs_time(curves: pd.DataFrame, path: str | Path) -> Path:
+    """Test accuracy against wall-clock training time, per method: ``curves`` has ``group``, ``method``,
+    ``curve_train_time_s`` and ``curve_test_accuracy`` (one row per test evaluation). With no curve at all, the
+    figure says so."""
+    groups = list(dict.fromkeys(curves["group"])) if not curves.empty else ["no training"]
+    figure, axes = _panels(groups)
+    styles = _styles(list(dict.fromkeys(curves["method"])) if not curves.empty else [])
+    for ax, group in zip(axes, groups, strict=True):
+        part = curves[curves["group"] == group] if not curves.empty else curves
+        for method, points in part.groupby("method", sort=False) if not part.empty else []:
+            ordered = points.sort_values("curve_train_time_s")
+            colour, marker = styles[str(method)]
+            ax.plot(
+                ordered["curve_train_time_s"], ordered["curve_test_accuracy"], label=str(method), color=colour,
+                marker=marker,
+            )  # fmt: skip
+        if part.empty:
+            ax.text(0.5, 0.5, "no plan was trained", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("training time (s, wall clock)")
+        ax.set_ylabel("test accuracy")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+    if not curves.empty:
+        _legend(figure, axes)
+    figure.suptitle("Time to accuracy: test accuracy against training time, per method")
+    return _save_png(figure, path)
+
+
+def computing_power_figure(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Step time against computing power, per method: ``frame`` has ``group``, ``method``, ``power``, ``step_time_s``
+    and (measured) ``low_s``, ``high_s``; the full power on the left."""
+    groups = list(dict.fromkeys(frame["group"]))
+    figure, axes = _panels(groups)
+    styles = _styles(list(dict.fromkeys(frame["method"])))
+    for ax, group in zip(axes, groups, strict=True):
+        for method, points in frame[frame["group"] == group].groupby("method", sort=False):
+            ordered = points.sort_values("power", ascending=False)
+            colour, marker = styles[str(method)]
+            ax.errorbar(
+                ordered["power"], ordered["step_time_s"], yerr=_errors(ordered), capsize=3, label=str(method),
+                color=colour, marker=marker,
+            )  # fmt: skip
+        _log_when_wide(ax, frame.loc[frame["group"] == group, "step_time_s"])
+        ax.set_xscale("log", base=2)
+        ax.invert_xaxis()
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
+        ax.set_xticks(sorted(set(frame.loc[frame["group"] == group, "power"])))
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("computing power of the slow devices")
+        ax.set_ylabel("step time (s)")
+        ax.grid(alpha=0.3)
+    _legend(figure, axes)
+    figure.suptitle("Step time under different computing power (section 5.2.2)")
+    return _save_png(figure, path)
+
+
+def batch_size_figure(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Throughput against batch size, per method: ``frame`` has ``group``, ``method``, ``batch_size``,
+    ``images_per_s`` and (measured) ``low``, ``high`` (the throughput's interval)."""
+    groups = list(dict.fromkeys(frame["group"]))
+    figure, axes = _panels(groups)
+    styles = _styles(list(dict.fromkeys(frame["method"])))
+    for ax, group in zip(axes, groups, strict=True):
+        for method, points in frame[frame["group"] == group].groupby("method", sort=False):
+            ordered = points.sort_values("batch_size")
+            errors = _errors(ordered.rename(columns={"images_per_s": "step_time_s", "low": "low_s", "high": "high_s"}))
+            colour, marker = styles[str(method)]
+            ax.errorbar(
+                ordered["batch_size"], ordered["images_per_s"], yerr=errors, capsize=3, label=str(method),
+                color=colour, marker=marker,
+            )  # fmt: skip
+        _log_when_wide(ax, frame.loc[frame["group"] == group, "images_per_s"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(frame.loc[frame["group"] == group, "batch_size"])))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("throughput (images/s)")
+        ax.grid(alpha=0.3)
+    _legend(figure, axes)
+    figure.suptitle("Throughput under different batch sizes (section 5.2.2)")
+    return _save_png(figure, path)
+
+
+def _log_when_wide(ax: Axes, values: pd.Series) -> None:
+    """A log scale on the y axis when the values span more than a factor of 10 (one slow method would flatten
+    the others)."""
+    positive = values[values > 0]
+    if len(positive) and positive.max() > 10 * positive.min():
+        ax.set_yscale("log")
+
+
+def _errors(points: pd.DataFrame) -> list[list[float]] | None:
+    """Asymmetric error bars from ``low_s`` and ``high_s`` around ``step_time_s`` (none without them)."""
+    if "low_s" not in points or "high_s" not in points or points["low_s"].isna().all():
+        return None
+    values, low, high = (points[c].to_numpy(dtype=float) for c in ("step_time_s", "low_s", "high_s"))
+    below = [max(v - lo, 0.0) if lo == lo else 0.0 for v, lo in zip(values, low, strict=True)]
+    above = [max(hi - v, 0.0) if hi == hi else 0.0 for v, hi in zip(values, high, strict=True)]
+    return [below, above]

@@ -1,0 +1,80 @@
+"""Where a worker pool's failure happened: the rank that Hydra saw end first, and the hosts that no longer answer.
+
+A failure reaches the pool as a closed link, an mpiexec that exited, or a job without an answer; none of these
+says where. After one, the pool asks two witnesses and puts what they say in the failed measurement's error:
+
+- Hydra's report of the first rank that ended badly (``BAD TERMINATION ... PID p RUNNING AT h``, then its exit
+  code or signal), matched to the pool's ranks by pid and host;
+- every host of the pool other than this one, asked over ssh (the cluster's command) whether it still answers,
+  all at once and for a few seconds at most: a host behind a dead link, or without its sshd, does not.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Sequence
+
+from tapp_core.cluster import Cluster
+from tapp_core.hosts import is_local_host
+from tapp_core.runtime.jobs import RankInfo
+
+ANSWER_TIMEOUT_S = 8.0
+_BAD_END = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*(EXIT CODE: \d+|KILLED BY SIGNAL: [^\n=]+?)\s*\n")
+
+
+def rank_name(cluster: Cluster, devices: Sequence[str], rank: int) -> str:
+    """``rank 2 (cpu2 on host 10.213.0.12)``: a rank by its device and, where the cluster gives one, its host."""
+    device = cluster.device(devices[rank])
+    return f"rank {rank} ({device.name}{f' on host {device.host}' if device.host else ''})"
+
+
+def first_ended(log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str]) -> str | None:
+    """The rank Hydra reported ending first, from the workers' ``log``; None when it reported none."""
+    found = _BAD_END.search(log)
+    if found is None:
+        return None
+    pid, host, how = int(found.group(1)), found.group(2), found.group(3).strip().lower()
+    for index, info in enumerate(ranks):
+        device = cluster.device(devices[index])
+        if info.pid == pid and (device.host == host or device.host is None):
+            return f"{rank_name(cluster, devices, index)} ended first ({how})"
+    return f"the rank with pid {pid} on host {host} ended first ({how})"
+
+
+def unanswering(cluster: Cluster, devices: Sequence[str], timeout_s: float = ANSWER_TIMEOUT_S) -> list[str]:
+    """The pool's hosts (other than this one) that do not answer over ssh within ``timeout_s``, each with its
+    devices and what ssh said."""
+    hosts: dict[str, list[str]] = {}
+    for name in devices:
+        host = cluster.device(name).host
+        if host is not None and not is_local_host(host):
+            hosts.setdefault(host, []).append(name)
+    ssh = [cluster.ssh or "ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout_s) - 2)}"]
+    asked = {
+        host: subprocess.Popen(
+            [*ssh, host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for host in hosts
+    }
+    deadline = time.monotonic() + timeout_s
+    silent = []
+    for host, process in asked.items():
+        try:
+            _, said = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            said = f"no answer within {timeout_s:.0f} s"
+        if process.returncode != 0:
+            reason = " ".join(said.split()) or f"ssh exited with status {process.returncode}"
+            silent.append(f"host {host} ({', '.join(hosts[host])}) does not answer over ssh: {reason}")
+    return silent
+
+
+def where(log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str]) -> str:
+    """What the witnesses say, as lines to add to an error ("" when they say nothing)."""
+    lines = [line for line in (first_ended(log, ranks, cluster, devices),) if line is not None]
+    lines += unanswering(cluster, devices)
+    return "".join(f"\n{line}" for line in lines)
