@@ -31,6 +31,7 @@ from tapp_core.library import LayerLibrary
 from tapp_core.placement import (
     DATA,
     SAMPLES,
+    LayerSpec,
     Layout,
     PlacementError,
     Split,
@@ -456,9 +457,10 @@ def check_groups(plan: Plan) -> None:
                 )
 
 
-def check_signatures(plan: Plan, library: LayerLibrary) -> None:
-    """Every signature names a layer of the library that may run it on its stage's group (``placement``)."""
-    specs = library.specs()
+def check_signatures(plan: Plan, library: LayerLibrary | Sequence[LayerSpec]) -> None:
+    """Every signature names a layer of the library (or of the model's layer specs, e.g. a traced model's) that
+    may run it on its stage's group (``placement``)."""
+    specs = library.specs() if isinstance(library, LayerLibrary) else library
     for layer, signature in plan.signatures:
         if not 0 <= layer < len(specs):
             raise PlanError(f"signature {signature!r} is given for layer {layer}, but the model has {len(specs)}")

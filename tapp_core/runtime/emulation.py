@@ -10,11 +10,12 @@ which every process on one host shares, so link emulation is for one host only (
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tapp_core.cluster import Cluster, Link
-from tapp_core.costs import DEFAULT_CALIBRATION, ring_allreduce_s, transfer_s
+from tapp_core.costs import DEFAULT_CALIBRATION, collective_s, ring_allreduce_s, transfer_s
+from tapp_core.placement import Collective
 
 
 def now() -> float:
@@ -36,13 +37,20 @@ class Emulation:
     slowdown: float = 1.0
     links: Mapping[int, Link] = field(default_factory=dict)
     """The link to each peer rank."""
+    pair_links: Mapping[tuple[int, int], Link] = field(default_factory=dict)
+    """The link between every two ranks (lower rank first): the links of a group that a collective uses."""
     _link_free_at: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def for_rank(cls, cluster: Cluster, rank_devices: list[str], rank: int, enabled: bool) -> Emulation:
         me = rank_devices[rank]
         links = {peer: cluster.link(me, name) for peer, name in enumerate(rank_devices) if peer != rank}
-        return cls(enabled=enabled, slowdown=cluster.device(me).slowdown, links=links)
+        pairs = {
+            (a, b): cluster.link(rank_devices[a], rank_devices[b])
+            for a in range(len(rank_devices))
+            for b in range(a + 1, len(rank_devices))
+        }
+        return cls(enabled=enabled, slowdown=cluster.device(me).slowdown, links=links, pair_links=pairs)
 
     def slow_down(self, compute_s: float) -> float:
         """Sleep as a slower device would have kept computing; returns the emulated compute time."""
@@ -68,3 +76,14 @@ class Emulation:
         if not self.enabled or not peers:
             return 0.0
         return ring_allreduce_s(len(peers) + 1, nbytes, (self.links[p] for p in peers), DEFAULT_CALIBRATION)
+
+    def collective_time(
+        self, collective: Collective, nbytes: int, shares: Sequence[float], ranks: Sequence[int]
+    ) -> float:
+        """A layout change's ``collective`` on a tensor of ``nbytes`` (whole) among the group of ``ranks`` with
+        ``shares``, over the slowest of the links among them (``costs.collective_s``, as the cost model charges
+        it; 0 when disabled)."""
+        if not self.enabled or len(ranks) < 2:
+            return 0.0
+        links = [self.pair_links[(min(a, b), max(a, b))] for i, a in enumerate(ranks) for b in ranks[i + 1 :]]
+        return collective_s(collective, nbytes, shares, links, DEFAULT_CALIBRATION)

@@ -27,9 +27,11 @@ from tapp_core import gpu
 from tapp_core.plan import Plan
 from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
+from tapp_core.runtime.collectives import Group, Segments
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.gradients import StageGradients
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
+from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
 from tapp_core.runtime.stage import MODEL_INPUT, CutValue, ModelGraph, Stage
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
 from tapp_core.schedules import FORWARD_ONLY, Action, PipelineSchedule
@@ -75,18 +77,23 @@ class ComputeClock:
     On a CPU, ``stop`` returns the action's wall time. On a GPU whose slowdown is emulated, it synchronises the GPU
     first (the emulation must know the time at once). Otherwise a GPU's actions are timed with CUDA events,
     ``stop`` returns 0, and ``settle`` (at the end of a step) synchronises the GPU and returns their total.
+    With ``segments`` (a sharded stage, whose actions run layout changes), an action's time is that of its
+    segments between the changes, each slowed down before the change that ends it (``collectives.Segments``).
     """
 
-    def __init__(self, device: torch.device, emulation: Emulation) -> None:
+    def __init__(self, device: torch.device, emulation: Emulation, segments: Segments | None = None) -> None:
         self.device = device
         self.emulation = emulation
         self.gpu = device.type == "cuda"
         self.deferred = self.gpu and not (emulation.enabled and emulation.slowdown > 1.0)
+        self.segments = None if self.deferred else segments
         self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def start(self) -> float | torch.cuda.Event:
         if self.deferred:
             return gpu.recorded_event(timing=True)
+        if self.segments is not None:
+            self.segments.begin()
         return time.perf_counter()
 
     def stop(self, start: float | torch.cuda.Event) -> float:
@@ -95,6 +102,8 @@ class ComputeClock:
             return 0.0
         if self.gpu:
             torch.cuda.synchronize(self.device)
+        if self.segments is not None:
+            return self.segments.end()
         return self.emulation.slow_down(time.perf_counter() - start)
 
     def settle(self) -> float:
@@ -140,8 +149,10 @@ class StageEngine:
         optimizer: OptimizerConfig,
         emulation: Emulation,
         group_comm: MPI.Comm | None = None,
+        layout_comm: MPI.Comm | None = None,
     ) -> None:
-        """``group_comm``: the stage's devices, when it has several."""
+        """``group_comm``: the stage's devices, when it has several (for the gradient reductions); ``layout_comm``:
+        the same devices, for the layout changes of a stage whose layers run split signatures."""
         self.stage = stage
         self.place = place
         self.plan = place.plan
@@ -154,14 +165,19 @@ class StageEngine:
         self.replica = template.replica
         self.rows = template.rows
         self.local_rows = template.samples
+        members = [place.pool_ranks[p.position] for p in programs if p.stage == stage.index]
+        self.group: Group | None = None
+        self.sharded: ShardedStage | None = None
+        self.input_rows = (self.rows[0], self.rows[1])
+        """The rows of each micro-batch of the model's input this device reads."""
+        if self.plan.runs_split(stage.index):
+            self._shard(members, layout_comm)
         self.params = dict(stage.module.named_parameters())
-        group = [
-            place.pool_ranks[p.position] for p in programs if p.stage == stage.index and p.position != place.position
-        ]
+        group = [rank for rank in members if rank != place.pool_ranks[place.position]]
         stashes = self.schedule.stashes_weights(stage.index, self.plan.n_stages, self.plan.micro_batches)
         layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
         self.gradients = StageGradients(self.params, stashes, template.buckets, layer_of, transport, group_comm, group)
-        self.clock = ComputeClock(stage.device, emulation)
+        self.clock = ComputeClock(stage.device, emulation, self.group.segments if self.group is not None else None)
         self._pin = stage.device.type == "cuda"
         """Receive into pinned host memory, so the copies to the GPU need not block."""
         self._stage_at = [s for s, devices in enumerate(self.plan.stage_devices) for _ in devices]
@@ -176,7 +192,33 @@ class StageEngine:
         """Per direction and micro-batch: the tensors the sends after the last compute action take rows of."""
 
     def _programs(self, steps: int, schedule: PipelineSchedule | None = None) -> tuple[DeviceProgram, ...]:
-        return plan_programs(self.plan, self.graph.edges, self.graph.param_bytes, steps, schedule)
+        return plan_programs(self.plan, self.graph.edges, self.graph.param_bytes, steps, schedule, self.graph.specs)
+
+    def _shard(self, members: list[int], layout_comm: MPI.Comm | None) -> None:
+        """Make the stage this device's part of its sharded stage (``runtime.sharding``)."""
+        if layout_comm is None:
+            raise ValueError(f"stage {self.stage.index} runs split signatures but has no communicator for its group")
+        stage = self.stage.index
+        shares = self.plan.shares(stage)
+        self.group = Group(layout_comm, self.replica, members, shares, self.transport, self.emulation)
+        self.sharded = shard_stage(
+            self.stage,
+            self.graph.specs,
+            self.plan.stage_layers(stage),
+            self.plan.signature_of(),
+            self.group,
+            self.plan.rows(stage),
+            self.graph.input_shape,
+        )
+        if self.sharded.whole_input:
+            self.input_rows = (0, self.plan.micro_batch_size)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer of the stage, whole, under the model's names. On a sharded stage every device
+        of the group must call this; the first gets the state, the others an empty dict."""
+        if self.sharded is None or self.group is None:
+            return self.stage.named_state()
+        return full_state(self.stage, self.sharded, self.group)
 
     # --- running --------------------------------------------------------------------------------------------
 
@@ -328,8 +370,9 @@ class StageEngine:
         device = self.stage.device
         if self._reads_data:
             x, y = batches.get(step)
-            first = j * self.plan.micro_batch_size + self.rows[0]
-            x, y = x[first : first + self.local_rows], y[first : first + self.local_rows]
+            first = j * self.plan.micro_batch_size
+            x = x[first + self.input_rows[0] : first + self.input_rows[1]]
+            y = y[first + self.rows[0] : first + self.rows[1]]
         self.transport.wait(receipts)
         inputs = []
         for value in self.stage.inputs:

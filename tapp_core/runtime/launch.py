@@ -13,7 +13,7 @@ import os
 from tapp_core.cluster import Cluster
 from tapp_core.metrics import DEFAULT_WARMUP, Measurement
 from tapp_core.models import build_traced_model
-from tapp_core.plan import Plan, PlanError
+from tapp_core.plan import Plan, PlanError, check_signatures
 from tapp_core.program import check_programs, plan_programs
 from tapp_core.runtime.optim import OptimizerConfig
 from tapp_core.runtime.pool import DEFAULT_STEPS, WorkerPool, check_runnable, mpiexec_command
@@ -25,8 +25,9 @@ __all__ = ["check_before_launch", "measure", "mpiexec_command", "train"]
 
 def check_before_launch(plan: Plan, cluster: Cluster, model: str | None = None) -> None:
     """What can be checked before any rank starts: ``check_runnable`` (schedule, shape, devices), then the plan
-    against the model's traced layers (one stage per layer, no edge running backward), then every device's
-    program (``tapp_core.program.check_programs``: every send received, no deadlock).
+    against the model's traced layers (one stage per layer, no edge running backward, every signature one its
+    layer may run: ``plan.check_signatures``), then every device's program (``tapp_core.program.check_programs``:
+    every send received, no deadlock).
 
     Raises ``PlanError`` (``ModelError`` if the model cannot be built or traced). Memory needs a layer library:
     ``tapp_core.plan.validate`` checks it.
@@ -38,8 +39,10 @@ def check_before_launch(plan: Plan, cluster: Cluster, model: str | None = None) 
     except StageError as exc:
         raise PlanError(str(exc)) from None
     graph = ModelGraph.of(graph_module)
+    check_signatures(plan, graph.specs)
     warmup, measured, tail = plan.pipeline_schedule.window(plan.n_stages, plan.micro_batches)
-    check_programs(plan_programs(plan, graph.edges, graph.param_bytes, max(2, warmup + measured + tail)))
+    steps = max(2, warmup + measured + tail)
+    check_programs(plan_programs(plan, graph.edges, graph.param_bytes, steps, specs=graph.specs))
 
 
 def measure(

@@ -145,8 +145,6 @@ def check_runnable(plan: Plan, cluster: Cluster) -> None:
     check_stages_used(plan.stage_of_layer, plan.n_stages)
     check_devices(plan, cluster)
     check_groups(plan)
-    if plan.signatures:
-        raise PlanError("the runtime does not run split signatures (col, row) yet; only data parallel stages")
 
 
 def pool_devices(cluster: Cluster, devices: Sequence[str] | None) -> tuple[str, ...]:

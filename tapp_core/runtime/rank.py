@@ -125,7 +125,9 @@ class PlanCommunicators:
 
     ``plan`` carries data and aborts, ``header`` the messages' headers; once the rank knows its place,
     ``pipeline`` holds the plan's ranks (for its barriers) and ``replicas`` its stage's replicas (for the
-    gradient allreduce), when there are several.
+    gradient allreduce), when there are several, and ``layouts`` the same ranks for the layout changes of a stage
+    whose layers run split signatures (a communicator of their own: the changes and the gradient reductions are
+    started in different orders).
     """
 
     def __init__(self, world: MPI.Intracomm) -> None:
@@ -133,6 +135,7 @@ class PlanCommunicators:
         self.header, self._header_request = world.Idup()
         self.pipeline: MPI.Intracomm | None = None
         self.replicas: MPI.Intracomm | None = None
+        self.layouts: MPI.Intracomm | None = None
 
     def wait(self, deadline: float) -> None:
         def past_deadline() -> None:
@@ -147,11 +150,13 @@ class PlanCommunicators:
         ranks = [r for p, r in enumerate(place.pool_ranks) if plan_stage(place.plan, p)[0] == stage]
         if len(ranks) > 1:
             self.replicas = self.plan.Create_group(self.plan.Get_group().Incl(ranks))
+            if place.plan.runs_split(stage):
+                self.layouts = self.replicas.Dup()
         return self.pipeline
 
     def free(self) -> None:
         """Free them after a plan that ended well; a failed plan's may hold unmatched requests and are left to MPI."""
-        for comm in (self.replicas, self.pipeline, self.plan, self.header):
+        for comm in (self.layouts, self.replicas, self.pipeline, self.plan, self.header):
             if comm is not None:
                 comm.Free()
 
@@ -214,7 +219,9 @@ class Rank:
             hosts = {self.cluster.device(d).host for d in plan.devices}
             transport = Transport(comms.plan, comms.header, pipeline, control, emulation, shared_clock=len(hosts) == 1)
             graph = self.factory.graph(setup.model, setup.seed)
-            engine = StageEngine(stage, place, graph, transport, setup.optimizer, emulation, comms.replicas)
+            engine = StageEngine(
+                stage, place, graph, transport, setup.optimizer, emulation, comms.replicas, comms.layouts
+            )
             result.setup_s = now() - start
             if isinstance(job, MeasureJob):
                 self._measure(engine, job, result)
@@ -261,9 +268,10 @@ class Rank:
         result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
         result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
         result.weight_ages = record.weight_ages
-        if job.collect_parameters and result.replica == 0:
-            state = engine.stage.named_state()
-            result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}
+        if job.collect_parameters:
+            state = engine.full_state()  # a sharded stage gathers its shards: every device of its group takes part
+            if result.replica == 0:
+                result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}
 
     def _train(self, engine: StageEngine, job: TrainJob, result: RankResult) -> None:
         train_set = _dataset(job.dataset, job.data_dir, True, job.augment)

@@ -23,12 +23,11 @@ from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
 from tapp_core.flops import tensors_in
-from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, parameter_users
+from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, op_type, parameter_users
 from tapp_core.models import INPUT_SHAPE, build_traced_model
+from tapp_core.placement import MODEL_INPUT as MODEL_INPUT  # the producer of the model's input: the data source,
+from tapp_core.placement import LayerSpec  # read locally by every stage that needs it
 from tapp_core.plan import PlanError, check_edges, check_layers, check_stages_used
-
-MODEL_INPUT = -1
-"""Producer of the model's input: the data source, read locally by every stage that needs it."""
 
 
 class StageError(TappError):
@@ -539,6 +538,10 @@ class Stage:
         """The stage module's parameter names -> the model's."""
         return {name: self._names[name] for name, _ in self.module.named_parameters()}
 
+    def state_names(self) -> dict[str, str]:
+        """The stage module's parameter and buffer names -> the model's."""
+        return dict(self._names)
+
     def named_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under the original model's names."""
         return {
@@ -559,27 +562,71 @@ class Stage:
 @dataclass(frozen=True)
 class ModelGraph:
     """What programs need of a traced model (``tapp_core.program``): its layer edges that carry tensors, each layer's
-    parameter bytes, and the layer that owns each parameter (by the model's names); the same facts a layer library
-    holds (``LayerLibrary.tensor_edges``, ``Layer.param_bytes``)."""
+    parameter bytes, the layer that owns each parameter (by the model's names), and each layer's ``LayerSpec`` (what
+    the layout pass of ``tapp_core.placement`` reads); the same facts a layer library holds
+    (``LayerLibrary.tensor_edges``, ``Layer.param_bytes``, ``LayerLibrary.specs``)."""
 
     edges: tuple[tuple[int, int], ...]
     """The edges whose value is a tensor, found by running the model once: a shape read on one stage and used on
     a later one crosses no cut (``_rebuild_shape_values``)."""
     param_bytes: tuple[int, ...]
     layer_of_param: Mapping[str, int]
+    specs: tuple[LayerSpec, ...] = ()
+    input_shape: tuple[int, ...] = tuple(INPUT_SHAPE)
+    """The model input's shape per sample."""
 
     @classmethod
     def of(cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] = INPUT_SHAPE) -> ModelGraph:
         owners = layer_parameters(graph_module)
+        param_bytes = tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners)
         outputs = _trace_values(graph_module, torch.randn(2, *input_shape))
         nodes = layer_nodes(graph_module)
         return cls(
             edges=tuple(
                 (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
             ),
-            param_bytes=tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners),
+            param_bytes=param_bytes,
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
+            specs=layer_specs(graph_module, param_bytes, input_shape),
+            input_shape=tuple(input_shape),
         )
+
+
+def layer_specs(
+    graph_module: torch.fx.GraphModule, param_bytes: Sequence[int], input_shape: Sequence[int] = INPUT_SHAPE
+) -> tuple[LayerSpec, ...]:
+    """Every layer's ``LayerSpec``, as the profiler records the layer (``tapp_core.profiler``): its operation
+    (``graph.op_type``), the layers it reads (the model's input when none), its first output tensor's shape per
+    sample (found by running the model on two samples, in eval mode) and whether it holds parameters."""
+    index = layer_index(graph_module)
+    shapes: dict[torch.fx.Node, tuple[int, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            if n in index:
+                first = next(tensors_in(result), None)
+                shapes[n] = tuple(first.shape[1:]) if first is not None else ()
+            return result
+
+    was_training = graph_module.training
+    graph_module.eval()
+    try:
+        with torch.no_grad():
+            Recorder(graph_module).run(torch.randn(2, *input_shape))
+    finally:
+        graph_module.train(was_training)
+    return tuple(
+        LayerSpec(
+            index=i,
+            name=node.name,
+            op=op_type(graph_module, node),
+            inputs=tuple(sorted({index[arg] for arg in node.all_input_nodes if arg in index})) or (MODEL_INPUT,),
+            shape=shapes.get(node, ()),
+            has_params=param_bytes[i] > 0,
+        )
+        for node, i in index.items()
+    )
 
 
 class StageFactory:

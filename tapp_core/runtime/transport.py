@@ -281,6 +281,26 @@ class Transport:
         self.wait_s += max(0.0, end - max(start, joined))
         self.blocked_s += end - start
 
+    def wait_collective(
+        self, requests: Sequence[MPI.Request], joined: np.ndarray, link_s: float, buffers: object = None
+    ) -> None:
+        """Wait (polling) for a layout change's collective among a stage's devices (``runtime.collectives``); its
+        requests reduce ``joined`` to when the last device started it. Emulated, the wait lasts until ``link_s``
+        after that. Counts as communication from when the last device joined. A wait that gives up (an abort, the
+        deadline) leaves the requests and the ``buffers`` they use to ``abandon``."""
+        start = now()
+        try:
+            poll(requests, self._check)
+        except BaseException:
+            abandon(list(requests), (joined, buffers))
+            raise
+        if self.emulation.enabled and link_s > 0:
+            sleep_until(float(joined[0]) + link_s)
+        end = now()
+        last = float(joined[0]) if self.shared_clock else start
+        self.wait_s += max(0.0, end - max(start, last))
+        self.blocked_s += end - start
+
     def barrier(self) -> None:
         """A barrier of the plan's ranks, not counted as communication (it waits for peers, not for data)."""
         poll([self.barrier_comm.Ibarrier()], self._check)

@@ -138,6 +138,18 @@ def start_sshd(files: SshFiles, host: TestbedHost, cgroups: Cgroups, record: sys
     )
 
 
+def _read_pid(pid_file: Path, wait_s: float = 5.0) -> int | None:
+    """The pid sshd writes to ``pid_file``: it may answer on its port a moment before it has written it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        words = pid_file.read_text().split() if pid_file.exists() else []
+        if words:
+            return int(words[0])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 def launch_sshd(config: Path, namespace: str, procs: list[Path], address: str) -> int:
     """Run sshd with ``config`` in ``namespace``, its process first written into the control groups' ``procs``
     files; its pid once it answers on ``address``."""
@@ -151,7 +163,9 @@ def launch_sshd(config: Path, namespace: str, procs: list[Path], address: str) -
             ["sh", "-c", join, "sh", *map(str, procs)], env=environment, capture_output=True, text=True, timeout=30
         )
         if started.returncode == 0 and system.wait_for_port(address):
-            return int(config.with_suffix(".pid").read_text().split()[0])
+            pid = _read_pid(config.with_suffix(".pid"))
+            if pid is not None:
+                return pid
         if attempt + 1 < START_ATTEMPTS:
             time.sleep(1.0)
     said = " ".join((started.stderr + _tail(log)).split())
