@@ -249,7 +249,7 @@ def test_a_reward_near_the_best_gets_more_rounds_before_the_policy_trusts_it() -
     assert reward.step_times([near]) == [seconds] and pool.calls.count(near.id) == 4  # known: not measured again
 
 
-def test_a_measured_search_ends_in_a_race_won_by_fewest_devices_among_the_tied() -> None:
+def test_a_measured_search_ends_in_a_race_won_by_the_lowest_pooled_median_among_the_tied() -> None:
     library, cluster = chain_library(), small_cluster()
     pool = FlatPool()  # every plan ties within the noise
     search = TappPlanner(reward="hybrid", rounds=4, measured_rounds=2, population=2, samples_per_round=5).search(
@@ -265,7 +265,10 @@ def test_a_measured_search_ends_in_a_race_won_by_fewest_devices_among_the_tied()
     assert chosen.planner == "tapp"
     summary = chosen.notes["final_race"]
     assert isinstance(summary, dict) and summary["winner"] == chosen.id
-    assert len(chosen.devices) == min(len(p.devices) for p in race.best_group())
+    tied = race.best_group()
+    assert len(tied) > 1 and chosen.id in {p.id for p in tied}
+    pooled = search.measured.step_times(tied)  # every round of each, the search's and the race's
+    assert pooled[[p.id for p in tied].index(chosen.id)] == min(pooled)
 
 
 def test_a_search_that_measured_nothing_is_chosen_by_the_cost_model() -> None:

@@ -29,7 +29,7 @@ from mpi4py import MPI
 from torch import nn
 
 from tapp_core.placement import LOCAL_COLLECTIVES, Collective, Layout, Split, conversion, dual
-from tapp_core.runtime.emulation import Emulation, now
+from tapp_core.runtime.emulation import Emulation, cpu_now, now
 from tapp_core.runtime.transport import Transport
 
 Ranges = tuple[tuple[int, int], ...]
@@ -67,18 +67,20 @@ class Segments:
     def __init__(self, emulation: Emulation) -> None:
         self.emulation = emulation
         self._mark: float | None = None
+        self._cpu_mark = 0.0
         self._compute = 0.0
 
     def begin(self) -> None:
-        self._mark, self._compute = time.perf_counter(), 0.0
+        self._mark, self._cpu_mark, self._compute = time.perf_counter(), cpu_now(), 0.0
 
     def cut(self) -> None:
         if self._mark is not None:
-            self._compute += self.emulation.slow_down(time.perf_counter() - self._mark)
+            wall, cpu = time.perf_counter() - self._mark, cpu_now() - self._cpu_mark
+            self._compute += self.emulation.slow_down(wall, cpu)
 
     def resume(self) -> None:
         if self._mark is not None:
-            self._mark = time.perf_counter()
+            self._mark, self._cpu_mark = time.perf_counter(), cpu_now()
 
     def end(self) -> float:
         if self._mark is None:

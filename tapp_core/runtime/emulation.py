@@ -1,7 +1,8 @@
 """Emulated heterogeneity on one host: compute slowdown and link delay (a rank's threads and cores: ``tapp_core.hosts``).
 
-A device with ``slowdown`` k sleeps (k - 1) times the compute it just did, so the compute it reports is k times
-the real one. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
+A device with ``slowdown`` k sleeps (k - 1) times the work it just did, so the compute it reports is k times the
+real one. The work is the compute's wall time or, where shorter, the CPU time the rank's process spent in it: the
+emulated devices of one host take turns on its cores, and a device of its own would not have waited for them. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
 behind each other, as on a real wire. Both link times are ``tapp_core.costs``' formulas, the cost model's, with the
 ideal calibration (the emulation stands in for the hardware, not for the runtime's overheads). The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
 which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
@@ -21,6 +22,11 @@ from tapp_core.placement import Collective
 def now() -> float:
     """The runtime's clock: CLOCK_MONOTONIC, the same in every process of the host."""
     return time.monotonic()
+
+
+def cpu_now() -> float:
+    """CPU time of this process (all its threads): what a compute span's work is measured in (``slow_down``)."""
+    return time.process_time()
 
 
 def sleep_until(deadline: float) -> None:
@@ -52,11 +58,14 @@ class Emulation:
         }
         return cls(enabled=enabled, slowdown=cluster.device(me).slowdown, links=links, pair_links=pairs)
 
-    def slow_down(self, compute_s: float) -> float:
-        """Sleep as a slower device would have kept computing; returns the emulated compute time."""
+    def slow_down(self, compute_s: float, cpu_s: float | None = None) -> float:
+        """Sleep as a slower device would have kept computing after ``compute_s`` of wall time that took ``cpu_s``
+        of the process's CPU time (``cpu_now``; None: as long as the wall time); returns the emulated compute time.
+        """
         if not self.enabled or self.slowdown <= 1.0 or compute_s <= 0:
             return compute_s
-        extra = (self.slowdown - 1.0) * compute_s
+        work = compute_s if cpu_s is None else min(compute_s, cpu_s)
+        extra = (self.slowdown - 1.0) * work
         sleep_until(now() + extra)
         return compute_s + extra
 

@@ -28,7 +28,7 @@ from tapp_core.plan import Plan
 from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.collectives import Group, Segments
-from tapp_core.runtime.emulation import Emulation
+from tapp_core.runtime.emulation import Emulation, cpu_now
 from tapp_core.runtime.gradients import StageGradients
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
@@ -88,12 +88,14 @@ class ComputeClock:
         self.deferred = self.gpu and not (emulation.enabled and emulation.slowdown > 1.0)
         self.segments = None if self.deferred else segments
         self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._cpu_start = 0.0
 
     def start(self) -> float | torch.cuda.Event:
         if self.deferred:
             return gpu.recorded_event(timing=True)
         if self.segments is not None:
             self.segments.begin()
+        self._cpu_start = cpu_now()
         return time.perf_counter()
 
     def stop(self, start: float | torch.cuda.Event) -> float:
@@ -104,7 +106,7 @@ class ComputeClock:
             torch.cuda.synchronize(self.device)
         if self.segments is not None:
             return self.segments.end()
-        return self.emulation.slow_down(time.perf_counter() - start)
+        return self.emulation.slow_down(time.perf_counter() - start, cpu_now() - self._cpu_start)
 
     def settle(self) -> float:
         """Wait for the GPU's queued work; the time of the event-timed actions since the last ``settle``."""

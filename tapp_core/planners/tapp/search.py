@@ -490,9 +490,9 @@ class TappSearch:
 
         When nothing was measured: the best plan by the cost model, polished first when the options ask for it.
         When plans were measured: a race (``MeasuredReward.race``) among the ``FINAL_BY_ESTIMATE`` best plans by
-        the cost model and the ``FINAL_BY_MEASUREMENT`` best by measurement; the winner is the plan with fewest
-        devices among those whose interval overlaps the fastest's (the same speed, fewer resources), and the race's
-        summary is in the notes as ``final_race``. A measured best is never polished on the cost model. The TAPP
+        the cost model and the ``FINAL_BY_MEASUREMENT`` best by measurement; among the plans whose interval overlaps the
+        fastest's, the winner is the one with the lowest median over all its measured rounds (``_fastest_pooled``),
+        and the race's summary is in the notes as ``final_race``. A measured best is never polished on the cost model. The TAPP
         planner and the flow's sampling stage both end a search here.
         """
         self.warm_up()
@@ -506,15 +506,29 @@ class TappSearch:
         candidates = self._final_candidates()
         race = measured.race(candidates)
         self.final_race = race
-        winner = race.winner()
+        winner = self._fastest_pooled(race.best_group())
         if winner is None:
             notes = {**chosen.notes, "chosen_by": "best measurement (every plan failed the final race)"}
             return dataclasses.replace(chosen, notes=notes)
         how = f"race of {len(race.plans)} candidates ({race.rounds} rounds, stopped: {race.stop})"
         if len(race.best_group()) > 1:
-            how += f"; {len(race.best_group())} tied within the noise, the one with fewest devices chosen"
-        notes = {**chosen.notes, "chosen_by": how, "final_race": race.summary()}
+            how += (
+                f"; {len(race.best_group())} tied within the race's noise, the one with the lowest median over all"
+                " its measured rounds chosen"
+            )
+        notes = {**chosen.notes, "chosen_by": how, "final_race": {**race.summary(), "winner": winner.id}}
         return dataclasses.replace(winner, planner=chosen.planner, notes=notes)
+
+    def _fastest_pooled(self, group: Sequence[Plan]) -> Plan | None:
+        """Among plans the final race could not tell apart, the one whose median over every round the search
+        measured of it (the race's included) is lowest, then the one with fewest devices: a search for speed uses
+        all its evidence, where a bare race (``RaceResult.winner``) frees devices at the same speed."""
+        if not group:
+            return None
+        assert self.measured is not None
+        pooled = self.measured.step_times(group)
+        best = min(range(len(group)), key=lambda i: (pooled[i], len(group[i].devices), i))
+        return group[best]
 
     def _final_candidates(self) -> list[Plan]:
         """The best distinct plans by the cost model and by measurement, for the final race; by the cost model,
