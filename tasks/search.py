@@ -469,7 +469,7 @@ def search_story(
         best_simulated=best_simulated,
         best_measured=best_measured,
         sampling_overloaded=any(m.overloaded for m in measured_ok.values()),
-        final_race=_final_race(search, table),
+        final_race=_final_race(search, chosen),
         best_pipeline=_row_time(pipelines.nsmallest(1, "estimated_step_time_s"), "estimated_step_time_s"),
         best_single=best_single_device(setting.library, setting.cluster, calibration),
     )
@@ -487,11 +487,16 @@ def _row_time(rows: pd.DataFrame, column: str) -> PlanTime | None:
     return PlanTime(str(row["plan_id"]), str(row["shape"]), int(row["devices"]), float(row[column]))
 
 
-def _final_race(search: TappSearch, table: pd.DataFrame) -> FinalRace | None:
+def _final_race(search: TappSearch, chosen: Plan) -> FinalRace | None:
+    """The final race, its winner the plan the search chose from it (named in ``chosen``'s notes: among the plans the
+    race could not tell apart, TAPP takes the lowest median over all their measured rounds, ``TappSearch``), else
+    the race's own winner."""
     race = search.final_race
     if race is None:
         return None
-    winner = race.winner()
+    noted = chosen.notes.get("final_race")
+    named = noted.get("winner") if isinstance(noted, dict) else None
+    winner = next((p for p in race.plans if p.id == named), None) or race.winner()
     won = None
     if winner is not None:
         measured = race.measurement(winner.id)

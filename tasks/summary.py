@@ -110,7 +110,7 @@ class FinalRace:
     overloaded: bool
     winner: PlanTime | None
     tied: int
-    """Plans in the race's best group (the winner is the one with fewest devices among them)."""
+    """Plans in the race's best group (TAPP takes the one with the lowest median over all its measured rounds)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,12 @@ def search_sentences(story: SearchStory) -> list[str]:
     race = story.final_race
     if race is not None and race.winner is not None:
         load = ", on an overloaded host" if race.overloaded else ""
-        tied = f"; {race.tied} tied within the noise and the one with fewest devices was taken" if race.tied > 1 else ""
+        tied = (
+            f"; {race.tied} tied within the noise and the one with the lowest median over all its measured rounds "
+            "was taken"
+            if race.tied > 1
+            else ""
+        )
         sentences.append(
             f"The final race of {race.candidates} candidates ({race.rounds} rounds, stopped: {race.stop}{load}) chose "
             f"{race.winner.shape}, {race.winner.time_text()}{tied}."
@@ -177,8 +182,8 @@ def _answer(story: SearchStory) -> str:
     why = ""
     if single is not None and pipeline.step_time_s < single.step_time_s and story.final_race is not None:
         why = (
-            " The cost model rated the split faster, but measured in the final race no plan over several devices was "
-            "faster beyond the noise (a tie goes to the plan with fewer devices)."
+            " The cost model rated the split faster; measured, the single device was as fast or faster (the final "
+            "race's winner)."
         )
     return (
         f"TAPP's answer: do not split ({story.chosen.shape}). The best plan over several devices it found was "
