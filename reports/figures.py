@@ -77,7 +77,8 @@ def gantt(
     axes.set_yticks(range(len(devices)), [f"{d}\nstage {stage_of[d]}" for d in devices])
     axes.set_ylim(len(devices) - 0.5, -0.6)
     axes.set_xlabel("time (s)")
-    axes.set_title("\n".join(textwrap.wrap(f"{title} — step time {step_time:.4g} s", 115)))
+    figure_of = "steady-state time per mini-batch" if several_iterations else "step time"  # metrics.step_kind
+    axes.set_title("\n".join(textwrap.wrap(f"{title} — {figure_of} {step_time:.4g} s", 115)))
     kinds = [k for k in OP_KINDS if any(op.kind == k for op in timeline)]
     handles = [Patch(color=KIND_COLOURS[k], label=KIND_LABELS.get(k, k)) for k in kinds]
     # Below the axis label, outside the axes: the constrained layout makes room for it, so nothing overlaps.

@@ -12,7 +12,7 @@ from tapp_core.calibration import calibration_path, cluster_calibration
 from tapp_core.cluster import Cluster, ClusterError, load_cluster, parse_cluster
 from tapp_core.graph import ModelError
 from tapp_core.planners import PLANNER_NAMES, method_description, method_label
-from tasks.config import NO_DATA, ConfigError, ExperimentConfig, SweepConfig, build
+from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ConfigError, ExperimentConfig, SweepConfig, build
 
 
 def test_a_loaded_cluster_remembers_its_file_and_equals_the_same_fields_from_anywhere() -> None:
@@ -52,7 +52,10 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
     config = ExperimentConfig(dataset="synthetic")
     assert (config.model, config.target.name, config.batch_size, config.power) == ("alexnet", "local", 64, 1.0)
     assert "single-gpu" not in config.methods and set(config.methods) | {"single-gpu"} == set(PLANNER_NAMES)
-    assert config.measured_rounds == 3 and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
+    assert (
+        config.measured_rounds == DEFAULT_MEASURED_ROUNDS == 2
+        and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
+    )
     assert config.training and config.train_seconds <= 30
     monkeypatch.setattr("tapp_core.data.FASHION_MNIST_ROOT", "/nowhere")
     nothing = ExperimentConfig()  # no real data anywhere: the step times need none, and nothing is trained

@@ -32,9 +32,9 @@ NEAR_BEST = 0.10
 """A new plan measured within this fraction of the best measured step time (or faster) is confirmed."""
 CONFIRM = RaceOptions(min_rounds=3, max_rounds=3)
 """The confirmation: more rounds raced against the best measured plan; both plans' rounds are pooled."""
-FINAL = RaceOptions(min_rounds=5, max_rounds=12, budget_s=150.0)
-"""The final choice's race among the search's top candidates (no new round after 150 s: the chosen plan is raced
-again against every method in an experiment's evaluation)."""
+FINAL = RaceOptions(min_rounds=5, max_rounds=8, budget_s=60.0)
+"""The final choice's race among the search's top candidates (no new round after 60 s: the chosen plan is raced
+again against every method in an experiment's evaluation, and the tied are told apart by all their rounds)."""
 
 
 @dataclass(frozen=True)
