@@ -49,7 +49,7 @@ nothing is trained."""
 DATASETS: tuple[str, ...] = ("cifar10", "fashion-mnist", "synthetic", NO_DATA)
 DEFAULT_SIMULATED_ROUNDS = 30
 """TAPP's rounds rewarded by the cost model on the defaults."""
-DEFAULT_MEASURED_ROUNDS = 2
+DEFAULT_MEASURED_ROUNDS = 1
 """TAPP's rounds rewarded by measurements on the defaults, after the others: the TAPP planner's own default
 (``SearchOptions.measured_rounds``, which imports torch; a test checks that they agree)."""
 DEFAULT_TRAIN_SECONDS = 15.0

@@ -53,7 +53,7 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
     assert (config.model, config.target.name, config.batch_size, config.power) == ("alexnet", "local", 64, 1.0)
     assert "single-gpu" not in config.methods and set(config.methods) | {"single-gpu"} == set(PLANNER_NAMES)
     assert (
-        config.measured_rounds == DEFAULT_MEASURED_ROUNDS == 2
+        config.measured_rounds == DEFAULT_MEASURED_ROUNDS == 1
         and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
     )
     assert config.training and config.train_seconds <= 30

@@ -53,7 +53,7 @@ class SearchOptions:
     imitation_weight: float = 1.0
     """Self-imitation: weight of the pull towards the best plans seen that beat the baseline (0: off)."""
     imitation_plans: int = 4
-    measured_rounds: int = 2
+    measured_rounds: int = 1
     """hybrid: how many final rounds use measurements."""
     measured_per_round: int = 1
     """hybrid: how many of each policy's best samples of a round (by the cost model) are measured."""
