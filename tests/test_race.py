@@ -258,8 +258,8 @@ def test_a_measured_search_ends_in_a_race_won_by_the_lowest_pooled_median_among_
     list(search.rounds())
     chosen = search.finish()
     race = search.final_race
-    # the best by estimate and by measurement, the best of each schedule and the warm start's best
-    most = FINAL_BY_ESTIMATE + FINAL_BY_MEASUREMENT + len(search.config.schedules) + 1
+    # the best by estimate and by measurement, the best of each schedule, the warm start's best overall and of each
+    most = FINAL_BY_ESTIMATE + FINAL_BY_MEASUREMENT + 2 * len(search.config.schedules) + 1
     assert race is not None and 2 <= len(race.plans) <= most
     assert str(chosen.notes["chosen_by"]).startswith(f"race of {len(race.plans)} candidates")
     assert chosen.planner == "tapp"

@@ -532,13 +532,16 @@ class TappSearch:
 
     def _final_candidates(self) -> list[Plan]:
         """The best distinct plans by the cost model and by measurement, for the final race; by the cost model,
-        also the best of each schedule and the warm start's best (so that a family the cost model ranks too well,
-        such as split layers it overrates, cannot crowd out another)."""
+        also the best of each schedule and the warm start's best, overall and of each schedule (so that a family the cost model
+        ranks too well, such as split layers it overrates, cannot crowd out another, and TAPP races the plans of the
+        cheap planners it started from)."""
         simulated = sorted(self.remembered("simulated"), key=lambda t: t.step_time_s)
         by_estimate = _distinct(simulated, FINAL_BY_ESTIMATE)
         for spec in self.config.schedules:
             by_estimate += _distinct([t for t in simulated if t.plan.schedule_spec == spec], 1)
         by_estimate += [c.timed.plan for c in self.warm[:1]]
+        for spec in self.config.schedules:  # the warm start's best of each schedule: PipeDream's plan is async
+            by_estimate += [c.timed.plan for c in self.warm if c.timed.plan.schedule_spec == spec][:1]
         assert self.measured is not None
         measured = _distinct(self.remembered("measured"))
         now = self.measured.step_times(measured)  # what every measured plan's rounds say now, all pooled
