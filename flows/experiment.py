@@ -120,21 +120,31 @@ def resume_config(uri: str, run_id: str, experiment: str = DEFAULT_EXPERIMENT) -
     of ``experiment``), read back from its ``config.json``, to resume it; a ``TrackingError`` when there is no such
     run, it is not an experiment's parent run, or it is not interrupted."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
     client = MlflowClient(uri)
+    run, text = interrupted_run(
+        client, uri, run_id, experiment, schema.EXPERIMENT, "an experiment's parent run (the one `tapp run` prints)"
+    )
+    run_id = run.info.run_id
+    config = ExperimentConfig.from_json(text, f"--resume: run {run_id}'s {schema.CONFIG_ARTIFACT}")
+    return run_id, client.get_experiment(run.info.experiment_id).name, config
+
+
+def interrupted_run(client: Any, uri: str, run_id: str, experiment: str, kind: str, what: str) -> tuple[Any, str]:
+    """The interrupted run ``run_id`` of ``kind`` (``last``: the latest of ``experiment``) and the text of its
+    configuration artifact, to resume it; a ``TrackingError`` naming what is wrong (``what``: the kind in words)."""
+    from mlflow.exceptions import MlflowException
+
     if run_id == "last":
-        run_id = last_run(client, experiment, uri, schema.EXPERIMENT)
+        run_id = last_run(client, experiment, uri, kind)
     try:
         run = client.get_run(run_id)
     except MlflowException:
         raise TrackingError(f"--resume: no run {run_id!r} in {uri}") from None
-    if run.data.tags.get(schema.KIND) != schema.EXPERIMENT:
-        raise TrackingError(f"--resume: run {run_id} is not an experiment's parent run (the one `tapp run` prints)")
+    if run.data.tags.get(schema.KIND) != kind:
+        raise TrackingError(f"--resume: run {run_id} is not {what}")
     check_interrupted(run, run_id)
-    text = read_artifact_text(client, run_id, schema.CONFIG_ARTIFACT)
-    config = ExperimentConfig.from_json(text, f"--resume: run {run_id}'s {schema.CONFIG_ARTIFACT}")
-    return run_id, client.get_experiment(run.info.experiment_id).name, config
+    return run, read_artifact_text(client, run_id, schema.CONFIG_ARTIFACT)
 
 
 def check_interrupted(run: Any, run_id: str) -> None:

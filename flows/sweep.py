@@ -20,14 +20,14 @@ from typing import Any
 
 from prefect import flow
 
-from flows.experiment import check_inputs, check_interrupted, last_run, read_artifact_text, tapp_experiment
+from flows.experiment import check_inputs, interrupted_run, tapp_experiment
 from reports.folders import check_report_folder
 from reports.paper import write_report
 from tapp_core import schema
 from tasks import prefect_ui
 from tasks.config import ExperimentConfig, SweepConfig
 from tasks.progress import StageProgress
-from tasks.tracking import DEFAULT_EXPERIMENT, TrackingError, check_tracking, code_version, tracked_run
+from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking, code_version, tracked_run
 
 SWEEP_STAGE = "sweep"
 """The sweep's progress stage: ``start LABEL`` before a configuration runs, ``done LABEL`` (or ``failed LABEL``)
@@ -77,19 +77,12 @@ def resume_sweep(uri: str, run_id: str, experiment: str) -> tuple[SweepConfig, R
     """The configuration of sweep run ``run_id`` (``last``: the latest of ``experiment``), read back from its
     ``config.json``, and what it finished; a ``TrackingError`` when there is no such run or it is not interrupted."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
     client = MlflowClient(uri)
-    if run_id == "last":
-        run_id = last_run(client, experiment, uri, schema.SWEEP)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise TrackingError(f"--resume: no run {run_id!r} in {uri}") from None
-    if run.data.tags.get(schema.KIND) != schema.SWEEP:
-        raise TrackingError(f"--resume: run {run_id} is not a sweep's run (the one `tapp sweep` prints)")
-    check_interrupted(run, run_id)
-    text = read_artifact_text(client, run_id, schema.CONFIG_ARTIFACT)
+    run, text = interrupted_run(
+        client, uri, run_id, experiment, schema.SWEEP, "a sweep's run (the one `tapp sweep` prints)"
+    )
+    run_id = run.info.run_id
     sweep = SweepConfig.from_json(text, f"--resume: run {run_id}'s {schema.CONFIG_ARTIFACT}")
     sweep_id = run.data.tags.get(schema.SWEEP_RUN, run_id)
     query = f"tags.{schema.KIND} = '{schema.EXPERIMENT}' and tags.{schema.SWEEP_RUN} = '{sweep_id}'"
