@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -107,6 +108,12 @@ class PipelineSchedule(ABC):
     def stashes_weights(self, stage: int, n_stages: int, micro_batches: int) -> bool:
         return self.weight_versions(stage, n_stages, micro_batches) > 0
 
+    def delay(self, stage: int, n_stages: int, micro_batches: int) -> int:
+        """The most updates ``stage`` applies between a forward and its backward in the steady state: the age of the
+        weights its gradients were computed on when they are applied (0 for a synchronous schedule; at most the
+        ``staleness`` bound, and below it where the pipeline is too shallow to reach it)."""
+        return _peaks(self, stage, n_stages, micro_batches)[2]
+
     def round_trip_cover(self, stage: int, n_stages: int, micro_batches: int) -> int:
         """Backwards ``stage`` runs between the forward and the backward of a step's last micro-batch: the time
         they take can hide that micro-batch's round trip through the later stages."""
@@ -124,11 +131,28 @@ MIN_MEASURED_STEPS = 3
 MEASURED_MICRO_BATCHES_PER_STAGE = 4
 
 
+def forward_delays(order: Sequence[Action]) -> dict[int, int]:
+    """Per forward of a compute order (by micro-batch): the updates that come between it and its backward."""
+    updates = 0
+    at_forward: dict[int, int] = {}
+    delays: dict[int, int] = {}
+    for action in order:
+        if action.kind == "forward":
+            at_forward[action.index] = updates
+        elif action.kind == "backward" and action.index in at_forward:
+            delays[action.index] = updates - at_forward.pop(action.index)
+        elif action.kind == "update":
+            updates += 1
+    return delays
+
+
 @functools.lru_cache(maxsize=1024)
-def _peaks(schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches: int) -> tuple[int, int]:
-    """(micro-batches in flight, extra weight versions) at their peaks over enough steps for a steady state."""
+def _peaks(schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches: int) -> tuple[int, int, int]:
+    """(micro-batches in flight, extra weight versions, updates between a forward and its backward) at their peaks
+    over enough steps for a steady state."""
     warmup, measured, tail = schedule.window(n_stages, micro_batches)
     order = schedule.compute_order(stage, n_stages, micro_batches, warmup + measured + tail + 1)
+    delay = max(forward_delays(order).values(), default=0)
     version = 0
     flying: dict[int, int] = {}  # micro-batch -> the weight version its forward ran on
     peak_flying = peak_versions = 0
@@ -142,7 +166,7 @@ def _peaks(schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches:
             version += 1
         peak_flying = max(peak_flying, len(flying))
         peak_versions = max(peak_versions, len(set(flying.values())))
-    return peak_flying, (peak_versions if stashes else 0)
+    return peak_flying, (peak_versions if stashes else 0), delay
 
 
 class GPipe(PipelineSchedule):

@@ -5,7 +5,9 @@ in order. The engine posts each receive a window of actions ahead, so data lands
 returns at once; a compute action waits for the receives listed before it. Gradients accumulate over a step's
 micro-batches; on a stage of several devices each gradient bucket is summed across them as soon as the step's last
 backward has made it (``runtime.gradients``), and the update waits for every bucket. Weight versions follow from the
-schedule: where a forward's backward comes after an update, the forward runs on a snapshot of its weights.
+schedule: where a forward's backward comes after an update, the forward runs on a snapshot of its weights; on an
+asynchronous schedule that snapshot is the weights predicted as many updates ahead as the stage's delay
+(``PipelineSchedule.delay``), unless ``OptimizerConfig.stale_compensation`` is off (``runtime.optim``).
 
 On a GPU the host queues work without waiting for it, as a plain PyTorch loop does: the first stage's batches
 are prefetched onto the GPU (``DeviceBatches``), received tensors land in pinned memory and are copied
@@ -30,7 +32,7 @@ from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.collectives import Group, Segments
 from tapp_core.runtime.emulation import Emulation, cpu_now
 from tapp_core.runtime.gradients import StageGradients
-from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss
+from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss, predicted_weights
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
 from tapp_core.runtime.stage import MODEL_INPUT, CutValue, ModelGraph, Stage
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
@@ -178,7 +180,16 @@ class StageEngine:
         group = [rank for rank in members if rank != place.pool_ranks[place.position]]
         stashes = self.schedule.stashes_weights(stage.index, self.plan.n_stages, self.plan.micro_batches)
         layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
-        self.gradients = StageGradients(self.params, stashes, template.buckets, layer_of, transport, group_comm, group)
+        # A stage of parameter-free layers (activations, pooling) has nothing to update.
+        self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
+        delay = self.schedule.delay(stage.index, self.plan.n_stages, self.plan.micro_batches)
+        predict = None
+        if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
+            sgd = self.optimizer
+            predict = lambda: predicted_weights(sgd, self.params, delay)  # noqa: E731
+        self.gradients = StageGradients(
+            self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict
+        )
         self.clock = ComputeClock(stage.device, emulation, self.group.segments if self.group is not None else None)
         self._pin = stage.device.type == "cuda"
         """Receive into pinned host memory, so the copies to the GPU need not block."""
@@ -186,8 +197,6 @@ class StageEngine:
         """The stage of every position in the plan's device order."""
         self._values = {v.layer: v for v in (*stage.inputs, *stage.outputs)}
         self._step_loss: dict[int, torch.Tensor] = {}
-        # A stage of parameter-free layers (activations, pooling) has nothing to update.
-        self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
         self._lookahead = 4 * (self.plan.micro_batches + self.plan.n_stages) + 8
         self._in_flight: dict[int, _InFlight] = {}
         self._to_send: dict[str, dict[int, ValueMap]] = {FORWARD: {}, BACKWARD: {}}

@@ -2,7 +2,8 @@
 
 Weight stashing: where the schedule lets a forward run on weights that an update will have changed by the time its
 backward runs (``PipelineSchedule.weight_versions``), each forward runs on a snapshot of the weights current at that
-moment and its backward computes the gradient at that snapshot (PipeDream). Every snapshot's gradients belong to the
+moment and its backward computes the gradient at that snapshot (PipeDream); with a ``predict`` rule (stale-gradient
+compensation, ``runtime.optim``) the snapshot is the weights predicted where the gradient will be applied. Every snapshot's gradients belong to the
 step whose update comes next (a step's backwards all run before the next step's), so the update sums them.
 
 Reductions: on a stage of several devices, the gradients are summed across them bucket by bucket
@@ -15,7 +16,7 @@ gradient is a view of it until the update has used it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -48,11 +49,14 @@ class StageGradients:
         comm: MPI.Comm | None,
         peers: list[int],
         overlap: bool = True,
+        predict: Callable[[], dict[str, torch.Tensor]] | None = None,
     ) -> None:
         """``layer_of``: each parameter's layer (library index); ``comm``/``peers``: the stage's devices, when several;
-        ``overlap``: start a bucket's reduction as soon as the last backward made it (else at the ``reduce``)."""
+        ``overlap``: start a bucket's reduction as soon as the last backward made it (else at the ``reduce``);
+        ``predict``: the weights a new snapshot takes (by name; the current weights, copied, when None)."""
         self.params = dict(params)
         self.stashes = stashes
+        self.predict = predict
         self.transport = transport
         self.comm = comm
         self.peers = peers
@@ -78,7 +82,10 @@ class StageGradients:
             return None, self.version
         version = self.version
         if version not in self._snapshots:
-            snapshot = {n: p.detach().clone().requires_grad_(True) for n, p in self.params.items()}
+            weights = (
+                self.predict() if self.predict is not None else {n: p.detach().clone() for n, p in self.params.items()}
+            )
+            snapshot = {n: w.requires_grad_(True) for n, w in weights.items()}
             for name, tensor in snapshot.items():
                 self._hook(name, tensor)
             self._snapshots[version] = snapshot
