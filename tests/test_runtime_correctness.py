@@ -20,6 +20,7 @@ from tapp_core.models import build_model, build_traced_model
 from tapp_core.plan import Plan
 from tapp_core.runtime import OptimizerConfig, WorkerPool, make_optimizer, micro_batch_loss
 from tapp_core.runtime.batches import SyntheticBatches
+from tapp_core.runtime.optim import predicted_weights
 from tapp_core.schedules import Async
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
@@ -153,11 +154,18 @@ def test_skip_value_really_skips_a_stage() -> None:
 
 
 def async_reference(
-    model: str, cuts: tuple[int, ...], n_stages: int, staleness: int | None = None, steps: int = STEPS
+    model: str,
+    cuts: tuple[int, ...],
+    n_stages: int,
+    staleness: int | None = None,
+    steps: int = STEPS,
+    config: OptimizerConfig = OPTIMIZER,
 ) -> dict[str, torch.Tensor]:
     """PipeDream's rule replayed in one process: micro-batch g's gradient is taken, on every stage, at the
-    weights that stage had when it ran g's forward (the number of updates before it in the stage's order)."""
+    weights that stage had when it ran g's forward (the number of updates before it in the stage's order), or,
+    with ``config.stale_compensation``, at those weights predicted as many updates ahead as the stage's delay."""
     schedule = Async(staleness)
+    delays = [schedule.delay(s, n_stages, MICRO_BATCHES) if config.stale_compensation else 0 for s in range(n_stages)]
     version_at_forward: list[dict[int, int]] = []
     for stage in range(n_stages):
         updates, seen = 0, {}
@@ -177,8 +185,12 @@ def async_reference(
         names_of_stage[stage_of[layer]] |= set(own)
     net = build_model(model, seed=SEED)
     live = dict(net.named_parameters())
-    optimizer = make_optimizer(live.values(), OPTIMIZER)
-    history = [[{n: live[n].detach().clone() for n in names_of_stage[s]}] for s in range(n_stages)]
+    optimizer = make_optimizer(live.values(), config)
+
+    def snapshot(stage: int) -> dict[str, torch.Tensor]:
+        return predicted_weights(optimizer, {n: live[n] for n in names_of_stage[stage]}, delays[stage])
+
+    history = [[snapshot(s)] for s in range(n_stages)]
     batches = SyntheticBatches(BATCH, seed=SEED)
     size = BATCH // MICRO_BATCHES
     for step in range(steps):
@@ -198,19 +210,23 @@ def async_reference(
             p.grad = grads[n]
         optimizer.step()
         for stage in range(n_stages):
-            history[stage].append({n: live[n].detach().clone() for n in names_of_stage[stage]})
+            history[stage].append(snapshot(stage))
     return {n: p.detach().clone() for n, p in live.items()}
 
 
+PLAIN = OptimizerConfig(lr=OPTIMIZER.lr, momentum=OPTIMIZER.momentum, stale_compensation=False)
+
+
 @pytest.mark.parametrize(
-    ("pool_name", "model", "cuts", "devices", "staleness"),
+    ("pool_name", "model", "cuts", "devices", "staleness", "config"),
     [
-        ("pool2", "mlp", (4,), (("d0",), ("d1",)), None),
-        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), None),
-        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), 1),
-        ("pool3", "tiny_cnn", (4,), (("d0", "d2"), ("d1",)), None),
+        ("pool2", "mlp", (4,), (("d0",), ("d1",)), None, OPTIMIZER),
+        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), None, OPTIMIZER),
+        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), None, PLAIN),
+        ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), 1, OPTIMIZER),
+        ("pool3", "tiny_cnn", (4,), (("d0", "d2"), ("d1",)), None, OPTIMIZER),
     ],
-    ids=["mlp-2", "branchy-3", "branchy-3-staleness-1", "replicated-first-cnn"],
+    ids=["mlp-2", "branchy-3", "branchy-3-uncompensated", "branchy-3-staleness-1", "replicated-first-cnn"],
 )
 def test_async_uses_the_weights_of_each_forward(
     request: pytest.FixtureRequest,
@@ -219,16 +235,22 @@ def test_async_uses_the_weights_of_each_forward(
     cuts: tuple[int, ...],
     devices: tuple[tuple[str, ...], ...],
     staleness: int | None,
+    config: OptimizerConfig,
 ) -> None:
+    """Each forward runs on its stage's stashed weights: predicted ahead by the stage's delay (the default
+    stale-gradient compensation), or as they were (compensation off)."""
     pool: WorkerPool = request.getfixturevalue(pool_name)
     plan = Plan(model, BATCH, MICRO_BATCHES, "async", stages_by_cuts(model, cuts), devices, staleness=staleness)
     measurement, parameters = pool.run_steps(
-        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=config, collect_parameters=True
     )
     assert measurement.ok, measurement.error
     ran, _, _ = run_length(plan.pipeline_schedule, plan.n_stages, MICRO_BATCHES, STEPS, 1)  # fill and drain too
-    want = async_reference(model, cuts, len(devices), staleness, ran)
+    want = async_reference(model, cuts, len(devices), staleness, ran, config)
     assert_same_parameters(parameters, want, model)
+    if config.stale_compensation:
+        plain = async_reference(model, cuts, len(devices), staleness, ran, PLAIN)
+        assert max(float((want[n] - plain[n]).abs().max()) for n in want) > 10 * ATOL, "the prediction did nothing"
     synchronous, _ = reference(model, MICRO_BATCHES)
     differs = max(float((want[n] - synchronous[n]).abs().max()) for n in want)
     assert differs > 10 * ATOL, "async must not train like the synchronous schedules here, or this test shows nothing"

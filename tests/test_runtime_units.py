@@ -16,7 +16,7 @@ from tapp_core.plan import Plan, PlanError
 from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, TrainJob
-from tapp_core.runtime.optim import OptimizerConfig
+from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, predicted_weights
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
 from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
 from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
@@ -49,6 +49,51 @@ def test_async_runs_across_steps_and_updates_after_each_steps_last_backward() ->
     # F2 (step 1) runs before U0: on the old weights, hence weight stashing.
     assert Async().stashes_weights(0, 2, 2) and not Async().synchronous
     assert kinds(Async().compute_order(1, 2, 2, 2)) == "F0 B0 F1 B1 U0 F2 B2 F3 B3 U1"
+
+
+@pytest.mark.parametrize(
+    ("spec", "stages", "micro_batches", "delays"),
+    [
+        ("1f1b", 3, 1, [0, 0, 0]),
+        ("gpipe", 3, 4, [0, 0, 0]),
+        ("async:0", 3, 1, [0, 0, 0]),
+        ("async:1", 3, 1, [1, 1, 0]),
+        ("async:2", 3, 1, [2, 1, 0]),
+        ("async", 3, 1, [2, 1, 0]),  # the default: as deep as the pipeline
+        ("async:2", 4, 1, [2, 2, 1, 0]),
+        ("async", 3, 4, [1, 1, 0]),  # with 4 micro-batches a step, a gradient waits for one update at most
+    ],
+)
+def test_each_stages_delay_follows_from_the_schedule_and_the_bound(
+    spec: str, stages: int, micro_batches: int, delays: list[int]
+) -> None:
+    name, _, bound = spec.partition(":")
+    schedule = schedule_for(name, int(bound) if bound else None)
+    assert [schedule.delay(s, stages, micro_batches) for s in range(stages)] == delays
+
+
+def test_stale_compensation_predicts_weights_as_many_updates_ahead_as_the_stages_delay() -> None:
+    """The rule: w - d * lr * v (v: SGD's momentum velocity); d = 0 (every stage of a synchronous schedule, the last
+    of an asynchronous one), no velocity yet, or SGD without momentum: the weights as they are."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(5))
+    sgd = make_optimizer([weight], OptimizerConfig(lr=0.1, momentum=0.9))
+    for delay in (0, 1, 2):
+        assert torch.equal(predicted_weights(sgd, {"w": weight}, delay)["w"], weight.detach())  # no velocity yet
+    for _ in range(2):
+        weight.grad = torch.randn(5)
+        sgd.step()
+    velocity = sgd.state[weight]["momentum_buffer"]
+    for delay in (0, 1, 2):
+        predicted = predicted_weights(sgd, {"w": weight}, delay)["w"]
+        torch.testing.assert_close(predicted, weight.detach() - delay * 0.1 * velocity)
+        assert not predicted.requires_grad and predicted.data_ptr() != weight.data_ptr()
+    plain = torch.nn.Parameter(torch.randn(5))
+    no_momentum = make_optimizer([plain], OptimizerConfig(lr=0.1, momentum=0.0))
+    plain.grad = torch.randn(5)
+    no_momentum.step()
+    assert torch.equal(predicted_weights(no_momentum, {"w": plain}, 2)["w"], plain.detach())
+    assert OptimizerConfig().stale_compensation, "on by default"
 
 
 def test_unknown_schedule_names_the_choices() -> None:
