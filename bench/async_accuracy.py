@@ -6,8 +6,9 @@
 Fashion-MNIST from Debian's dataset-fashion-mnist (padded to 3x32x32), the same model, seed, plan cut, epochs
 and optimiser; only the schedule differs: 1f1b (trains exactly like one device), async with staleness 1, and async
 at its default (as deep as the pipeline: with 3 stages and one micro-batch per step, a gradient meets weights up to
-2 updates old). The async runs use the runtime's stale-gradient compensation (weight prediction, on by default:
-``tapp_core.runtime.optim``); unless ``--no-uncompensated``, each is run again without it (plain weight stashing),
+2 updates old). The async runs use the runtime's stale-gradient compensation (on by default: a stage with delay d
+updates at lr / (d + 1) and runs its forwards on weights predicted d updates ahead, ``tapp_core.runtime.optim``);
+unless ``--no-uncompensated``, each is run again without it (plain weight stashing),
 marked ``(plain)``, to show what the compensation gains. Prints every test accuracy and the gaps to 1f1b last
 (bar: the compensated async within 2 points, at staleness 1 and at the default).
 """

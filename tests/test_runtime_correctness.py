@@ -163,7 +163,8 @@ def async_reference(
 ) -> dict[str, torch.Tensor]:
     """PipeDream's rule replayed in one process: micro-batch g's gradient is taken, on every stage, at the
     weights that stage had when it ran g's forward (the number of updates before it in the stage's order), or,
-    with ``config.stale_compensation``, at those weights predicted as many updates ahead as the stage's delay."""
+    with ``config.stale_compensation``, at those weights predicted as many updates ahead as the stage's delay, and
+    each stage updates at its own rate (``stage_lr``)."""
     schedule = Async(staleness)
     delays = [schedule.delay(s, n_stages, MICRO_BATCHES) if config.stale_compensation else 0 for s in range(n_stages)]
     version_at_forward: list[dict[int, int]] = []
@@ -185,10 +186,15 @@ def async_reference(
         names_of_stage[stage_of[layer]] |= set(own)
     net = build_model(model, seed=SEED)
     live = dict(net.named_parameters())
-    optimizer = make_optimizer(live.values(), config)
+    # One optimiser per stage, at the stage's rate, as the runtime has (a stage without parameters has none).
+    optimizers = [
+        make_optimizer([live[n] for n in sorted(names)], config, delay) if names else None
+        for names, delay in zip(names_of_stage, delays, strict=True)
+    ]
 
     def snapshot(stage: int) -> dict[str, torch.Tensor]:
-        return predicted_weights(optimizer, {n: live[n] for n in names_of_stage[stage]}, delays[stage])
+        sgd = optimizers[stage]
+        return {} if sgd is None else predicted_weights(sgd, {n: live[n] for n in names_of_stage[stage]}, delays[stage])
 
     history = [[snapshot(s)] for s in range(n_stages)]
     batches = SyntheticBatches(BATCH, seed=SEED)
@@ -208,7 +214,9 @@ def async_reference(
                 grads[n] += w.grad
         for n, p in live.items():
             p.grad = grads[n]
-        optimizer.step()
+        for sgd in optimizers:
+            if sgd is not None:
+                sgd.step()
         for stage in range(n_stages):
             history[stage].append(snapshot(stage))
     return {n: p.detach().clone() for n, p in live.items()}

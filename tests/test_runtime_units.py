@@ -16,7 +16,7 @@ from tapp_core.plan import Plan, PlanError
 from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, TrainJob
-from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, predicted_weights
+from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, predicted_weights, stage_lr
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
 from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
 from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
@@ -70,6 +70,23 @@ def test_each_stages_delay_follows_from_the_schedule_and_the_bound(
     name, _, bound = spec.partition(":")
     schedule = schedule_for(name, int(bound) if bound else None)
     assert [schedule.delay(s, stages, micro_batches) for s in range(stages)] == delays
+
+
+@pytest.mark.parametrize(
+    ("spec", "rates"),
+    [("1f1b", [1, 1, 1]), ("async:0", [1, 1, 1]), ("async:1", [1 / 2, 1 / 2, 1]), ("async:2", [1 / 3, 1 / 2, 1])],
+)
+def test_a_stages_learning_rate_is_divided_by_its_delay_plus_one(spec: str, rates: list[float]) -> None:
+    """3 stages, one micro-batch a step: the rates follow the delays (2, 1, 0 at K = 2); K = 0 and the synchronous
+    schedules keep the configured rate on every stage, and so does every schedule with the compensation off."""
+    name, _, bound = spec.partition(":")
+    schedule = schedule_for(name, int(bound) if bound else None)
+    on, off = OptimizerConfig(lr=0.06), OptimizerConfig(lr=0.06, stale_compensation=False)
+    delays = [schedule.delay(s, 3, 1) for s in range(3)]
+    assert [stage_lr(on, d) for d in delays] == pytest.approx([0.06 * r for r in rates])
+    assert [stage_lr(off, d) for d in delays] == [0.06] * 3
+    weight = torch.nn.Parameter(torch.zeros(2))
+    assert make_optimizer([weight], on, delays[0]).param_groups[0]["lr"] == pytest.approx(0.06 * rates[0])
 
 
 def test_stale_compensation_predicts_weights_as_many_updates_ahead_as_the_stages_delay() -> None:

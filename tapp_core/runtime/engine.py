@@ -7,7 +7,8 @@ micro-batches; on a stage of several devices each gradient bucket is summed acro
 backward has made it (``runtime.gradients``), and the update waits for every bucket. Weight versions follow from the
 schedule: where a forward's backward comes after an update, the forward runs on a snapshot of its weights; on an
 asynchronous schedule that snapshot is the weights predicted as many updates ahead as the stage's delay
-(``PipelineSchedule.delay``), unless ``OptimizerConfig.stale_compensation`` is off (``runtime.optim``).
+(``PipelineSchedule.delay``), and the stage's learning rate is divided by its delay + 1, unless
+``OptimizerConfig.stale_compensation`` is off (the stale-gradient compensation, ``runtime.optim``).
 
 On a GPU the host queues work without waiting for it, as a plain PyTorch loop does: the first stage's batches
 are prefetched onto the GPU (``DeviceBatches``), received tensors land in pinned memory and are copied
@@ -181,8 +182,8 @@ class StageEngine:
         stashes = self.schedule.stashes_weights(stage.index, self.plan.n_stages, self.plan.micro_batches)
         layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
         # A stage of parameter-free layers (activations, pooling) has nothing to update.
-        self.optimizer = make_optimizer(self.params.values(), optimizer) if self.params else None
         delay = self.schedule.delay(stage.index, self.plan.n_stages, self.plan.micro_batches)
+        self.optimizer = make_optimizer(self.params.values(), optimizer, delay) if self.params else None
         predict = None
         if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
             sgd = self.optimizer

@@ -6,14 +6,24 @@ code, not a copy of it.
 Stale-gradient compensation (asynchronous schedules). Under weight stashing a stage's gradient is computed on the
 weights its forward ran on and applied ``d`` updates later, ``d`` being the stage's delay
 (``PipelineSchedule.delay``: 2, 1, 0 on the stages of a 3-stage pipeline with one micro-batch per step; at most the
-staleness bound K). With momentum, such delayed gradients push past the minimum they were aimed at and training
-oscillates (the earlier stages, with the longest delays, the most). The compensation is weight prediction
-(SpecTrain, Chen et al. 2018; PipeMare's discrepancy correction, Yang et al. 2021, is the same idea): a forward
-whose gradient will be applied ``d`` updates from now runs on the weights extrapolated ``d`` updates ahead along the
-momentum velocity, ``w - d * lr * v`` (``predicted_weights``), and its backward computes the gradient there, so the
-gradient is taken close to the weights it is applied to. It changes no hyper-parameter; a stage with delay 0 (every
-stage of a synchronous schedule, the last stage of an asynchronous one) and SGD without momentum (no velocity) run
-on the weights as they are. ``OptimizerConfig.stale_compensation`` turns it off (plain PipeDream weight stashing).
+staleness bound K, below it where the pipeline is shallower). With momentum, such delayed gradients push past the
+minimum they were aimed at and training oscillates or diverges (the earlier stages, with the longest delays, the
+most): on a quadratic, the largest stable lr * curvature of SGD with momentum 0.9 falls from 3.8 at delay 0 to
+about 0.1 at delay 1 and 0.05 at delay 2. The compensation has two parts, both a function of ``d`` alone:
+
+- staleness-aware learning rate (Zhang et al. 2016, "Staleness-aware async-SGD", which divides the rate by the
+  staleness): the stage updates at ``lr / (d + 1)`` (``stage_lr``), d + 1 being the weight versions a gradient
+  spans from its forward to its update;
+- weight prediction (SpecTrain, Chen et al. 2018; PipeMare's discrepancy correction, Yang et al. 2021): a forward
+  whose gradient will be applied ``d`` updates from now runs on its weights extrapolated ``d`` updates ahead along
+  the momentum velocity, ``w - d * lr' * v`` (``predicted_weights``, ``lr'`` the stage's rate), and its backward
+  computes the gradient there, close to the weights it is applied to. On the same quadratic this alone raises the
+  stable range 2-3x.
+
+Every stage of a synchronous schedule, and the last stage of an asynchronous one, has d = 0: unchanged. SGD without
+momentum has no velocity to predict along (only the rate applies). ``OptimizerConfig.stale_compensation`` turns
+both off (plain PipeDream weight stashing). ``bench/async_accuracy.py`` prints both; spike compensation (moving a
+late gradient at once by what momentum missed) was tried and trained worse than prediction alone.
 """
 
 from __future__ import annotations
@@ -34,15 +44,25 @@ class OptimizerConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     stale_compensation: bool = True
-    """Asynchronous schedules: each forward of a stage with delay d runs on its weights predicted d updates ahead
-    (``predicted_weights``). False: on its weights as they are. Synchronous schedules are never affected."""
+    """Asynchronous schedules: a stage with delay d updates with ``stage_lr`` (lr / (d + 1)) and runs each forward
+    on its weights predicted d updates ahead (``predicted_weights``). False: plain weight stashing, every stage
+    at ``lr``. Synchronous schedules (d = 0 on every stage) are never affected."""
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-def make_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(list(params), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+def stage_lr(config: OptimizerConfig, delay: int) -> float:
+    """The learning rate of a stage whose gradients are applied ``delay`` updates after its forwards ran:
+    ``lr / (delay + 1)`` with the stale-gradient compensation, ``lr`` without it or at delay 0."""
+    return config.lr / (delay + 1) if config.stale_compensation else config.lr
+
+
+def make_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig, delay: int = 0) -> torch.optim.Optimizer:
+    """SGD over ``params`` at ``stage_lr(config, delay)`` (``delay``: the stage's, ``PipelineSchedule.delay``)."""
+    return torch.optim.SGD(
+        list(params), lr=stage_lr(config, delay), momentum=config.momentum, weight_decay=config.weight_decay
+    )
 
 
 def predicted_weights(
