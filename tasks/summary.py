@@ -31,7 +31,10 @@ from tapp_core.stats import Interval, best_group
 from tasks.evaluate import Evaluation, raced_plan
 
 STEP_TIME_MEANING = (
-    "Step time: one training step of the whole mini-batch, in seconds. Measured: the median over the rounds of one"
+    "Step time, in seconds: for a synchronous plan (gpipe, 1f1b), the time per step of the whole mini-batch; for an"
+    " asynchronous plan (async), the steady-state time per mini-batch over many, the pipeline's fill and drain left"
+    " out (tapp_core.metrics.step_kind): both are what a user training for an epoch pays per mini-batch, so they are"
+    " compared alike. Measured: the median over the rounds of one"
     " race of every method's plan, then its confidence interval [low, high] (order statistics over the rounds, at"
     " least 90 % coverage); the best group is the fastest method and every method whose interval overlaps it, and"
     " no winner is declared inside it. Estimated: the cost model's figure, which has no interval. vs TAPP: the"

@@ -152,7 +152,7 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
     from tasks.measure import RuntimeSettings
     from tasks.search import SearchBudget
 
-    assert set(default_methods()) | {"single-gpu"} == set(PLANNER_NAMES)
+    assert set(default_methods()) | {"single-gpu", "even"} == set(PLANNER_NAMES)
     defaults = ExperimentConfig(dataset="synthetic")
     assert (
         defaults.search_rounds,

@@ -198,3 +198,25 @@ def test_a_gpu_tensor_sent_through_host_memory_arrives_whole() -> None:
     transport.flush()
     for i, buffer in enumerate(buffers):
         torch.testing.assert_close(buffer, (source * (i + 1)).cpu(), rtol=0, atol=0)
+
+
+def test_a_received_tensor_goes_to_the_gpu_on_its_own_stream() -> None:
+    from mpi4py import MPI
+
+    from tapp_core.runtime.emulation import Emulation
+    from tapp_core.runtime.transport import Control, Transport
+
+    comm = MPI.COMM_SELF
+    control = Control(comm.Dup(), deadline=float("inf"))
+    transport = Transport(comm.Dup(), comm.Dup(), comm.Dup(), control, Emulation(enabled=False))
+    device = torch.device("cuda", 0)
+    received = torch.randn(256, 1024, pin_memory=True)
+    busy = torch.randn(2048, 2048, device=device)
+    for _ in range(20):  # compute queued on the current stream before the copy
+        busy = busy @ busy / 2048
+    moved = transport.to_device(received, device)
+    (side,) = transport._receive_streams.values()
+    assert side != torch.cuda.current_stream(device), "the copy must not queue behind the compute stream"
+    doubled = moved * 2  # on the current stream, which waits for the copy on the GPU
+    torch.testing.assert_close(doubled.cpu(), received * 2, rtol=0, atol=0)
+    assert transport.to_device(received, torch.device("cpu")) is received

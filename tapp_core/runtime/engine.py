@@ -391,7 +391,9 @@ class StageEngine:
             if value.producer == MODEL_INPUT:
                 tensor = x.to(device)
             else:
-                tensor = buffers.pop((FORWARD, value.layer, micro_batch, value.producer)).to(device, non_blocking=True)
+                tensor = self.transport.to_device(
+                    buffers.pop((FORWARD, value.layer, micro_batch, value.producer)), device
+                )
                 if training and value.requires_grad:
                     tensor.requires_grad_(True)
             inputs.append(tensor)
@@ -428,9 +430,9 @@ class StageEngine:
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):
                 parts = [buffers.pop((BACKWARD, value.layer, micro_batch, s)) for s in value.consumers]
                 if output.requires_grad and parts:
-                    grad = parts[0].to(self.stage.device, non_blocking=True)
+                    grad = self.transport.to_device(parts[0], self.stage.device)
                     for extra in parts[1:]:
-                        grad = grad + extra.to(self.stage.device, non_blocking=True)
+                        grad = grad + self.transport.to_device(extra, self.stage.device)
                     tensors.append(output)
                     grads.append(grad)
             if tensors:

@@ -10,7 +10,9 @@ header's times come from CLOCK_MONOTONIC, shared by the processes of one host; a
 CUDA tensors are staged through pinned host memory unless ``TAPP_MPI_CUDA_AWARE=1`` says the MPI can read GPU
 memory. A send of a CUDA tensor returns at once: its copy is queued on a side stream behind the compute that
 made the tensor, and the MPI send is posted when the copy is done (each wait and ``progress`` posts those that
-are), so the copy overlaps the compute queued after it.
+are), so the copy overlaps the compute queued after it. A received tensor goes to the GPU on a second side stream
+(``to_device``), which the compute stream waits for on the GPU: the copy does not queue behind the compute already
+launched, and copies in both directions run at once (APapo's device streams).
 """
 
 from __future__ import annotations
@@ -174,6 +176,9 @@ class Transport:
     _collectives: list[Reduction] = field(default_factory=list)
     _staged: deque[_StagedSend] = field(default_factory=deque)
     _copy_streams: dict[int, torch.cuda.Stream] = field(default_factory=dict)
+    """Per GPU: the device-to-host copies of sends."""
+    _receive_streams: dict[int, torch.cuda.Stream] = field(default_factory=dict)
+    """Per GPU: the host-to-device copies of received tensors."""
 
     def __post_init__(self) -> None:
         self._stage_through_host = not cuda_aware_mpi()
@@ -188,9 +193,7 @@ class Transport:
 
     def _stage(self, data: torch.Tensor, dest: int, tag: int) -> None:
         """Queue ``data``'s copy to pinned host memory on the side stream, behind the compute that makes it."""
-        stream = self._copy_streams.get(data.device.index or 0)
-        if stream is None:
-            stream = self._copy_streams[data.device.index or 0] = gpu.new_stream(data.device)
+        stream = _side_stream(self._copy_streams, data.device)
         stream.wait_stream(torch.cuda.current_stream(data.device))
         with torch.cuda.stream(stream):
             if self._stage_through_host:
@@ -220,6 +223,20 @@ class Transport:
         header = np.array([posted, delivered])
         requests = [self.comm.Isend(_buffer(data), dest, tag), self.header_comm.Isend(header, dest, tag)]
         self._sends += [(r, (data, header)) for r in requests]
+
+    def to_device(self, received: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``received`` (whose receive is done) on ``device``. To a GPU from the host: copied on the receive side
+        stream, and the current stream waits for the copy on the GPU, not on the host."""
+        if device.type != "cuda" or received.is_cuda:
+            return received.to(device)
+        stream = _side_stream(self._receive_streams, device)
+        with torch.cuda.stream(stream):
+            moved = received.to(device, non_blocking=True)
+            copied = gpu.recorded_event(stream=stream)
+        current = torch.cuda.current_stream(device)
+        current.wait_event(copied)
+        moved.record_stream(current)  # allocated on the side stream, used (and freed) on the compute stream
+        return moved
 
     def irecv(self, buffer: torch.Tensor, source: int, tag: int) -> Receipt:
         """Post a receive into the contiguous CPU (or CUDA-aware) tensor ``buffer``."""
@@ -333,3 +350,12 @@ class Transport:
             abandon(reduction.requests, reduction)
         self._collectives.clear()
         self._staged.clear()  # never posted; the host allocator keeps the pinned copies until they are done
+
+
+def _side_stream(streams: dict[int, torch.cuda.Stream], device: torch.device) -> torch.cuda.Stream:
+    """``streams``' stream of ``device``, made on first use."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = streams.get(index)
+    if stream is None:
+        stream = streams[index] = gpu.new_stream(torch.device("cuda", index))
+    return stream
