@@ -260,6 +260,9 @@ PERMUTES = frozenset({"transpose", "permute"})
 BATCHED_MATMULS = frozenset({"matmul", "bmm"})
 ROWWISE = frozenset({"softmax", "log_softmax", "Softmax", "LogSoftmax"})
 """Layers that act along one dimension (``LayerSpec.axes``) and on every other on its own."""
+SHAPE_READS = frozenset({"getattr", "size", "dim"})
+"""Layers that read a tensor's shape: they read it as it is held and output numbers, which no layout change moves
+(a device reads its own part's shape, as the model's code does on one device)."""
 SCALING = frozenset({"mul", "truediv", "div"})
 """Products with (or quotients by) a number: elementwise when they read one layer and hold no parameter."""
 MODEL_INPUT = -1
@@ -445,13 +448,29 @@ class _LayoutPass:
         self.weights: dict[int, Layout] = {}
         self.changes: list[Change] = []
         self.carried: dict[int, tuple[tuple[int, ...], Fraction]] = {}
+        self.shapes: dict[int, bool] = {}
 
     def layout_of(self, value: int) -> Layout:
         """A value's layout where the stage reads it: its layer's output here, else Split(0) (a cut value)."""
         return self.outputs.get(value, SAMPLES)
 
+    def shape_value(self, value: int) -> bool:
+        """Whether ``value`` holds numbers read from a shape (``SHAPE_READS``, items of those, arithmetic on them)."""
+        if value == MODEL_INPUT or self.layers[value].shape:
+            return False
+        if value not in self.shapes:
+            spec = self.layers[value]
+            self.shapes[value] = spec.op in SHAPE_READS or (
+                spec.inputs != (MODEL_INPUT,) and all(self.shape_value(v) for v in spec.inputs)
+            )
+        return self.shapes[value]
+
     def place(self, spec: LayerSpec, signature: str) -> None:
-        if signature != DATA:
+        if signature == DATA and self.shape_value(spec.index):
+            tensors = self._tensor_inputs(spec)
+            self.inputs[spec.index] = self.layout_of(tensors[0]) if tensors else BROADCAST
+            self.outputs[spec.index] = BROADCAST  # every device holds its numbers; no change ever moves them
+        elif signature != DATA:
             self._chosen(spec, signature)
         elif self._carry(spec):
             pass
@@ -461,7 +480,7 @@ class _LayoutPass:
             self._read(spec, self._first_input(spec))
             self._passed(spec)
         else:
-            layouts = {self.layout_of(v) for v in spec.inputs if v != MODEL_INPUT}
+            layouts = {self.layout_of(v) for v in self._tensor_inputs(spec)}
             self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
         if spec.has_params and spec.index not in self.weights:
             self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
@@ -471,7 +490,7 @@ class _LayoutPass:
         read from the data as needed) and writes ``output`` (default: ``layout``)."""
         for value in spec.inputs:
             source = self.layout_of(value)
-            if value != MODEL_INPUT and source != layout:
+            if value != MODEL_INPUT and source != layout and not self.shape_value(value):
                 done = [i for i, c in enumerate(self.changes) if (c.value, c.target) == (value, layout)]
                 if done:  # another layer reads it in this layout already: the same change serves both
                     change = self.changes[done[0]]
@@ -509,7 +528,7 @@ class _LayoutPass:
 
     def _tensor_inputs(self, spec: LayerSpec) -> list[int]:
         """The layers ``spec`` reads that hold tensors (not shapes read from one)."""
-        return [v for v in spec.inputs if v != MODEL_INPUT and self.layers[v].shape]
+        return [v for v in spec.inputs if v != MODEL_INPUT and not self.shape_value(v)]
 
     def _passed(self, spec: LayerSpec) -> None:
         """Note a feature split that ``spec`` keeps from its first input as that holds it (scaled, as a flatten
@@ -570,7 +589,7 @@ class _LayoutPass:
         for index in stage_layers:
             readers = consumers[index]
             leaves = not readers or any(c not in self.members for c in readers)
-            if leaves and self.outputs[index] != SAMPLES:
+            if leaves and self.outputs[index] != SAMPLES and not self.shape_value(index):
                 elements = math.prod(self.layers[index].shape)
                 self.changes.append(Change(OUTPUT, index, self.outputs[index], SAMPLES, elements))
 
