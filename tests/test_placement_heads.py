@@ -22,6 +22,7 @@ from tapp_core.placement import (
     stage_layouts,
 )
 from tapp_core.plan import Plan, PlanError, check_signatures
+from tapp_core.planners.patterns import pattern_signatures
 from tapp_core.profiler import profile_model
 from tapp_core.runtime.stage import ModelGraph
 from tests.test_runtime_sbp import megatron
@@ -62,7 +63,7 @@ def test_the_heads_stay_split_from_q_k_v_to_the_projection() -> None:
     layouts = stage_layouts(SPECS, ALL, megatron("tiny_vit"), 2)
     b = "blocks_0"
     first, last = INDEX[f"{b}_attn_q"], INDEX[f"{b}_attn_proj"]
-    tensors = [x for x in range(first, last) if SPECS[x].shape and not SPECS[x].op == "getattr"]
+    tensors = [x for x in range(first, last) if SPECS[x].shape and SPECS[x].op != "getattr"]
     for x in tensors:  # (T, D) split along D, (T, H, hd) along H, (H, T, hd) and (H, T, T) along H
         assert isinstance(layouts.outputs[x], Split) and layouts.outputs[x].dim in (1, 2), SPECS[x].name
         assert layouts.split(x), SPECS[x].name  # its work is split by the shares: the cost model's compute
@@ -122,3 +123,12 @@ def test_the_library_records_the_axes_the_traced_graph_reads() -> None:
     library = profile_model("tiny_vit", 4, repeats=1, warmup=0)
     assert library.specs() == SPECS
     assert SPECS[INDEX["softmax"]].axes == (3,) and SPECS[INDEX["transpose_4"]].axes == (2, 3)
+
+
+def test_the_megatron_pattern_finds_the_attention_and_mlp_pairs_from_the_graph() -> None:
+    """What the planners try (``patterns.PATTERNS``): the hand-written signatures, found by the layout pass; the
+    patch embedding and the head, which no row layer pairs with, stay data parallel."""
+    splittable = [spec.index for spec in SPECS if spec.op in ("Linear", "Conv2d")]
+    found = pattern_signatures("megatron", splittable, {}, SPECS)
+    assert {x: s for x, s in found.items() if s != "data"} == megatron("tiny_vit")
+    assert pattern_signatures("megatron", splittable, {}) == dict.fromkeys(splittable, "data")  # no specs: data
