@@ -8,8 +8,12 @@ whole head is refused, naming the layer. The MPI runs of these plans are in ``te
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
+from tapp_core.costmodel import estimate
 from tapp_core.models import build_traced_model
 from tapp_core.placement import (
     BROADCAST,
@@ -21,10 +25,11 @@ from tapp_core.placement import (
     split_ranges,
     stage_layouts,
 )
-from tapp_core.plan import Plan, PlanError, check_signatures
+from tapp_core.plan import Plan, PlanError, check_signatures, single_stage_plan, stage_memory_bytes, validate
 from tapp_core.planners.patterns import pattern_signatures
 from tapp_core.profiler import profile_model
 from tapp_core.runtime.stage import ModelGraph
+from tests.test_runtime_correctness import plain_cluster
 from tests.test_runtime_sbp import megatron
 
 SPECS = ModelGraph.of(build_traced_model("tiny_vit")).specs
@@ -132,3 +137,24 @@ def test_the_megatron_pattern_finds_the_attention_and_mlp_pairs_from_the_graph()
     found = pattern_signatures("megatron", splittable, {}, SPECS)
     assert {x: s for x, s in found.items() if s != "data"} == megatron("tiny_vit")
     assert pattern_signatures("megatron", splittable, {}) == dict.fromkeys(splittable, "data")  # no specs: data
+
+
+def test_the_cost_model_and_the_memory_check_follow_a_megatron_plan() -> None:
+    """Estimated like any plan (compute split by the shares where the layers are split, the changes' collectives),
+    and memory as the layouts hold each tensor."""
+    library = profile_model("tiny_vit", 8, repeats=1, warmup=0)
+    cluster = plain_cluster(2)
+    data = single_stage_plan(library, ["d0", "d1"])
+    split = dataclasses.replace(data, signatures=tuple(megatron("tiny_vit").items()))
+    validate(split, library, cluster)
+    estimated = estimate(split, library, cluster)
+    assert math.isfinite(estimated.step_time) and estimated.step_time > 0
+    assert estimated.communication_share > 0  # the allgathers and reduce-scatters of every block
+    # Memory: each device holds its share of the split weights, and every row of what it holds Broadcast or
+    # PartialSum (the inputs gathered for q, k, v and fc1, the partial sums): on tiny_vit at 8 samples the
+    # activations outweigh the weights, so the split stage needs more than a replica.
+    mine, replica = stage_memory_bytes(split, library, 0), stage_memory_bytes(data, library, 0)
+    weights = sum(x.param_bytes for x in library.layers)
+    split_weights = sum(library.layers[x].param_bytes for x in megatron("tiny_vit"))
+    assert 0 < split_weights < weights
+    assert all(mine[d] > replica[d] > weights for d in ("d0", "d1"))
