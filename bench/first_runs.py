@@ -12,26 +12,19 @@ names another ``tapp`` executable, to show the race on a checkout without the st
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.fresh_home import fresh_environment  # noqa: E402
+
 RUN = ["run", "--model", "tiny_cnn", "--estimate-only", "--rounds", "2", "--methods", "tapp,even"]
-
-
-def environment(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "TAPP_"))}
-    (root / "tmp").mkdir(exist_ok=True)
-    return env | {
-        "TMPDIR": str(root / "tmp"),
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "TAPP_CACHE_DIR": str(root / "cache"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    }
 
 
 def first_error(output: str) -> str:
@@ -48,7 +41,7 @@ def main() -> None:
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tapp-first-runs-") as temporary:
         root = Path(temporary)
-        env = environment(root)
+        env = fresh_environment(root)
         warm = root / "warm"
         warm.mkdir()
         subprocess.run([options.tapp, *RUN], cwd=warm, env=env, capture_output=True, check=True)

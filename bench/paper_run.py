@@ -17,7 +17,6 @@ times. Run it under ``flock /tmp/tapp-heavy.lock`` on a shared machine.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -26,21 +25,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.fresh_home import fresh_environment  # noqa: E402
+
 TAPP = str(Path(sys.executable).parent / "tapp")
 PAPER_METHODS = ("single-cpu", "pipetorch", "bsp", "tapp")
 SWEEP = ["--model", "tiny_cnn", "--cluster", "hetero4", "--power", "1", "0.5", "--batch-sizes", "16", "32"]
-
-
-def environment(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "TAPP_"))}
-    (root / "tmp").mkdir(exist_ok=True)
-    return env | {
-        "TMPDIR": str(root / "tmp"),
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "TAPP_CACHE_DIR": str(root / "cache"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "COLUMNS": "160",
-    }
 
 
 def timed(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
@@ -62,7 +54,7 @@ def bench_run(root: Path, extra: str = "") -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, target)
     (checkout / ".venv").symlink_to(ROOT / ".venv")
-    env = environment(root)
+    env = fresh_environment(root)
     seconds, output = timed(["make", "-s", "run", *([f"ARGS={extra}"] if extra else [])], checkout, env)
     print(f"make run{f' ARGS={extra!r}' if extra else ''}: {seconds:.0f} s wall (bar: under 300 s)")
     print("\n".join(line for line in output.splitlines() if line.startswith(("tapp_experiment", "| ", "**Test"))))
@@ -88,7 +80,7 @@ def bench_run(root: Path, extra: str = "") -> None:
 def bench_sweep(root: Path) -> None:
     folder = root / "sweep"
     folder.mkdir()
-    env = environment(root)
+    env = fresh_environment(root)
     seconds, _ = timed([TAPP, "sweep", "--experiment", "E", *SWEEP, "--estimate-only"], folder, env)
     print(f"tapp sweep ... --estimate-only: {seconds:.0f} s")
     seconds, _ = timed([TAPP, "report", "--experiment", "E", "--out", "DIR"], folder, env)

@@ -13,7 +13,8 @@ never slower than pipeline-only; it is at least 10 % faster on one cell (named);
 in %.
 
 ``--measured``: on each cluster (real MPI workers: ``local`` emulated, ``threads12`` real ranks sharing this host's
-cores), AlexNet's split plans (AutoDDL's, and the whole model on every device with Megatron pairs and with every
+cores), costed from the layer libraries of its kinds profiled on this host (``ProfileCache.cluster_libraries``, as
+``bench/costmodel_error.py``), AlexNet's split plans (AutoDDL's, and the whole model on every device with Megatron pairs and with every
 layer column-split) are raced in interleaved rounds with the best pipeline-only plan; each plan's median is held
 against its estimate (the cluster's calibration when one was measured, else the ideal one). The last number is
 the median |error| of the split plans, in % (bar: <= 15 %).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import warnings
@@ -139,14 +141,18 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
     return plans
 
 
-def measured(clusters: list[str], rounds: int, steps: int) -> int:
+def measured(clusters: list[str], rounds: int, steps: int, save: Path | None = None) -> int:
     from tapp_core.calibration import cluster_calibration
+    from tapp_core.profile_cache import ProfileCache
     from tapp_core.runtime import WorkerPool
 
     errors = []
-    library = load_libraries(LIBRARIES / "alexnet_b64")
+    saved: list[dict[str, object]] = []
     for name in clusters:
         cluster = load_cluster(name)
+        # The libraries of the cluster's kinds on this host (profiled here if the cache has none), as the system
+        # costs a run here: a committed library from another day or host is not what these ranks compute.
+        library = ProfileCache().cluster_libraries("alexnet", 64, cluster)
         calibration = cluster_calibration(name, cluster, library)
         plans = split_candidates(library, cluster, calibration)
         print(f"\n{name}: calibration {calibration.note or 'ideal'}; {len(plans)} plans, {rounds} rounds")
@@ -165,8 +171,11 @@ def measured(clusters: list[str], rounds: int, steps: int) -> int:
             error = (predicted - median) / median
             if plan.signatures:
                 errors.append(abs(error))
+            saved.append({"cluster": name, "label": label, "plan": plan.to_json(), "measured_s": times[label]})
             spread = f"{min(times[label]):.4f}-{max(times[label]):.4f}"
             print(f"  {label:28s} measured {median:.4f} s ({spread}) estimated {predicted:.4f} s error {error:+.1%}")
+    if save is not None:
+        save.write_text(json.dumps(saved, indent=1))
     print(f"\nsplit plans: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(errors)}")
     print(f"cost model's median |error| on split plans: {100 * statistics.median(errors):.1f} %")
     return 0
@@ -180,10 +189,11 @@ def main() -> int:
     parser.add_argument("--measured", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--save", type=Path, help="with --measured: write every plan and its rounds' times (JSON)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="no layer library of kind")
     if args.measured:
-        return measured(args.clusters or ["local", "threads12"], args.rounds, args.steps)
+        return measured(args.clusters or ["local", "threads12"], args.rounds, args.steps, args.save)
     return estimated(args.models, args.clusters or list(CLUSTERS), args.tapp_rounds)
 
 

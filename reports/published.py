@@ -14,7 +14,17 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from reports.tables import HIGH, LOW, ROW_LABELS, Table, model_label, ratio, row_order, speedup_columns
+from reports.tables import (
+    HIGH,
+    LOW,
+    ROW_LABELS,
+    Table,
+    model_label,
+    ratio,
+    row_order,
+    speedup_columns,
+    step_kind_notes,
+)
 from tapp_core import schema
 from tapp_core.planners.base import PAPER_METHODS, method_label
 
@@ -62,7 +72,7 @@ def paper_comparison_table(evaluations: pd.DataFrame, ratios: Mapping[str, pd.Da
         frame=frame,
         label_columns=(*(ROW_LABELS[k] for k in keys), CLAIM, HOLDS),
         formats={PAPER: ratio, OURS: ratio, AGAINST: ratio},
-        notes=_notes(evaluations),
+        notes=_notes(evaluations) + step_kind_notes(evaluations),
     )
 
 

@@ -147,6 +147,7 @@ def evaluations(
             schema.HOST_RANKS,
             schema.HOST_OTHER_CPU,
         ),
+        ("schedule",),
     )
 
 

@@ -30,6 +30,7 @@ from reports.tables import (
     ratio,
     seconds,
     speedup_columns,
+    step_kind_notes,
 )
 from tapp_core import schema
 from tapp_core.planners.base import method_label
@@ -88,7 +89,7 @@ def computing_power_table(evaluations: pd.DataFrame, ratios: Mapping[str, pd.Dat
         frame=frame.assign(**{power: frame[power].map(lambda p: f"{float(p):g}")}),
         label_columns=tuple(ROW_LABELS[k] for k in POWER_KEYS),
         formats=formats,
-        notes=notes,
+        notes=notes + step_kind_notes(evaluations),
     )
 
 
@@ -119,7 +120,8 @@ def batch_size_table(evaluations: pd.DataFrame) -> Table:
         notes=[
             "Throughput: the batch size over the step time; step times in seconds"
             + _how(evaluations, measured)
-            + (" The throughput's interval is the batch over the step time's." if measured else "")
+            + (" The throughput's interval is the batch over the step time's." if measured else ""),
+            *step_kind_notes(evaluations),
         ],
     )
 

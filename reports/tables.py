@@ -401,8 +401,27 @@ def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = N
         frame=labelled(wide, keys, methods),
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats=formats,
-        notes=_source_notes(evaluations) + (_race_notes(evaluations, speedups) if not evaluations.empty else []),
+        notes=_source_notes(evaluations)
+        + step_kind_notes(evaluations)
+        + (_race_notes(evaluations, speedups) if not evaluations.empty else []),
     )
+
+
+def step_kind_notes(evaluations: pd.DataFrame) -> list[str]:
+    """Which cells are an asynchronous plan's steady-state time per mini-batch (``tapp_core.metrics.step_kind``)."""
+    if evaluations.empty or "schedule" not in evaluations:
+        return []
+    asynchronous = evaluations[evaluations["schedule"] == "async"]
+    if asynchronous.empty:
+        return ["Every plan is synchronous (gpipe, 1f1b): each cell is the time per step of the whole mini-batch."]
+    which = ", ".join(
+        sorted({f"{model_label(str(r.model))}/{method_label(str(r.method))}" for r in asynchronous.itertuples()})
+    )
+    return [
+        f"Asynchronous plans ({which}): the steady-state time per mini-batch over many mini-batches, the pipeline's"
+        " fill and drain left out; the other cells: the time per step of the whole mini-batch. Both are what training"
+        " pays per mini-batch, so they are compared alike."
+    ]
 
 
 def paired_speedups(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:

@@ -51,7 +51,8 @@ def test_every_method_has_its_label_and_description_in_the_registry() -> None:
 def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     config = ExperimentConfig(dataset="synthetic")
     assert (config.model, config.target.name, config.batch_size, config.power) == ("alexnet", "local", 64, 1.0)
-    assert "single-gpu" not in config.methods and set(config.methods) | {"single-gpu"} == set(PLANNER_NAMES)
+    assert not {"single-gpu", "even"} & set(config.methods)
+    assert set(config.methods) | {"single-gpu", "even"} == set(PLANNER_NAMES)
     assert (
         config.measured_rounds == DEFAULT_MEASURED_ROUNDS == 1
         and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
@@ -139,7 +140,7 @@ def test_a_sweep_is_a_list_of_configurations_of_the_same_settings() -> None:
 @pytest.mark.parametrize(
     ("settings", "step_time", "plan"),
     [
-        ({}, 0.25, (3, 20)),  # 15 s of 0.25 s steps: 60 steps, in 3 parts of 20
+        ({}, 0.25, (3, 16)),  # 12 s of 0.25 s steps: 48 steps, in 3 parts of 16
         ({"train_seconds": 1.0}, 0.3, (3, 1)),  # 3 steps: 3 parts of 1
         ({"train_seconds": 1.0}, 5.0, (1, 1)),  # slower than the budget: one step
         ({"train_epochs": 2, "train_steps": 10}, 0.25, (2, 10)),  # whole epochs, each cut to 10 steps

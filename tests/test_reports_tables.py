@@ -30,6 +30,7 @@ def log_experiment(
     cluster: str = "local",
     batch_size: int = 64,
     power: float | None = None,
+    schedules: dict[str, str] | None = None,
 ) -> RunRef:
     family = {schema.BASE_CLUSTER: cluster, schema.POWER: f"{power:g}"} if power is not None else {}
     name = f"{cluster}@{power:g}x" if power not in (None, 1) else cluster
@@ -52,6 +53,7 @@ def log_experiment(
                     child.log_metrics(
                         {schema.STEP_TIME: seconds, schema.COMMUNICATION_SHARE: (shares or {}).get(method)}
                     )
+                    child.log_params({"schedule": (schedules or {}).get(method, "1f1b")})
                     if method in fail:
                         raise RuntimeError("measurement failed half way")
             except RuntimeError:
@@ -349,3 +351,18 @@ def test_accuracy_table_names_what_was_trained_and_why_a_row_is_empty(
     assert "VGG-16 on local, batch 64: no accuracy, nothing was trained (estimate-only" in markdown
     figure = tmp_path / "accuracy_vs_time.png"
     assert figure in report.figure_files and figure.stat().st_size > 0
+
+
+def test_the_step_time_tables_say_which_cells_are_asynchronous(tracking_uri: str, experiment_name: str) -> None:
+    log_experiment(experiment_name, "alexnet", PAPER["alexnet"], schedules={"tapp": "async", "single-cpu": "gpipe"})
+    log_experiment(experiment_name, "vgg16", PAPER["vgg16"])
+    tables = build_tables(experiment_name)
+    for table in (tables.step_time, tables.batch_size, tables.paper_comparison, tables.computing_power):
+        (note,) = [n for n in table.notes if "Asynchronous plans" in n]
+        assert "(AlexNet/TAPP)" in note, table.name
+
+
+def test_a_synchronous_experiment_says_every_cell_is_a_step(tracking_uri: str, experiment_name: str) -> None:
+    log_experiment(experiment_name, "vgg16", PAPER["vgg16"])
+    (note,) = [n for n in build_tables(experiment_name).step_time.notes if "synchronous" in n]
+    assert note.startswith("Every plan is synchronous")
