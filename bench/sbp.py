@@ -133,9 +133,8 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
         "pipeline-cd": plan_with("pipeline-cd", library, cluster, calibration, 0),
     }
     weights = {x.index: x.param_bytes for x in library.layers}
-    for pattern in PATTERNS[1:]:
-        signatures = pattern_signatures(pattern, layers, weights, library.specs())
-        chosen = tuple(sorted((x, s) for x, s in signatures.items() if s != "data"))
+    for pattern in PATTERNS[1:4]:  # col, pairs, heaviest; megatron is the ViT's (megatron_line)
+        chosen = tuple(sorted((x, s) for x, s in pattern_signatures(pattern, layers, weights).items() if s != "data"))
         plans[f"all devices, {pattern}"] = dataclasses.replace(base, signatures=chosen, stage_shares=shares)
     plans["all devices, col (even)"] = dataclasses.replace(base, signatures=tuple((x, COLUMN) for x in layers))
     return plans
