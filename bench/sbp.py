@@ -93,18 +93,17 @@ def estimated(models: list[str], clusters: list[str], rounds: int) -> int:
 
 def megatron_line(library: LayerLibrary, cluster: Cluster) -> str:
     """The Transformer's Megatron plan (every device one stage; every block's q, k, v col and projection row, fc1
-    col and fc2 row, as ``patterns.megatron_signatures`` finds them; shares by speed, in whole heads) beside plain
-    data parallelism on the same devices, both estimated."""
+    col and fc2 row, as ``patterns.megatron_signatures`` finds them) beside plain data parallelism on the same
+    devices, both with shares by speed (Megatron's rounded to whole heads), both estimated."""
     devices = list(cluster.device_names)
-    data = single_stage_plan(library, devices, planner="data parallel")
-    layers = [x.index for x in library.layers if x.op in SIGNATURES]
-    chosen = pattern_signatures("megatron", layers, {}, library.specs())
     speeds = relative_speeds(library, cluster)
-    megatron = dataclasses.replace(
-        data,
-        signatures=tuple(sorted((x, s) for x, s in chosen.items() if s != "data")),
+    data = dataclasses.replace(
+        single_stage_plan(library, devices, planner="data parallel"),
         stage_shares=(normalized_shares([speeds[d] for d in devices]),),
     )
+    layers = [x.index for x in library.layers if x.op in SIGNATURES]
+    chosen = pattern_signatures("megatron", layers, {}, library.specs())
+    megatron = dataclasses.replace(data, signatures=tuple(sorted((x, s) for x, s in chosen.items() if s != "data")))
     megatron_s = estimate(megatron, library, cluster).step_time
     data_s = estimate(data, library, cluster).step_time
     pairs = sum(s == "row" for s in chosen.values())
