@@ -79,6 +79,8 @@ def estimated(models: list[str], clusters: list[str], rounds: int) -> int:
                 worse.append(f"{model} on {name}")
             cells = "".join(f" {times[m]:12.4f}" for m in METHODS)
             print(f"{model:8s} {name:8s}{cells} {gain:+7.1%}  {describe(plans['autoddl'], library)}")
+            if model == "vit":
+                print(megatron_line(library, cluster))
     best_gain, where = max(gains)
     print(
         f"\nAutoDDL never slower than pipeline-only: {not worse}"
@@ -87,6 +89,28 @@ def estimated(models: list[str], clusters: list[str], rounds: int) -> int:
     print(f"AutoDDL at least 10% faster than pipeline-only somewhere: {best_gain >= 0.10} (largest on {where})")
     print(f"largest gain of split layers over pipeline-only: {100 * best_gain:.1f} %")
     return 0
+
+
+def megatron_line(library: LayerLibrary, cluster: Cluster) -> str:
+    """The Transformer's Megatron plan (every device one stage; every block's q, k, v col and projection row, fc1
+    col and fc2 row, as ``patterns.megatron_signatures`` finds them) beside plain data parallelism on the same
+    devices, both with shares by speed (Megatron's rounded to whole heads), both estimated."""
+    devices = list(cluster.device_names)
+    speeds = relative_speeds(library, cluster)
+    data = dataclasses.replace(
+        single_stage_plan(library, devices, planner="data parallel"),
+        stage_shares=(normalized_shares([speeds[d] for d in devices]),),
+    )
+    layers = [x.index for x in library.layers if x.op in SIGNATURES]
+    chosen = pattern_signatures("megatron", layers, {}, library.specs())
+    megatron = dataclasses.replace(data, signatures=tuple(sorted((x, s) for x, s in chosen.items() if s != "data")))
+    megatron_s = estimate(megatron, library, cluster).step_time
+    data_s = estimate(data, library, cluster).step_time
+    pairs = sum(s == "row" for s in chosen.values())
+    return (
+        f"  vit {cluster.name}: Megatron attention+MLP split ({pairs} col/row pairs on {len(devices)} devices), "
+        f"estimated {megatron_s:.4f} s vs data-parallel {data_s:.4f} s"
+    )
 
 
 def describe(plan: Plan, library: LayerLibrary) -> str:
@@ -108,7 +132,7 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
         "pipeline-cd": plan_with("pipeline-cd", library, cluster, calibration, 0),
     }
     weights = {x.index: x.param_bytes for x in library.layers}
-    for pattern in PATTERNS[1:]:
+    for pattern in PATTERNS[1:4]:  # col, pairs, heaviest; megatron is the ViT's (megatron_line)
         chosen = tuple(sorted((x, s) for x, s in pattern_signatures(pattern, layers, weights).items() if s != "data"))
         plans[f"all devices, {pattern}"] = dataclasses.replace(base, signatures=chosen, stage_shares=shares)
     plans["all devices, col (even)"] = dataclasses.replace(base, signatures=tuple((x, COLUMN) for x in layers))

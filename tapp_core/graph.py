@@ -86,6 +86,27 @@ def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
+def op_axes(node: torch.fx.Node, ndim: int) -> tuple[int, ...]:
+    """The dimensions (of a tensor of ``ndim`` dimensions, samples first) an operation acts along where the layout
+    pass of ``tapp_core.placement`` needs them (``LayerSpec.axes``): a transpose's two, a permute's order, a
+    softmax's one, non-negative; () for any other operation or where they are not plain numbers."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    args: list[object] = list(node.args[1:])
+    axes: list[object]
+    if name == "transpose":
+        axes = args[:2] or [node.kwargs.get("dim0"), node.kwargs.get("dim1")]
+    elif name == "permute":
+        axes = list(args[0]) if len(args) == 1 and isinstance(args[0], tuple | list) else args
+    elif name in ("softmax", "log_softmax"):
+        axes = args[:1] or [node.kwargs.get("dim")]
+    else:
+        return ()
+    numbers = [a for a in axes if isinstance(a, int) and not isinstance(a, bool) and -ndim <= a < ndim]
+    if ndim <= 0 or not numbers or len(numbers) != len(axes):
+        return ()
+    return tuple(a % ndim for a in numbers)
+
+
 def layer_edges(graph_module: torch.fx.GraphModule) -> list[tuple[int, int]]:
     """(producer, consumer) layer indices of every edge between layers: the library's ``edges()``."""
     index = layer_index(graph_module)

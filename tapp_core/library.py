@@ -71,6 +71,8 @@ class Layer:
     forward_fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
     """The part of ``forward_s`` / ``backward_s`` that one call costs whatever its number of samples."""
+    axes: tuple[int, ...] = ()
+    """The dimensions the operation acts along, where the layout pass needs them (``placement.LayerSpec.axes``)."""
 
     @property
     def outputs_tensor(self) -> bool:
@@ -155,6 +157,7 @@ class LayerLibrary:
                     inputs=x.predecessors or (MODEL_INPUT,),
                     shape=tuple(x.output_shape[1:]),
                     has_params=x.param_bytes > 0,
+                    axes=x.axes,
                 )
                 for x in snapshot
             )
@@ -170,6 +173,7 @@ class LayerLibrary:
             row["successors"] = " ".join(map(str, layer.successors))
             row["predecessors"] = " ".join(map(str, layer.predecessors))
             row["output_shape"] = "x".join(map(str, layer.output_shape))
+            row["axes"] = " ".join(map(str, layer.axes))
             rows.append(row)
         return pd.DataFrame(rows, columns=[f for f in Layer.__dataclass_fields__])
 
@@ -309,6 +313,8 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
         # Libraries written before the affine fit have no fixed parts: the linear model.
         forward_fixed_s=_float(row.get("forward_fixed_s") or 0.0),
         backward_fixed_s=_float(row.get("backward_fixed_s") or 0.0),
+        # Libraries written before the layout pass read axes have none: their shape operations carry no split.
+        axes=_ints(row.get("axes") or "", " "),
     )
 
 

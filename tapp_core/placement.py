@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Literal
 
 
@@ -110,13 +111,15 @@ def split_sizes(total: int, shares: Sequence[float]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def split_ranges(total: int, shares: Sequence[float]) -> tuple[tuple[int, int], ...]:
-    """Each device's contiguous range ``[start, stop)`` of ``total`` items (``split_sizes``), in device order."""
+def split_ranges(total: int, shares: Sequence[float], unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """Each device's contiguous range ``[start, stop)`` of ``total`` items (``split_sizes``), in device order; with a
+    ``unit``, every range is a whole number of units (``total // unit`` units divided by the shares: e.g. whole
+    attention heads of ``unit`` features each)."""
     ranges = []
     start = 0
-    for size in split_sizes(total, shares):
-        ranges.append((start, start + size))
-        start += size
+    for size in split_sizes(total // unit, shares):
+        ranges.append((start, start + size * unit))
+        start += size * unit
     return tuple(ranges)
 
 
@@ -215,9 +218,21 @@ def traffic(collective: Collective, tensor_bytes: float, shares: Sequence[float]
 # (The feature dimension is a Linear's last and a Conv2d's channels, dimension 1.) Every other layer follows its
 # input: elementwise layers (activations, dropout) keep any layout; layers that act per channel (pooling,
 # BatchNorm2d, flatten) keep Split(0), Split(1) or Broadcast; a PartialSum reaching a layer that is not linear in
-# it is first reduce-scattered along the features; ``add`` takes its first input's layout; any other layer
-# (``cat``, reshapes, LayerNorm, ...) reads Split(0), or Broadcast when all its inputs are. A stage's inputs arrive
-# Split(0) (the model's input is read from the data in any layout, for free), and its outputs leave Split(0).
+# it is first reduce-scattered along the features; ``add`` takes its first input's layout; a feature split
+# (Split(d), d > 0) is *carried* through the shape operations of attention (``_carried``): a view or reshape that
+# splits the dimension into several (``(T, D)`` to ``(T, heads, head_dim)``: the split falls on the first, the
+# heads, and every device must hold whole heads) or merges it with those after it, a transpose or permute that
+# moves it, a batched matmul whose two inputs are split along the same batch dimension (the heads), a softmax along
+# another dimension, a product with a number; any other layer (``cat``, LayerNorm, ...) reads Split(0), or
+# Broadcast when all its inputs are. A stage's inputs arrive Split(0) (the model's input is read from the data in
+# any layout, for free), and its outputs leave Split(0). A value that several layers read in the same other layout
+# changes once.
+#
+# Megatron's attention is then q, k, v ``col`` and the projection ``row``: each device computes whole heads and
+# exchanges nothing between q/k/v and the projection; its MLP is fc1 ``col`` and fc2 ``row``. A split carried
+# through a view into heads must give every device a whole number of heads: the layout pass finds that *unit* (the
+# features of one head) from the shapes, and ``split_ranges`` rounds each device's share to it
+# (``StageLayouts.units``); ``check_units`` rejects a group that cannot give every device one, naming the layer.
 #
 # Gradients flow back in the *dual* layout (Split stays Split, Broadcast's gradient is a PartialSum and
 # PartialSum's a Broadcast), and each layout change's backward is the change between the duals
@@ -240,6 +255,16 @@ LINEAR_IN_INPUT = frozenset({"add", "Identity", "flatten", "Dropout", "dropout"}
 """Layers whose output is linear in their input (in training, dropout's mask is fixed per device): a PartialSum
 passes through them."""
 SUMMING = frozenset({"add"})
+RESHAPES = frozenset({"view", "reshape"})
+PERMUTES = frozenset({"transpose", "permute"})
+BATCHED_MATMULS = frozenset({"matmul", "bmm"})
+ROWWISE = frozenset({"softmax", "log_softmax", "Softmax", "LogSoftmax"})
+"""Layers that act along one dimension (``LayerSpec.axes``) and on every other on its own."""
+SHAPE_READS = frozenset({"getattr", "size", "dim"})
+"""Layers that read a tensor's shape: they read it as it is held and output numbers, which no layout change moves
+(a device reads its own part's shape, as the model's code does on one device)."""
+SCALING = frozenset({"mul", "truediv", "div"})
+"""Products with (or quotients by) a number: elementwise when they read one layer and hold no parameter."""
 MODEL_INPUT = -1
 OUTPUT = -2
 """``Change.layer`` of the changes a stage makes to its outputs before they leave it (to Split(0))."""
@@ -278,6 +303,10 @@ class LayerSpec:
     shape: tuple[int, ...]
     """Its output's shape per sample."""
     has_params: bool
+    axes: tuple[int, ...] = ()
+    """The dimensions of the whole tensor (samples first, counted from 0) the operation acts along, where the layout
+    pass needs them: a transpose's two, a permute's order, a softmax's one (``graph.op_axes``); () if none or
+    unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +319,8 @@ class Change:
     source: Layout
     target: Layout
     elements: int
+    readers: tuple[int, ...] = ()
+    """Later layers that read the changed value too (the same change serves them all)."""
 
     @property
     def forward(self) -> Collective:
@@ -311,6 +342,13 @@ class StageLayouts:
     weights: dict[int, Layout]
     """Per parameter-holding layer: Broadcast, or Split(d) along the weight's dimension d (0: output features)."""
     changes: tuple[Change, ...]
+    carried: dict[int, tuple[tuple[int, ...], Fraction]] = field(default_factory=dict)
+    """Per layer whose output is a feature split carried from inputs held that way (``_LayoutPass._carry``): those
+    inputs, and the size of its split dimension over theirs (a view into heads ``heads / D``, a merge back
+    ``D / heads``, a transpose 1). Each device's range of it is theirs, scaled by that."""
+    units: dict[int, int] = field(default_factory=dict)
+    """Per layer where a feature split starts (a ``col`` output, a change into a split), when its ranges must be
+    multiples of more than one item: that unit (e.g. the features of one attention head)."""
 
     @property
     def coupled(self) -> bool:
@@ -357,7 +395,28 @@ def stage_layouts(
     for index in stage_layers:
         layout_pass.place(layers[index], signatures.get(index, DATA))
     layout_pass.leave(stage_layers, _consumers(layers))
-    return StageLayouts(layout_pass.inputs, layout_pass.outputs, layout_pass.weights, tuple(layout_pass.changes))
+    return StageLayouts(
+        layout_pass.inputs,
+        layout_pass.outputs,
+        layout_pass.weights,
+        tuple(layout_pass.changes),
+        layout_pass.carried,
+        layout_pass.units(stage_layers),
+    )
+
+
+def check_units(layers: Sequence[LayerSpec], layouts: StageLayouts, shares: Sequence[float]) -> None:
+    """``SignatureError`` naming the layer unless every split that must fall on whole units (``StageLayouts.units``,
+    e.g. attention heads) gives each device of the group at least one unit with ``shares``."""
+    for layer, unit in sorted(layouts.units.items()):
+        spec, split = layers[layer], layouts.outputs[layer]
+        size = spec.shape[split.dim - 1] if isinstance(split, Split) and split.dim > 0 else 0
+        if size % unit or min(split_sizes(size // unit, shares)) < 1:
+            raise SignatureError(
+                f"layer {spec.name}: its split of {size} features must fall on whole units of {unit} (a later layer "
+                f"splits them into {size // unit} x {unit}, e.g. attention heads), too few for {len(shares)} devices "
+                f"with shares {[round(x, 3) for x in shares]}"
+            )
 
 
 _CONSUMERS: dict[int, tuple[Sequence[LayerSpec], dict[int, list[int]]]] = {}
@@ -388,20 +447,40 @@ class _LayoutPass:
         self.outputs: dict[int, Layout] = {}
         self.weights: dict[int, Layout] = {}
         self.changes: list[Change] = []
+        self.carried: dict[int, tuple[tuple[int, ...], Fraction]] = {}
+        self.shapes: dict[int, bool] = {}
 
     def layout_of(self, value: int) -> Layout:
         """A value's layout where the stage reads it: its layer's output here, else Split(0) (a cut value)."""
         return self.outputs.get(value, SAMPLES)
 
+    def shape_value(self, value: int) -> bool:
+        """Whether ``value`` holds numbers read from a shape (``SHAPE_READS``, items of those, arithmetic on them)."""
+        if value == MODEL_INPUT or self.layers[value].shape:
+            return False
+        if value not in self.shapes:
+            spec = self.layers[value]
+            self.shapes[value] = spec.op in SHAPE_READS or (
+                spec.inputs != (MODEL_INPUT,) and all(self.shape_value(v) for v in spec.inputs)
+            )
+        return self.shapes[value]
+
     def place(self, spec: LayerSpec, signature: str) -> None:
-        if signature != DATA:
+        if signature == DATA and self.shape_value(spec.index):
+            tensors = self._tensor_inputs(spec)
+            self.inputs[spec.index] = self.layout_of(tensors[0]) if tensors else BROADCAST
+            self.outputs[spec.index] = BROADCAST  # every device holds its numbers; no change ever moves them
+        elif signature != DATA:
             self._chosen(spec, signature)
-        elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE:
+        elif self._carry(spec):
+            pass
+        elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE or self._scaling(spec):
             self._pointwise(spec)
         elif spec.op in SUMMING:
             self._read(spec, self._first_input(spec))
+            self._passed(spec)
         else:
-            layouts = {self.layout_of(v) for v in spec.inputs if v != MODEL_INPUT}
+            layouts = {self.layout_of(v) for v in self._tensor_inputs(spec)}
             self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
         if spec.has_params and spec.index not in self.weights:
             self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
@@ -411,7 +490,12 @@ class _LayoutPass:
         read from the data as needed) and writes ``output`` (default: ``layout``)."""
         for value in spec.inputs:
             source = self.layout_of(value)
-            if value != MODEL_INPUT and source != layout:
+            if value != MODEL_INPUT and source != layout and not self.shape_value(value):
+                done = [i for i, c in enumerate(self.changes) if (c.value, c.target) == (value, layout)]
+                if done:  # another layer reads it in this layout already: the same change serves both
+                    change = self.changes[done[0]]
+                    self.changes[done[0]] = replace(change, readers=(*change.readers, spec.index))
+                    continue
                 elements = math.prod(self.layers[value].shape)
                 self.changes.append(Change(spec.index, value, source, layout, elements))
         self.inputs[spec.index] = layout
@@ -437,12 +521,103 @@ class _LayoutPass:
         if spec.op in CHANNELWISE and isinstance(layout, Split) and layout.dim > 1:
             layout = BROADCAST
         self._read(spec, layout)
+        self._passed(spec)
+
+    def _scaling(self, spec: LayerSpec) -> bool:
+        return spec.op in SCALING and not spec.has_params and len(self._tensor_inputs(spec)) == 1
+
+    def _tensor_inputs(self, spec: LayerSpec) -> list[int]:
+        """The layers ``spec`` reads that hold tensors (not shapes read from one)."""
+        return [v for v in spec.inputs if v != MODEL_INPUT and not self.shape_value(v)]
+
+    def _passed(self, spec: LayerSpec) -> None:
+        """Note a feature split that ``spec`` keeps from its first input as that holds it (scaled, as a flatten
+        widens the channels by the elements of each)."""
+        split, first = self.outputs[spec.index], self._first_input(spec)
+        if isinstance(split, Split) and split.dim > 0 and first == split and spec.inputs[0] != MODEL_INPUT:
+            before, after = self.layers[spec.inputs[0]].shape[split.dim - 1], spec.shape[split.dim - 1]
+            self.carried[spec.index] = ((spec.inputs[0],), Fraction(after, before))
+
+    def _carry(self, spec: LayerSpec) -> bool:
+        """Carry a feature split through a shape operation of attention (view, transpose, batched matmul, softmax)
+        that keeps it, without a collective; False where the layer is not one or does not keep it."""
+        tensors = self._tensor_inputs(spec)
+        held = [self.layout_of(v) for v in tensors]
+        if not held or not isinstance(held[0], Split) or held[0].dim == 0 or any(h != held[0] for h in held):
+            return False
+        dim, source = held[0].dim, self.layers[tensors[0]].shape
+        moved: tuple[int, Fraction] | None = None
+        if spec.op in RESHAPES and len(tensors) == 1:
+            moved = _reshaped(source, spec.shape, dim)
+        elif spec.op in PERMUTES and len(tensors) == 1:
+            order = _permutation(spec.op, spec.axes, len(source) + 1)
+            moved = (order.index(dim), Fraction(1)) if order and order[0] == 0 else None
+        elif spec.op in BATCHED_MATMULS and len(tensors) == 2 and dim <= len(spec.shape) - 2:
+            shapes = {self.layers[v].shape[:-2] for v in tensors} | {spec.shape[:-2]}
+            moved = (dim, Fraction(1)) if len(shapes) == 1 else None
+        elif spec.op in ROWWISE and len(tensors) == 1 and len(spec.axes) == 1 and spec.axes[0] != dim:
+            moved = (dim, Fraction(1))
+        if moved is None:
+            return False
+        self.inputs[spec.index] = held[0]
+        self.outputs[spec.index] = Split(moved[0])
+        self.carried[spec.index] = (tuple(tensors), moved[1])
+        return True
+
+    def units(self, stage_layers: Sequence[int]) -> dict[int, int]:
+        """Per layer where a feature split starts, the unit its ranges must be multiples of for every layer it is
+        carried to to hold whole items (``StageLayouts.units``): requirements pushed back from the carried layers
+        (a range scaled by ``a / b`` is whole when the source's is a multiple of ``b``), equal for a matmul's two
+        inputs, to a fixed point."""
+        need: dict[int, int] = {}
+        changed = True
+        while changed:
+            changed = False
+            for layer in reversed(stage_layers):
+                if layer not in self.carried:
+                    continue
+                sources, ratio = self.carried[layer]
+                scaled = ratio.denominator * need.get(layer, 1)
+                want = math.lcm(scaled // math.gcd(ratio.numerator, scaled), *(need.get(v, 1) for v in sources))
+                for value in sources:
+                    if need.get(value, 1) != want:
+                        need[value], changed = want, True
+        return {x: u for x, u in need.items() if u > 1 and x not in self.carried and x in self.members}
 
     def leave(self, stage_layers: Sequence[int], consumers: dict[int, list[int]]) -> None:
         """Outputs read by a later stage, and the model's output, leave as Split(0)."""
         for index in stage_layers:
             readers = consumers[index]
             leaves = not readers or any(c not in self.members for c in readers)
-            if leaves and self.outputs[index] != SAMPLES:
+            if leaves and self.outputs[index] != SAMPLES and not self.shape_value(index):
                 elements = math.prod(self.layers[index].shape)
                 self.changes.append(Change(OUTPUT, index, self.outputs[index], SAMPLES, elements))
+
+
+def _reshaped(source: Sequence[int], target: Sequence[int], dim: int) -> tuple[int, Fraction] | None:
+    """Where a view or reshape from per-sample ``source`` to ``target`` puts a split of dimension ``dim`` (samples
+    are 0), and the new dimension's size over the old: the same dimension, the first of those it is split into
+    (``(T, D)`` to ``(T, H, D / H)``: H / D) or it merged with those after it (back: D / H); None where the split
+    does not survive (merged with a dimension before it)."""
+    prefix, size = math.prod(source[: dim - 1]), source[dim - 1]
+    for new in range(1, len(target) + 1):
+        if math.prod(target[: new - 1]) == prefix and target[new - 1] != 1:
+            break
+    else:
+        return None
+    out = target[new - 1]
+    if math.prod(target[: new - 1]) != prefix:
+        return None
+    merged = out >= size and any(math.prod(source[dim - 1 : k]) == out for k in range(dim, len(source) + 1))
+    split = out < size and any(math.prod(target[new - 1 : k]) == size for k in range(new, len(target) + 1))
+    return (new, Fraction(out, size)) if merged or split else None
+
+
+def _permutation(op: str, axes: Sequence[int], ndim: int) -> list[int]:
+    """The order of a transpose's (two axes) or permute's (all) output dimensions, as input dimensions; [] if the
+    axes are unknown."""
+    if op == "transpose" and len(axes) == 2:
+        order = list(range(ndim))
+        order[axes[0]], order[axes[1]] = order[axes[1]], order[axes[0]]
+        return order
+    return list(axes) if op == "permute" and len(axes) == ndim else []

@@ -38,6 +38,7 @@ from tapp_core.placement import (
     StageLayouts,
     check_shares,
     check_signature,
+    check_units,
     even_shares,
     split_ranges,
     stage_layouts,
@@ -471,6 +472,15 @@ def check_signatures(plan: Plan, library: LayerLibrary | Sequence[LayerSpec]) ->
             check_signature(specs[layer], signature, devices)
         except PlacementError as exc:
             raise PlanError(str(exc)) from None
+    for stage in range(plan.n_stages):
+        if plan.runs_split(stage):
+            layouts = stage_layouts(
+                specs, plan.stage_layers(stage), plan.signature_of(), len(plan.stage_devices[stage])
+            )
+            try:
+                check_units(specs, layouts, plan.shares(stage))
+            except PlacementError as exc:
+                raise PlanError(str(exc)) from None
 
 
 def check_memory(plan: Plan, library: LayerLibrary, cluster: Cluster) -> None:

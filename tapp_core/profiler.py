@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from tapp_core import gpu
 from tapp_core.errors import TappError
 from tapp_core.flops import node_flops, tensors_in
-from tapp_core.graph import ModelError, layer_index, layer_param_bytes, op_type
+from tapp_core.graph import ModelError, layer_index, layer_param_bytes, op_axes, op_type
 from tapp_core.library import PROFILE_VERSION, Layer, LayerLibrary
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
@@ -406,6 +406,7 @@ def _layers(
                 backward_s=times.backward_s[i],
                 forward_fixed_s=times.forward_fixed_s[i],
                 backward_fixed_s=times.backward_fixed_s[i],
+                axes=op_axes(node, len(fact.output_shape)),
             )
         )
     return layers

@@ -120,7 +120,8 @@ def test_vit_is_written_as_such_models_usually_are(name: str) -> None:
     assert isinstance(model.cls_token, nn.Parameter) and isinstance(model.pos_embed, nn.Parameter)
     assert model.pos_embed.shape == (1, (32 // 4) ** 2 + 1, model.cls_token.shape[-1])
     shape_reads = [node for node in traced.graph.nodes if node.target is getattr and node.args[1] == "shape"]
-    assert len(shape_reads) == 1 + len(model.blocks), "shapes must be read from the input"
+    # read from the input (the class token's batch) and from each tensor whose heads are split (q, k, v) or merged
+    assert len(shape_reads) == 1 + 4 * len(model.blocks), "shapes must be read from the tensors they shape"
     for block in model.blocks:
         assert isinstance(block, Block)
         assert all(isinstance(getattr(block.attn, p), nn.Linear) for p in ("q", "k", "v", "proj"))

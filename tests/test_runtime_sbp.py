@@ -280,3 +280,51 @@ def test_emulated_layout_changes_wait_out_their_link_time_and_slow_devices_hold_
     # The slow device computes three times as long between the changes: its compute, not its waits, is slowed down.
     assert emulated.stage_compute_s[0] > 1.5 * real.stage_compute_s[0]
     assert emulated.stage_compute_s[0] < 0.5 * emulated.step_time_s
+
+
+# --- Megatron's attention and MLP splits on the ViT -------------------------------------------------------------
+
+MEGATRON_BLOCK = {"attn_q": "col", "attn_k": "col", "attn_v": "col", "attn_proj": "row", "mlp_fc1": "col", "mlp_fc2": "row"}  # fmt: skip
+
+
+def megatron(model: str) -> dict[int, str]:
+    """Every block's attention split by heads (q, k, v col; the projection row) and its MLP (fc1 col, fc2 row)."""
+    specs = ModelGraph.of(build_traced_model(model)).specs
+    return {
+        spec.index: MEGATRON_BLOCK[spec.name.split("_", 2)[2]]
+        for spec in specs
+        if spec.name.startswith("blocks_") and spec.name.split("_", 2)[2] in MEGATRON_BLOCK
+    }
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("pool_name", "shares"),
+    # 3 ranks: shares 0.45/0.3/0.25 of 4 heads are 2/1/1 whole heads (not 14/10/8 of the 32 features)
+    [("pool2", ()), ("pool3", ((0.45, 0.3, 0.25),))],
+    ids=["tiny_vit-megatron-2-even", "tiny_vit-megatron-3-uneven-heads-2-1-1"],
+)
+def test_megatron_attention_and_mlp_splits_of_the_vit_train_like_one_device(
+    request: pytest.FixtureRequest, pool_name: str, shares: tuple[tuple[float, ...], ...]
+) -> None:
+    pool: WorkerPool = request.getfixturevalue(pool_name)
+    devices = ONE_STAGE_2 if pool_name == "pool2" else ONE_STAGE_3
+    model = "tiny_vit"
+    n_layers = len(ModelGraph.of(build_traced_model(model)).specs)
+    signatures = megatron(model)
+    assert len(signatures) == 12  # 2 blocks
+    plan = Plan(
+        model, BATCH, MICRO_BATCHES, "gpipe", (0,) * n_layers, devices,
+        stage_shares=shares, signatures=tuple(signatures.items()),
+    )  # fmt: skip
+    run_and_compare(pool, plan, *reference(model, MICRO_BATCHES))
+
+
+def test_each_device_of_a_megatron_vit_holds_whole_heads() -> None:
+    shares = (0.45, 0.3, 0.25)
+    modules = [sharded("tiny_vit", megatron("tiny_vit"), shares, i) for i in range(3)]
+    for name in ("blocks_0_attn_q", "blocks_1_attn_v"):
+        assert [m.get_submodule(name).weight.shape[0] for m in modules] == [16, 8, 8]  # 2/1/1 heads of 8 features
+    assert [m.get_submodule("blocks_0_attn_proj").weight.shape[1] for m in modules] == [16, 8, 8]
+    assert [m.get_submodule("blocks_0_mlp_fc1").weight.shape[0] for m in modules] == [29, 19, 16]  # no unit: shares

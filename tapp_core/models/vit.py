@@ -5,8 +5,10 @@ Written the way such models usually are, so that the whole system must cope with
 input (batch and tokens), and the class token and the position embedding are parameters of the model itself, read
 through torch.fx ``get_attr`` nodes rather than through a layer. Attention has separate query, key, value and
 output-projection ``nn.Linear`` layers and an explicit split into heads (``view`` + ``transpose``), so that each
-can be split Megatron-style (q/k/v by heads, the projection by its input features); the MLP is two
-``nn.Linear`` with a GELU between. No dropout: pipelined training must match one device.
+can be split Megatron-style (q/k/v by heads, the projection by its input features); the shapes of the heads'
+split and merge are read from the tensors split and merged, the heads counted from them
+(``view(batch, tokens, -1, head_dim)``), so that a device holding some heads, or some samples, runs the same code.
+The MLP is two ``nn.Linear`` with a GELU between. No dropout: pipelined training must match one device.
 
 ``vit`` (the registered model): width 256, 8 blocks of 8 heads, MLP 1024, about 6.3 M parameters.
 ``tiny_vit``: the same code at width 32, 2 blocks of 4 heads, for tests.
@@ -34,16 +36,25 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, dim = x.shape
-        # (batch, tokens, dim) -> (batch, heads, tokens, head_dim)
-        q = self.q(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
         attention = (q @ k.transpose(-2, -1)) * self.scale
         attention = attention.softmax(dim=-1)
-        merged = (attention @ v).transpose(1, 2).reshape(batch, tokens, dim)
+        merged = self.merge_heads(attention @ v)
         out: torch.Tensor = self.proj(merged)
         return out
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, tokens, features) -> (batch, heads, tokens, head_dim). The shape is read from the tensor itself
+        and the heads counted from it (-1), so that the same code runs where a device holds only some of the heads
+        (q, k and v split Megatron-style by their output features) or only some of the samples."""
+        batch, tokens, _ = x.shape
+        return x.view(batch, tokens, -1, self.head_dim).transpose(1, 2)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, tokens, head_dim) -> (batch, tokens, heads * head_dim), the shape read likewise."""
+        x = x.transpose(1, 2)
+        batch, tokens, _, _ = x.shape
+        return x.reshape(batch, tokens, -1)
 
 
 class MLP(nn.Module):

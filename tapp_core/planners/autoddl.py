@@ -8,7 +8,8 @@ each layer of a group with a signature (``tapp_core.placement``: ``data``, or a 
 
 - each split-capable layer's signature on a group of several devices;
 - a stage's signatures at once, by pattern (``patterns.PATTERNS``: all ``data``; every such layer ``col``;
-  Megatron's pairs; the heaviest layer and its neighbour as a pair), because one layer's split alone rarely pays;
+  Megatron's pairs; the heaviest layer and its neighbour as a pair; Megatron's attention and MLP splits, found by the
+  layout pass), because one layer's split alone rarely pays;
 - a left-over device added to a stage together with a pattern (a replica that only pays once the layers split);
 - the group's shares: equal, or in proportion to the devices' speeds (their kinds' libraries and speeds).
 
@@ -108,7 +109,7 @@ class SbpDescent(Descent):
                     )
 
     def pattern(self, name: str, layers: Sequence[int]) -> dict[int, str]:
-        return pattern_signatures(name, layers, self.weight)
+        return pattern_signatures(name, layers, self.weight, self.library.specs())
 
 
 @dataclass

@@ -8,7 +8,11 @@ Conv2d: ``placement.SIGNATURES``) in order:
 ``col``       every layer column-split;
 ``pairs``     column, row, column, row, ... (Megatron's pairs);
 ``heaviest``  the layer with the most weights row-split and the split-capable layer before it column-split (or,
-              when it is the first, it and the next as a pair), the others data parallel.
+              when it is the first, it and the next as a pair), the others data parallel;
+``megatron``  every layer that reads a feature split carried without a collective from column-split layers (the
+              layout pass of ``tapp_core.placement``: through attention's heads, or an activation) row-split, and
+              those column-split, the others data parallel: a Transformer's attention (q, k, v col, the projection
+              row) and MLP (fc1 col, fc2 row), whatever the layers between.
 
 AutoDDL's descent (``autoddl``) tries them as moves; TAPP's policy samples one per group of several devices.
 """
@@ -18,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tapp_core.library import LayerLibrary
-from tapp_core.placement import COLUMN, DATA, ROW, SIGNATURES
+from tapp_core.placement import COLUMN, DATA, MODEL_INPUT, ROW, SIGNATURES, LayerSpec, Split, feature_dim, stage_layouts
 
-PATTERNS: tuple[str, ...] = ("data", "col", "pairs", "heaviest")
+PATTERNS: tuple[str, ...] = ("data", "col", "pairs", "heaviest", "megatron")
 
 
 def splittable(library: LayerLibrary) -> list[int]:
@@ -28,11 +32,15 @@ def splittable(library: LayerLibrary) -> list[int]:
     return [x.index for x in library.layers if x.op in SIGNATURES]
 
 
-def pattern_signatures(name: str, layers: Sequence[int], weights: Mapping[int, int]) -> dict[int, str]:
+def pattern_signatures(
+    name: str, layers: Sequence[int], weights: Mapping[int, int], specs: Sequence[LayerSpec] = ()
+) -> dict[int, str]:
     """The signature ``name`` gives each of one stage's split-capable ``layers`` (in order), ``weights`` their
-    parameter bytes."""
-    if name == "data" or not layers:
+    parameter bytes, ``specs`` the model's layers (``megatron`` needs them; without, it is ``data``)."""
+    if name == "data" or not layers or (name == "megatron" and not specs):
         return dict.fromkeys(layers, DATA)
+    if name == "megatron":
+        return megatron_signatures(specs, layers)
     if name == "col":
         return dict.fromkeys(layers, COLUMN)
     if name == "pairs":
@@ -52,3 +60,26 @@ def with_signatures(signatures: tuple[tuple[int, str], ...], changes: Mapping[in
     """``signatures`` with ``changes`` applied (``data`` removes a layer's entry), sorted by layer."""
     merged = {**dict(signatures), **changes}
     return tuple(sorted((x, sig) for x, sig in merged.items() if sig != DATA))
+
+
+def megatron_signatures(specs: Sequence[LayerSpec], layers: Sequence[int]) -> dict[int, str]:
+    """``megatron``: with every one of ``layers`` column-split, each layer that reads its input split along its own
+    features, carried there from column-split layers of ``layers`` only, is row-split and those column-split."""
+    chosen = dict.fromkeys(layers, DATA)
+    layouts = stage_layouts(specs, range(len(specs)), dict.fromkeys(layers, COLUMN), 2)
+    for row in layers:
+        spec = specs[row]
+        reads = [v for v in spec.inputs if v != MODEL_INPUT]
+        if len(reads) != 1 or layouts.outputs[reads[0]] != Split(feature_dim(spec.op, spec.shape)):
+            continue
+        origins, todo = set(), [reads[0]]
+        while todo:
+            value = todo.pop()
+            if value in layouts.carried:
+                todo.extend(layouts.carried[value][0])
+            else:
+                origins.add(value)
+        if origins <= set(layers) and all(chosen[x] == DATA and specs[x].op in SIGNATURES for x in origins):
+            chosen.update(dict.fromkeys(origins, COLUMN))
+            chosen[row] = ROW
+    return chosen

@@ -13,9 +13,12 @@ holds and runs it.
   than by samples (the others then slice their part of it, locally).
 
 Every device knows every device's range of a split tensor (``Held``): a col layer splits its features by the
-shares; a layer that passes a split through keeps it, and a flatten widens each range by the elements per channel
-(a Conv2d's channel split keeps its channel boundaries through a flatten); a change into a split divides the
-dimension by the shares. Split(0) is the plan's rows of the micro-batch (``Plan.rows``).
+shares, in whole units where the layout pass asks for them (``StageLayouts.units``: whole attention heads); a layer
+that carries a split (``StageLayouts.carried``) scales its inputs' ranges by its sizes over theirs: an elementwise
+layer keeps them, a flatten widens each range by the elements per channel (a Conv2d's channel split keeps its
+channel boundaries through a flatten), a view into heads divides them by the features per head, a transpose moves
+them to another dimension; a change into a split divides the dimension by the shares. A change that several layers
+need is made once, before the first of them. Split(0) is the plan's rows of the micro-batch (``Plan.rows``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ from tapp_core.placement import (
     SAMPLES,
     LayerSpec,
     Layout,
+    PlacementError,
     Split,
     StageLayouts,
+    check_units,
     split_ranges,
     stage_layouts,
 )
@@ -92,17 +97,22 @@ class _Placing:
     def shape_of(self, value: int) -> tuple[int, ...]:
         return self.input_shape if value == MODEL_INPUT else self.specs[value].shape
 
-    def divided(self, layout: Layout, shape: Sequence[int]) -> Held:
-        """``layout`` of a tensor of per-sample ``shape``, a split dividing its dimension by the shares."""
+    def divided(self, layout: Layout, shape: Sequence[int], unit: int = 1) -> Held:
+        """``layout`` of a tensor of per-sample ``shape``, a split dividing its dimension by the shares (in whole
+        ``unit``s)."""
         if not isinstance(layout, Split):
             return Held(layout)
         if layout.dim == 0:
             return Held(layout, self.rows)
-        return Held(layout, split_ranges(shape[layout.dim - 1], self.shares))
+        return Held(layout, split_ranges(shape[layout.dim - 1], self.shares, unit))
 
     def _place(self, spec: LayerSpec) -> None:
+        if spec.index in self.layouts.carried:
+            self._carried(spec)
+            return
         read = self.layouts.inputs[spec.index]
-        reads = self.divided(read, self.shape_of(spec.inputs[0]))
+        unit = self.layouts.units.get(spec.index, 1)
+        reads = self.divided(read, self.shape_of(spec.inputs[0]), unit)
         if isinstance(read, Split) and read.dim > 0:
             held = [self.held_of(v) for v in spec.inputs if v != MODEL_INPUT and self.held_of(v).layout == read]
             if held:
@@ -111,24 +121,23 @@ class _Placing:
                 raise StageError(f"layer {spec.name} reads inputs split along dimension {read.dim} at different bounds")
         self.reads[spec.index] = reads
         output = self.layouts.outputs[spec.index]
-        if output == read:
-            self.held[spec.index] = self._passed(spec, reads)
-        else:
-            self.held[spec.index] = self.divided(output, spec.shape)
+        self.held[spec.index] = reads if output == read else self.divided(output, spec.shape, unit)
 
-    def _passed(self, spec: LayerSpec, reads: Held) -> Held:
-        """The output of a layer that keeps its input's layout: a feature split keeps its ranges, widened where
-        the layer widens the dimension by a whole factor (a flatten: by the elements per channel)."""
-        if not isinstance(reads.layout, Split) or reads.layout.dim == 0:
-            return reads
-        dim = reads.layout.dim
-        before, after = self.shape_of(spec.inputs[0])[dim - 1], spec.shape[dim - 1]
-        if after == before:
-            return reads
-        if before == 0 or after % before:
-            raise StageError(f"layer {spec.name} changes dimension {dim} of a split tensor ({before} -> {after})")
-        factor = after // before
-        return Held(reads.layout, tuple((lo * factor, hi * factor) for lo, hi in reads.ranges))
+    def _carried(self, spec: LayerSpec) -> None:
+        """A layer whose feature split is carried from its inputs as they are held (``StageLayouts.carried``): it
+        reads them as they are, all at the same bounds, and holds its output's split dimension at those bounds
+        scaled by the ratio of the sizes (a view into heads: whole heads; a flatten: widened by the elements per
+        channel)."""
+        sources, ratio = self.layouts.carried[spec.index]
+        held = [self.held_of(v) for v in sources]
+        if any(h.ranges != held[0].ranges for h in held):
+            raise StageError(f"layer {spec.name} reads inputs split at different bounds")
+        self.reads[spec.index] = held[0]
+        scaled = [(lo * ratio, hi * ratio) for lo, hi in held[0].ranges]
+        if any(lo.denominator != 1 or hi.denominator != 1 for lo, hi in scaled):
+            raise StageError(f"layer {spec.name} cuts a split tensor's ranges {held[0].ranges} into parts (x {ratio})")
+        layout = self.layouts.outputs[spec.index]
+        self.held[spec.index] = Held(layout, tuple((int(lo), int(hi)) for lo, hi in scaled))
 
 
 def shard_stage(
@@ -151,6 +160,10 @@ def shard_stage(
     if missing:
         raise StageError(f"stage {stage.index} lacks layer(s) {', '.join(missing)} of the model's graph")
     layouts = stage_layouts(specs, layers, dict(signatures), len(group.ranks))
+    try:
+        check_units(specs, layouts, group.shares)
+    except PlacementError as exc:
+        raise StageError(str(exc)) from None
     placing = _Placing(specs, layouts, layers, group.shares, rows, input_shape)
     shards: dict[str, Shard] = {}
     for layer, weights in layouts.weights.items():
@@ -163,13 +176,15 @@ def shard_stage(
     for number, change in enumerate(layouts.changes):
         source = placing.held_of(change.value)
         if change.layer == OUTPUT:
-            target, user = Held(SAMPLES, rows), next(n for n in graph.nodes if n.op == "output")
+            target, users = Held(SAMPLES, rows), [next(n for n in graph.nodes if n.op == "output")]
         else:
-            target, user = placing.reads[change.layer], nodes[change.layer]
-        if (source.layout, target.layout) != (change.source, change.target):
+            target, users = placing.reads[change.layer], [nodes[x] for x in (change.layer, *change.readers)]
+        if (source.layout, target.layout) != (change.source, change.target) or any(
+            placing.reads[x] != target for x in change.readers
+        ):
             raise StageError(f"layout change {change} does not match the stage's layouts {source} -> {target}")
         _insert(
-            module, graph, f"layout_change_{number}", LayoutChange(group, source, target), nodes[change.value], user
+            module, graph, f"layout_change_{number}", LayoutChange(group, source, target), nodes[change.value], users
         )
     whole_input = _read_input(module, graph, nodes, layers, specs, placing, group)
     graph.lint()
@@ -205,13 +220,14 @@ def _insert(
     name: str,
     change: LayoutChange,
     value: torch.fx.Node,
-    user: torch.fx.Node,
+    users: Sequence[torch.fx.Node],
 ) -> None:
-    """Call ``change`` on ``value`` right before ``user``, which reads the changed value instead."""
+    """Call ``change`` on ``value`` right before the first of ``users``, which all read the changed value instead."""
     module.add_submodule(name, change)
-    with graph.inserting_before(user):
+    with graph.inserting_before(users[0]):
         changed = graph.call_module(name, (value,))
-    user.replace_input_with(value, changed)
+    for user in users:
+        user.replace_input_with(value, changed)
 
 
 def _read_input(
@@ -233,7 +249,7 @@ def _read_input(
     for layer in readers:
         if placing.reads[layer].layout != BROADCAST:
             change = LayoutChange(group, Held(BROADCAST), placing.reads[layer])
-            _insert(module, graph, f"input_slice_{layer}", change, nodes[MODEL_INPUT], nodes[layer])
+            _insert(module, graph, f"input_slice_{layer}", change, nodes[MODEL_INPUT], [nodes[layer]])
     return True
 
 

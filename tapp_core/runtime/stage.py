@@ -23,7 +23,15 @@ from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
 from tapp_core.flops import tensors_in
-from tapp_core.graph import layer_edges, layer_index, layer_nodes, layer_parameters, op_type, parameter_users
+from tapp_core.graph import (
+    layer_edges,
+    layer_index,
+    layer_nodes,
+    layer_parameters,
+    op_axes,
+    op_type,
+    parameter_users,
+)
 from tapp_core.models import INPUT_SHAPE, build_traced_model
 from tapp_core.placement import MODEL_INPUT as MODEL_INPUT  # the producer of the model's input: the data source,
 from tapp_core.placement import LayerSpec  # read locally by every stage that needs it
@@ -624,6 +632,7 @@ def layer_specs(
             inputs=tuple(sorted({index[arg] for arg in node.all_input_nodes if arg in index})) or (MODEL_INPUT,),
             shape=shapes.get(node, ()),
             has_params=param_bytes[i] > 0,
+            axes=op_axes(node, len(shapes.get(node, ())) + 1),
         )
         for node, i in index.items()
     )

@@ -182,6 +182,7 @@ class TappPolicy(nn.Module):
         self.pattern_logits = nn.Parameter(torch.zeros(groups, len(PATTERNS)))
         self.splittable = splittable(library)
         self.weights = {x.index: x.param_bytes for x in library.layers}
+        self.specs = library.specs()
         self.speed_of = dict(zip(self.device_names, speeds.tolist(), strict=True))
 
     # --- sampling and scoring ----------------------------------------------------------------------------------
@@ -533,7 +534,7 @@ class TappPolicy(nn.Module):
         for g, group in enumerate(devices):
             if len(group) > 1 and PATTERNS[patterns[g]] != "data":
                 layers = [x for x in self.splittable if stages[x] == g]
-                chosen.update(pattern_signatures(PATTERNS[patterns[g]], layers, self.weights))
+                chosen.update(pattern_signatures(PATTERNS[patterns[g]], layers, self.weights, self.specs))
                 shares[g] = speed_shares(self.speed_of, group)
         uneven = any(s != even_shares(len(s)) for s in shares)
         return with_signatures((), chosen), (tuple(shares) if uneven else ())
