@@ -70,8 +70,8 @@ MeasuredRoundsOpt = Annotated[
 MethodsOpt = Annotated[
     str | None,
     typer.Option(
-        help="comma-separated methods, tapp among them: " + " | ".join(PLANNER_NAMES) + " (default: all; single-gpu "
-        "only on a cluster with a GPU)"
+        help="comma-separated methods, tapp among them: " + " | ".join(PLANNER_NAMES) + " (default: all but even, "
+        "a sanity baseline that runs only when named; single-gpu only on a cluster with a GPU)"
     ),
 ]
 EstimateOnlyOpt = Annotated[
