@@ -19,6 +19,7 @@ its step time is the GPU's, not the host's.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,8 +187,7 @@ class StageEngine:
         self.optimizer = make_optimizer(self.params.values(), optimizer, delay) if self.params else None
         predict = None
         if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
-            sgd = self.optimizer
-            predict = lambda: predicted_weights(sgd, self.params, delay)  # noqa: E731
+            predict = functools.partial(predicted_weights, self.optimizer, self.params, delay)
         self.gradients = StageGradients(
             self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict
         )
