@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
+FORTUNES := /usr/share/games/fortunes
 
 .PHONY: run test lint bench clean data
 
@@ -16,7 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Real data for the accuracy table: Debian's dataset-fashion-mnist, installed where this is root and has apt-get;
+# Real data for the accuracy table: Debian's dataset-fashion-mnist, and for the GPT Debian's fortunes (text), installed
+# where this is root and has apt-get;
 # elsewhere one line says how. Nothing is downloaded by TAPP itself. (CIFAR-10: give `tapp run --data-dir DIR`.)
 data:
 	@if [ -f $(FASHION_MNIST)/t10k-labels-idx1-ubyte.gz ] || [ -f $(FASHION_MNIST)/t10k-labels-idx1-ubyte ]; then :; \
@@ -29,12 +31,25 @@ data:
 	  echo "Fashion-MNIST is not in $(FASHION_MNIST): run \`sudo apt-get install dataset-fashion-mnist\` (Debian/Ubuntu)," \
 	    "or give CIFAR-10 with \`make run ARGS=\"--data-dir DIR\"\`; without either the accuracy table stays empty, saying why"; \
 	fi
+	@# The GPT's text: the quotations of Debian's fortunes package (plain text files, read as bytes, never run).
+	@if [ -f $(FORTUNES)/literature ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's fortunes (the GPT's text)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends fortunes >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends fortunes >/dev/null; } || \
+	  echo "could not install fortunes: the GPT trains on nothing, saying why"; \
+	else \
+	  echo "the GPT's text is not in $(FORTUNES): run \`sudo apt-get install fortunes\` (Debian/Ubuntu)"; \
+	fi
 
 run: $(STAMP) data
 	$(BIN)/tapp run $(ARGS)
 
+# Two pytest workers, each test module on one (its module fixtures start servers and pools once). A failed test is
+# run once more: on 2 shared cores a timing-bound test can lose to the other worker; a broken one fails twice.
+TEST_WORKERS ?= 2
 test: $(STAMP) data
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --reruns 1 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

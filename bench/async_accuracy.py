@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import parse_cluster  # noqa: E402
-from tapp_core.data import FASHION_MNIST_ROOT  # noqa: E402
-from tapp_core.graph import layer_nodes  # noqa: E402
-from tapp_core.models import build_traced_model  # noqa: E402
-from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.model.data import FASHION_MNIST_ROOT  # noqa: E402
+from tapp_core.model.graph import layer_nodes  # noqa: E402
+from tapp_core.model.zoo import build_traced_model  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
+from tapp_core.plan.schedules import parse_schedule_spec  # noqa: E402
+from tapp_core.platform.cluster import parse_cluster  # noqa: E402
 from tapp_core.runtime import OptimizerConfig, WorkerPool  # noqa: E402
-from tapp_core.schedules import parse_schedule_spec  # noqa: E402
 
 SCHEDULES = ("1f1b", "async:1", "async")
 PLAIN = " (plain)"

@@ -4,9 +4,9 @@
 
 For each model, plans whose stages run on several devices (BSP with shares by speed; the features data-parallel on
 the two slower devices feeding the classifier on the fastest) run twice: as planned, their gradients reduced in
-buckets that start during the step's last backward (``tapp_core.program``), and with ``bucket_bytes`` 0, one
+buckets that start during the step's last backward (``tapp_core.plan.program``), and with ``bucket_bytes`` 0, one
 reduction after the whole backward (how the runtime reduced before). The pairs are raced in interleaved rounds on
-the cluster's workers (``tapp_core.runtime.race``: medians with their intervals); beside each, the cost model's
+the cluster's workers (``tapp_core.runtime.pool_race``: medians with their intervals); beside each, the cost model's
 estimate of the same program. The last lines: each pair's measured and estimated gain; bar: bucketed is no slower
 (its interval's low end is not above the other's high end).
 """
@@ -22,18 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.library import LayerLibrary, load_libraries  # noqa: E402
-from tapp_core.placement import normalized_shares  # noqa: E402
-from tapp_core.plan import Plan, single_stage_plan  # noqa: E402
-from tapp_core.planners.costs import relative_speeds  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.plan.placement import normalized_shares  # noqa: E402
+from tapp_core.plan.plan import Plan, single_stage_plan  # noqa: E402
+from tapp_core.planners.stage_costs import relative_speeds  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.profile.library import LayerLibrary, load_libraries  # noqa: E402
 
 LIBRARIES = ROOT / "bench" / "libraries"
 
 
 def replicated_plans(library: LayerLibrary, cluster: Cluster) -> dict[str, Plan]:
-    speeds = relative_speeds(library, cluster)
+    speeds = relative_speeds(CostContext(library, cluster))
     ranked = sorted(cluster.device_names, key=lambda d: -speeds[d])
     bsp = single_stage_plan(library, ranked, planner="bsp")
     plans = {"BSP": dataclasses.replace(bsp, stage_shares=(normalized_shares([speeds[d] for d in ranked]),))}
@@ -58,9 +59,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    from tapp_core.races import RaceOptions, RoundSteps
+    from tapp_core.measure.races import RaceOptions, RoundSteps
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import race
+    from tapp_core.runtime.pool_race import race
 
     cluster = load_cluster(args.cluster)
     verdicts = []
@@ -80,7 +81,7 @@ def main() -> int:
             got = {}
             for label, plan in (("bucketed", bucketed), ("after backward", after)):
                 m = result.measurement(plan.id)
-                predicted = estimate(plan, library, cluster).step_time
+                predicted = estimate(plan, CostContext(library, cluster)).step_time_s
                 got[label] = (m, predicted)
                 print(
                     f"  {name:32s} {label:15s} measured {m.step_time_s:.4f} s [{m.interval_low_s:.4f}, "

@@ -37,17 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.calibrate import calibrate  # noqa: E402
-from tapp_core.calibration import calibration_path, cluster_calibration  # noqa: E402
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from tapp_core.kinds import device_kind  # noqa: E402
-from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan, single_stage_plan  # noqa: E402
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION, Calibration, calibration_path, cluster_calibration  # noqa: E402  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.measure.step import StepTerms, compare  # noqa: E402
+from tapp_core.plan.plan import Plan, single_stage_plan  # noqa: E402
 from tapp_core.planners import PlannerError, get_planner  # noqa: E402
-from tapp_core.profile_cache import ProfileCache  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.platform.kinds import device_kind  # noqa: E402
+from tapp_core.profile.cache import ProfileCache  # noqa: E402
+from tapp_core.profile.library import LayerLibrary  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
+from tapp_core.runtime.calibrator import calibrate  # noqa: E402
 
 MODELS = ("alexnet", "vgg16")
 PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "pipeline-cd", "tapp")
@@ -104,7 +105,7 @@ def candidate_plans(
             "one library": (base, scaled, single_calibration),
         }.items():
             try:
-                plan = get_planner(name, calibration=cal, **options).plan(lib, clu)
+                plan = get_planner(name, **options).plan(CostContext(lib, clu, cal))
             except PlannerError as exc:
                 print(f"{name} ({tag}): no plan: {exc}")
                 continue
@@ -112,31 +113,39 @@ def candidate_plans(
     return plans
 
 
-def measured_medians(pool: WorkerPool, plans: list[Plan], rounds: int, steps: int, warmup: int) -> list[float]:
-    """Each plan's median step time over ``rounds`` interleaved rounds (A B C A B C ...)."""
+def measured_medians(pool: WorkerPool, plans: list[Plan], rounds: int, steps: int, warmup: int) -> list[StepTerms]:
+    """Each plan's step over ``rounds`` interleaved rounds (A B C A B C ...): its last round's terms with the
+    median step time of all its rounds."""
     times: list[list[float]] = [[] for _ in plans]
+    last: list[StepTerms] = []
     for r in range(rounds):
+        last = []
         for plan, found in zip(plans, times, strict=True):
             measurement = pool.measure(plan, steps=steps, warmup=warmup, timeout_s=1800)
             if not measurement.ok:
                 raise SystemExit(f"measuring {plan.planner} ({plan.id}) failed: {measurement.error}")
             found.append(measurement.step_time_s)
+            last.append(measurement.terms)
         print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{t[-1]:.3f}" for t in times), flush=True)
-    return [statistics.median(t) for t in times]
+    return [dataclasses.replace(t, step_time_s=statistics.median(s)) for t, s in zip(last, times, strict=True)]
 
 
 def report(
-    model: str, plans: list[Plan], measured: list[float], models: dict[str, tuple[LayerLibrary, Cluster, Calibration]]
+    model: str,
+    plans: list[Plan],
+    measured: list[StepTerms],
+    models: dict[str, tuple[LayerLibrary, Cluster, Calibration]],
 ) -> dict[str, list[float]]:
     errors: dict[str, list[float]] = {name: [] for name in models}
     print(f"\n{model}: step time (s) measured and estimated, error")
     print(f"{'plan':28s} {'layout':34s} {'measured':>9s}" + "".join(f" {name:>22s}" for name in models))
-    for plan, step in zip(plans, measured, strict=True):
+    for plan, terms in zip(plans, measured, strict=True):
+        step = terms.step_time_s
         layout = " | ".join("+".join(d) for d in plan.stage_devices) + f" m={plan.micro_batches}"
         cells = []
         for name, (lib, clu, cal) in models.items():
-            predicted = estimate(plan, lib, clu, cal).step_time
-            error = (predicted - step) / step
+            step_time = compare(estimate(plan, CostContext(lib, clu, cal)).terms, terms)[0]
+            predicted, error = step_time.estimated, step_time.relative_error
             errors[name].append(abs(error))
             cells.append(f" {predicted:11.4f} {error:+9.1%}")
         print(f"{plan.planner:28s} {layout:34s} {step:9.4f}" + "".join(cells))
@@ -187,8 +196,14 @@ def main() -> int:
         for name, found in report(model, plans, measured, models).items():
             errors.setdefault(name, []).extend(found)
         saved += [
-            {"cluster": args.cluster, "model": model, "label": p.planner, "plan": p.to_json(), "measured_s": [step]}
-            for p, step in zip(plans, measured, strict=True)
+            {
+                "cluster": args.cluster,
+                "model": model,
+                "label": p.planner,
+                "plan": p.to_json(),
+                "measured_s": [terms.step_time_s],
+            }
+            for p, terms in zip(plans, measured, strict=True)
         ]
     if args.save is not None:
         args.save.write_text(json.dumps(saved, indent=1))

@@ -4,7 +4,7 @@
     python3 bench/gpu_box.py --cluster gpubox.yaml --models alexnet   # a given cluster file, one model
     .venv/bin/python bench/gpu_box.py --cpu-only                    # no GPU: this host's CPU ranks, tiny_cnn
 
-1. The cluster: ``--cluster`` (a name or a YAML file), else this host detected (``tapp_core.detect``: every GPU,
+1. The cluster: ``--cluster`` (a name or a YAML file), else this host detected (``tapp_core.runtime.detect``: every GPU,
    the cores split into CPU ranks, links by MPI ping-pong). It must hold a cuda device unless ``--cpu-only``.
 2. Per model: a layer library per device kind (cpu with its threads, cuda with its GPU model), profiled on this
    host at the batch size through the project's profile cache (``--cache-dir``, else ``$TAPP_CACHE_DIR`` or
@@ -36,17 +36,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.calibrate import calibrate  # noqa: E402
-from tapp_core.cluster import Cluster, load_cluster, parse_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
 from tapp_core.errors import TappError  # noqa: E402
-from tapp_core.kinds import device_kind  # noqa: E402
-from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profile_cache import ProfileCache  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster, parse_cluster  # noqa: E402
+from tapp_core.platform.kinds import device_kind  # noqa: E402
+from tapp_core.profile.cache import ProfileCache  # noqa: E402
+from tapp_core.profile.library import LayerLibrary  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
+from tapp_core.runtime.calibrator import calibrate  # noqa: E402
+from tapp_core.runtime.pool_race import PoolRounds  # noqa: E402
 
 GPU_MODELS = ("alexnet", "vgg16", "inception_v3")
 CPU_ONLY_MODELS = ("tiny_cnn",)
@@ -105,7 +107,7 @@ def the_cluster(args: argparse.Namespace) -> Cluster:
     if args.cluster:
         cluster = load_cluster(args.cluster)
     else:
-        from tapp_core.detect import detect_cluster
+        from tapp_core.runtime.detect import detect_cluster
 
         cluster, text = detect_cluster(args.threads, name="detected")
         print(text, flush=True)
@@ -180,6 +182,7 @@ def plan_methods(
     args: argparse.Namespace, library: LayerLibrary, cluster: Cluster, calibration: Calibration, pool: WorkerPool
 ) -> list[Method]:
     methods = []
+    context = CostContext(library, cluster, calibration)
     for name in args.methods:
         method = Method(name)
         started = time.perf_counter()
@@ -190,10 +193,12 @@ def plan_methods(
                 continue
             options: dict[str, object] = {"batch_size": args.batch_size, "seed": args.seed}
             if name == "tapp":
-                options.update(reward=args.tapp_reward, pool=pool if args.tapp_reward != "simulated" else None)
-            planner = get_planner(name, calibration=calibration, **options)
-            method.plan = planner.plan(library, cluster, args.tapp_budget if name == "tapp" else None)
-            method.estimated_s = estimate(method.plan, library, cluster, calibration).step_time
+                options.update(
+                    reward=args.tapp_reward, measurer=PoolRounds(pool) if args.tapp_reward != "simulated" else None
+                )
+            planner = get_planner(name, **options)
+            method.plan = planner.plan(context, args.tapp_budget if name == "tapp" else None)
+            method.estimated_s = estimate(method.plan, context).step_time_s
         except TappError as exc:
             method.error = f"planning failed: {exc}"
         print(f"  planned {LABELS.get(name, name)} in {time.perf_counter() - started:.1f} s", flush=True)

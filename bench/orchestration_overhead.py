@@ -44,7 +44,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # The experiment's own imports (torch, the planners, the runtime) are work, not orchestration: done up front.
-for _module in ("tapp_core.profiler", "tapp_core.planners.tapp.search", "tapp_core.runtime", "pandas", "matplotlib"):
+for _module in (
+    "tapp_core.profile.profiler",
+    "tapp_core.planners.tapp.search",
+    "tapp_core.runtime",
+    "pandas",
+    "matplotlib",
+):
     importlib.import_module(_module)
 
 
@@ -200,15 +206,14 @@ def orchestrated(args: argparse.Namespace, folder: Path) -> tuple[float, Clock, 
 def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float]]:
     """The same work on tapp_core alone: profile, search rounds, measured rounds, evaluations, tables and figures."""
     from reports.figures import gantt, reward_curve, step_time_bars
-    from tapp_core.calibration import cluster_calibration
-    from tapp_core.cluster import load_cluster
-    from tapp_core.costmodel import estimate
-    from tapp_core.plan import validate
-    from tapp_core.planners.evaluation import PlanEvaluator
-    from tapp_core.planners.tapp.rewards import MeasuredReward, SimulatedReward
-    from tapp_core.planners.tapp.search import TappSearch
-    from tapp_core.profile_cache import ProfileCache
+    from tapp_core.cost.calibration import cluster_calibration
+    from tapp_core.cost.checks import validate
+    from tapp_core.cost.context import CostContext
+    from tapp_core.cost.simulation import estimate
+    from tapp_core.platform.cluster import load_cluster
+    from tapp_core.profile.cache import ProfileCache
     from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.pool_race import PoolRounds
     from tasks.config import default_methods
     from tasks.evaluate import baseline_plan
     from tasks.measure import RuntimeSettings
@@ -220,8 +225,8 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
     runtime = RuntimeSettings()
     # The flow profiles every kind of the cluster into a fresh cache in its folder; so does this.
     library = ProfileCache(folder / "bare-cache").cluster_libraries(args.model, args.batch_size, cluster)
+    context = CostContext(library, cluster, calibration)
     budget = SearchBudget()
-    config = budget.config(library, cluster, args.batch_size, 0, calibration)
     sampling = budget.sampling_runtime(runtime)
 
     def run(plan: Any, pool: WorkerPool, settings: RuntimeSettings = runtime) -> Any:
@@ -230,26 +235,17 @@ def bare(args: argparse.Namespace, folder: Path) -> tuple[float, dict[str, float
         )
 
     with WorkerPool(cluster) as pool:
-
-        class Measurer:
-            def measure(self, plan: Any) -> Any:
-                return run(plan, pool, sampling)
-
-        simulated = SimulatedReward(PlanEvaluator(library, cluster, calibration))
-        measured = MeasuredReward(Measurer(), library, cluster)
-        search = TappSearch(library, cluster, config, simulated, measured, folder / "bare-search.pt")
-        history = [search.run_round() for _ in range(config.rounds)]
+        measurer = PoolRounds(pool, args.model, sampling.round_steps())
+        planner = budget.planner(args.batch_size, 0, checkpoint=folder / "bare-search.pt")
+        search = planner.search(context, measurer=measurer)
+        history = [search.run_round() for _ in range(search.config.rounds)]
         tapp_plan = search.result()
         rows = []
         measured_plans: dict[str, Any] = {}
         for method in default_methods():
-            plan = (
-                tapp_plan
-                if method == "tapp"
-                else baseline_plan(method, library, cluster, args.batch_size, 0, calibration)
-            )
-            validate(plan, library, cluster)
-            predicted = estimate(plan, library, cluster, calibration)
+            plan = tapp_plan if method == "tapp" else baseline_plan(method, context, args.batch_size, 0)
+            validate(plan, context)
+            predicted = estimate(plan, context)
             if plan.id not in measured_plans:  # as the flow does: one measurement per distinct plan
                 measured_plans[plan.id] = run(plan, pool)
             rows.append({"group": args.model, "method": method, "step_time_s": measured_plans[plan.id].step_time_s})

@@ -33,15 +33,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tapp_core.cluster import Cluster
-from tapp_core.costmodel import estimate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, validate
+from tapp_core.plan.plan import Plan, PlanError
 from tapp_core.planners import DEFAULT_MICRO_BATCHES, get_planner, planner_options
 from tapp_core.planners.oracle import OraclePlanner
 from tapp_core.planners.space import contiguous_plan
 from tapp_core.planners.tapp.options import DEFAULT_TIME_LIMIT_S
+from tapp_core.platform.cluster import Cluster
+from tapp_core.profile.library import LayerLibrary
 
 OTHER_PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl")
 TAPP = "tapp"
@@ -168,10 +170,10 @@ def single_device_results(
         for m in (m for m in micro_batches if library.batch_size % m == 0):
             plan = contiguous_plan(library, [], [[device.name]], m, schedule, library.batch_size)
             try:
-                validate(plan, library, cluster)
+                validate(plan, CostContext(library, cluster))
             except PlanError:
                 continue
-            step = estimate(plan, library, cluster).step_time
+            step = estimate(plan, CostContext(library, cluster)).step_time_s
             if step < best.step_time_s:
                 best = Result(name, step, 0.0, best.evaluations + 1, plan)
             else:
@@ -187,7 +189,7 @@ def note_number(plan: Plan, key: str) -> float:
 
 
 def _finished(name: str, plan: Plan, wall: float, library: LayerLibrary, cluster: Cluster, note: str = "") -> Result:
-    step = estimate(plan, library, cluster).step_time
+    step = estimate(plan, CostContext(library, cluster)).step_time_s
     return Result(name, step, wall, int(note_number(plan, "evaluations")), plan, note)
 
 
@@ -195,7 +197,7 @@ def _run_oracle(library: LayerLibrary, cluster: Cluster, settings: Settings) -> 
     oracle = OraclePlanner(schedule=settings.schedule, seed=settings.seed, time_limit_s=settings.oracle_time_limit_s)
     started = time.perf_counter()
     try:
-        plan = oracle.plan(library, cluster)
+        plan = oracle.plan(CostContext(library, cluster))
     except TappError as exc:
         return Result("oracle", math.inf, time.perf_counter() - started, note=f"failed: {exc}")
     wall = time.perf_counter() - started
@@ -229,7 +231,7 @@ def _run_tapp(library: LayerLibrary, cluster: Cluster, settings: Settings, rl_al
         note += f" (TAPP has no {', '.join(missing)})" if missing else ""
     started = time.perf_counter()
     try:
-        plan = get_planner(TAPP, **options).plan(library, cluster)
+        plan = get_planner(TAPP, **options).plan(CostContext(library, cluster))
     except TappError as exc:
         return Result(RL_ALONE if rl_alone else TAPP, math.inf, time.perf_counter() - started, note=f"failed: {exc}")
     wall = time.perf_counter() - started
@@ -255,7 +257,7 @@ def tapp_note(plan: Plan) -> str:
 def _run_other(name: str, library: LayerLibrary, cluster: Cluster, settings: Settings) -> Result:
     planner = get_planner(name, schedule=settings.schedule, seed=settings.seed)
     started = time.perf_counter()
-    outcome = run_with_time_limit(lambda: planner.plan(library, cluster), settings.planner_time_limit_s)
+    outcome = run_with_time_limit(lambda: planner.plan(CostContext(library, cluster)), settings.planner_time_limit_s)
     wall = time.perf_counter() - started
     if isinstance(outcome, str):
         return Result(name, math.inf, wall, note=outcome)

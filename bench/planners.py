@@ -24,7 +24,7 @@ every other planner and every single-device plan, a table per cluster, then a su
 load average; the last line is TAPP's worst gap. ``--write-clusters DIR`` writes the
 clusters as files; a cluster given to ``--clusters`` as a file is judged the same way. ``--scale`` runs hetero8
 doubled and quadrupled and random clusters of 16 and 32 devices, without the oracle. ``--threads 1 2`` draws each
-random device's CPU thread count, and costs it from its own kind's library (``tapp_core.kinds``) times its speed.
+random device's CPU thread count, and costs it from its own kind's library (``tapp_core.platform.kinds``) times its speed.
 """
 
 from __future__ import annotations
@@ -61,15 +61,16 @@ from bench.planner_cells import (  # noqa: E402
     worst_gap_line,
 )
 from bench.random_clusters import describe, random_clusters, replicated, write_cluster  # noqa: E402
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
 from tapp_core.planners.tapp.options import DEFAULT_TIME_LIMIT_S  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.profile.library import LayerLibrary  # noqa: E402
 
 LIBRARIES = Path(__file__).resolve().parent / "libraries"
-PLANNERS = ("single-cpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp")
+PLANNERS = ("single-cpu", "bsp", "even", "pipetorch", "pipedream", "autoddl", "oracle", "tapp", "tapp-rl")
 ORACLE_CLUSTERS = ("hetero4",)
 PAPER_SPEEDUP_OVER_BSP = {"alexnet": 1.33, "vgg16": 1.30, "inception_v3": 1.49}
 TAPP_GAP_BAR = 0.03
@@ -113,8 +114,8 @@ def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibra
     """``bench/libraries/<model>_b<batch>`` (``threads`` None: the committed one-thread library) or
     ``<model>_b<batch>-t<threads>``, profiled here once if missing or of an old profiler version. Its host is left
     blank: these libraries stand for a kind, not for this machine."""
-    from tapp_core.library import PROFILE_VERSION
-    from tapp_core.profiler import profile_model
+    from tapp_core.profile.library import PROFILE_VERSION
+    from tapp_core.profile.profiler import profile_model
 
     directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads is not None else ""))
     if (directory / "layers.csv").is_file():
@@ -129,14 +130,14 @@ def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibra
 
 def run_planner(name: str, library: LayerLibrary, cluster: Cluster, args: argparse.Namespace) -> Row:
     options: dict[str, object] = {"schedule": args.schedule, "seed": args.seed}
-    if name == "tapp":
+    if name in ("tapp", "tapp-rl"):  # the RL alone: the same rounds and time limit, no warm start, no polish
         options["time_limit_s"] = args.tapp_time_limit or None
         if args.tapp_rounds:
             options["rounds"] = args.tapp_rounds
     started = time.perf_counter()
-    plan = get_planner(name, **options).plan(library, cluster)
+    plan = get_planner(name, **options).plan(CostContext(library, cluster))
     wall = time.perf_counter() - started
-    step = estimate(plan, library, cluster).step_time
+    step = estimate(plan, CostContext(library, cluster)).step_time_s
     return Row(library.model, cluster.name, name, step, wall, int(note_number(plan, "evaluations")), plan)
 
 
@@ -145,7 +146,7 @@ def reference_for(rows: list[Row]) -> tuple[str, float]:
     by_name = {r.planner: r for r in rows}
     if "oracle" in by_name:
         return "oracle", by_name["oracle"].step_time_s
-    best = min((r for r in rows if r.planner != "tapp"), key=lambda r: r.step_time_s)
+    best = min((r for r in rows if r.planner not in ("tapp", "tapp-rl")), key=lambda r: r.step_time_s)
     return f"best other ({best.planner})", best.step_time_s
 
 
@@ -154,7 +155,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     limit = f"{args.tapp_time_limit:.0f} s" if args.tapp_time_limit else "no time limit"
     table = Table(
         title=f"Planners: estimated step time (cost model, default calibration), schedule {args.schedule}, "
-        f"batch {args.batch_size}; TAPP: simulated reward, warm start, {rounds} rounds and its polish within {limit}"
+        f"batch {args.batch_size}; TAPP: simulated reward, warm start, {rounds} rounds and its polish within {limit}; "
+        "tapp-rl: the same rounds and limit, no warm start, no polish (the paper's algorithm alone)"
     )
     for column in ("model", "cluster", "planner", "step time s", "gap to best", "wall s", "evaluations", "plan"):
         table.add_column(
@@ -217,9 +219,9 @@ def check_bars(rows: list[Row]) -> list[tuple[str, bool, str]]:
 def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """Hybrid TAPP against Pipe-Torch and BSP on the local cluster: the three final plans raced (the flow's evaluation
     race: interleaved rounds, medians with intervals); TAPP passes where it is in the best group."""
-    from tapp_core.calibration import cluster_calibration
+    from tapp_core.cost.calibration import cluster_calibration
     from tapp_core.runtime.pool import WorkerPool
-    from tapp_core.runtime.race import race
+    from tapp_core.runtime.pool_race import PoolRounds, race
     from tasks.measure import RuntimeSettings
 
     cluster = load_cluster("local")
@@ -240,19 +242,18 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
             tapp = get_planner(
                 "tapp",
                 reward="hybrid",
-                pool=pool,
+                measurer=PoolRounds(pool),
                 rounds=args.tapp_rounds or 250,
                 time_limit_s=args.tapp_time_limit or None,
                 measured_rounds=args.measured_rounds,
                 measured_per_round=1,
                 seed=args.seed,
-                calibration=calibration,
-            ).plan(library, cluster)
+            ).plan(CostContext(library, cluster, calibration))
             searched = {"tapp (hybrid)": time.perf_counter() - started, "pipetorch": 0.0, "bsp": 0.0}
             plans = {
                 "tapp (hybrid)": tapp,
-                "pipetorch": get_planner("pipetorch", calibration=calibration).plan(library, cluster),
-                "bsp": get_planner("bsp", calibration=calibration).plan(library, cluster),
+                "pipetorch": get_planner("pipetorch").plan(CostContext(library, cluster, calibration)),
+                "bsp": get_planner("bsp").plan(CostContext(library, cluster, calibration)),
             }
             result = race(pool, list(plans.values()), model, settings.race, settings.round_steps())
             group = {p.id for p in result.best_group()}
@@ -263,7 +264,7 @@ def measured_check(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
             )
             for name, plan in plans.items():
                 measured = result.measurement(plan.id)
-                predicted = estimate(plan, library, cluster, calibration).step_time
+                predicted = estimate(plan, CostContext(library, cluster, calibration)).step_time_s
                 layout = Row(model, cluster.name, name, predicted, 0.0, 0, plan).layout
                 shown = (
                     (f"{measured.step_time_s:.4f}", f"[{measured.interval_low_s:.4f}, {measured.interval_high_s:.4f}]")
@@ -442,7 +443,7 @@ def scale_clusters(args: argparse.Namespace) -> list[Cluster]:
 
 def run_cells(args: argparse.Namespace, clusters: list[Cluster], scale: bool) -> list[Cell]:
     """Every model on every cluster: a table per cluster, then the summary (the last line: TAPP's worst gap)."""
-    wanted = set(args.planners) | ({RL_ALONE} if args.rl_alone and "tapp" in args.planners else set())
+    wanted = (set(args.planners) - {RL_ALONE}) | ({RL_ALONE} if args.rl_alone and "tapp" in args.planners else set())
     order = ("tapp", RL_ALONE, *OTHER_PLANNERS) if scale else ("oracle", "tapp", RL_ALONE, *OTHER_PLANNERS)
     settings = Settings(
         schedule=args.schedule,

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import load_cluster  # noqa: E402
-from tapp_core.graph import layer_nodes  # noqa: E402
-from tapp_core.models import build_traced_model  # noqa: E402
-from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.model.graph import layer_nodes  # noqa: E402
+from tapp_core.model.zoo import build_traced_model  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
+from tapp_core.platform.cluster import load_cluster  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tapp_core.profiler import profile_model
+from tapp_core.profile.profiler import profile_model
 
 LOW, HIGH = 0.85, 1.15
 

@@ -24,14 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.calibration import cluster_calibration  # noqa: E402
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.plan import Plan, validate  # noqa: E402
+from tapp_core.cost.calibration import cluster_calibration  # noqa: E402
+from tapp_core.cost.checks import validate  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.measure.races import RaceResult  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.profile_cache import ProfileCache  # noqa: E402
-from tapp_core.races import RaceResult  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.profile.cache import ProfileCache  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
-from tapp_core.runtime.race import race  # noqa: E402
+from tapp_core.runtime.pool_race import race  # noqa: E402
 from tasks.measure import RuntimeSettings  # noqa: E402
 
 BAR = 4
@@ -50,8 +52,9 @@ def choose_plans(model: str, cluster: Cluster, batch_size: int, planners: list[s
     for name in [*planners, *(p for p in FILL_IN if p not in planners)]:
         if len(chosen) >= count:
             break
-        plan = get_planner(name, batch_size=batch_size, calibration=calibration).plan(library, cluster)
-        validate(plan, library, cluster)
+        context = CostContext(library, cluster, calibration)
+        plan = get_planner(name, batch_size=batch_size).plan(context)
+        validate(plan, context)
         chosen.setdefault(plan.id, dataclasses.replace(plan, planner=name))
     return list(chosen.values())
 

@@ -1,6 +1,6 @@
 """Random heterogeneous clusters, to judge planners on clusters nobody tuned them for (issue 14).
 
-``random_clusters(count, seed)`` returns ``count`` ordinary ``tapp_core.cluster.Cluster`` objects. Cluster ``i``
+``random_clusters(count, seed)`` returns ``count`` ordinary ``tapp_core.platform.cluster.Cluster`` objects. Cluster ``i``
 depends only on ``(seed, i)``: ``--random 3`` gives the first three clusters of ``--random 12``. Each one is built
 from a plain mapping by ``parse_cluster`` and ``write_cluster`` writes that same mapping as a cluster file, so
 ``bench/planners.py --clusters that.yaml`` re-runs one cell on exactly the same cluster.
@@ -16,7 +16,7 @@ What a random cluster has (the ranges of issue 14):
   fastest device *isolated*: every link out of it is 10-100 Mbit/s.
 - A kind per device (``draw_kind``): by default every device is ``cpu`` with one thread, costed from one layer
   library scaled by its speed. Given ``threads=(1, 2)``, each device's CPU thread count is drawn from those, and it
-  is costed from the library of its own kind (``tapp_core.kinds``), its speed multiplying that: per-layer ratios
+  is costed from the library of its own kind (``tapp_core.platform.kinds``), its speed multiplying that: per-layer ratios
   between devices are then not one number. The kinds come from a random stream of their own, so that drawing them
   leaves every cluster's speeds, memory and links as they are; such a cluster's name ends in ``-t1-2``.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from tapp_core.cluster import Cluster, parse_cluster
+from tapp_core.platform.cluster import Cluster, parse_cluster
 from tapp_core.units import parse_bandwidth, parse_bytes, parse_seconds
 
 DEVICE_COUNTS = (3, 8)

@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def balanced_cut(model: str, micro_batch_size: int, threads: int) -> int:
     """The first layer of stage 1 that makes the slower stage as fast as it can be (profiled fwd + bwd time)."""
-    from tapp_core.profiler import profile_model
+    from tapp_core.profile.profiler import profile_model
 
     library = profile_model(model, batch_size=micro_batch_size, threads=threads, repeats=3, warmup=1)
     times = [layer.forward_s + layer.backward_s for layer in library.layers]
@@ -91,9 +91,9 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     from torch.nn import functional as F
 
-    from tapp_core.graph import layer_nodes
-    from tapp_core.models import build_traced_model
-    from tapp_core.plan import Plan
+    from tapp_core.model.graph import layer_nodes
+    from tapp_core.model.zoo import build_traced_model
+    from tapp_core.plan.plan import Plan
     from tapp_core.runtime.batches import SyntheticBatches
     from tapp_core.runtime.emulation import Emulation
     from tapp_core.runtime.engine import PlanPlace, StageEngine
@@ -203,7 +203,7 @@ class PlainLoop:
     def __init__(self, model: str, batch_size: int, micro_batches: int, batches: int, device: str) -> None:
         import torch
 
-        from tapp_core.models import build_model
+        from tapp_core.model.zoo import build_model
         from tapp_core.runtime.batches import SyntheticBatches
         from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
 
@@ -242,9 +242,9 @@ class PlainLoop:
 
 def compare_with_plain(pool: WorkerPool, model: str, args: argparse.Namespace) -> float:
     """Interleaved runs of the single-stage plan (``pool``, its one device) and the plain loop; returns ours / plain."""
-    from tapp_core.graph import layer_nodes
-    from tapp_core.models import build_traced_model
-    from tapp_core.plan import Plan
+    from tapp_core.model.graph import layer_nodes
+    from tapp_core.model.zoo import build_traced_model
+    from tapp_core.plan.plan import Plan
 
     stage_of_layer = (0,) * len(layer_nodes(build_traced_model(model)))
     device = pool.cluster.devices[0]
@@ -290,7 +290,7 @@ def compare_with_plain(pool: WorkerPool, model: str, args: argparse.Namespace) -
 def plain_main(args: argparse.Namespace) -> int:
     import torch
 
-    from tapp_core.cluster import parse_cluster
+    from tapp_core.platform.cluster import parse_cluster
     from tapp_core.runtime import WorkerPool
 
     gpu = args.device == "cuda"

@@ -16,7 +16,7 @@ in %.
 cores), costed from the layer libraries of its kinds profiled on this host (``ProfileCache.cluster_libraries``, as
 ``bench/costmodel_error.py``), AlexNet's split plans (AutoDDL's, and the whole model on every device with Megatron pairs and with every
 layer column-split) are raced in interleaved rounds with the best pipeline-only plan; each plan's median is held
-against its estimate (the cluster's calibration when one was measured, else the ideal one). The last number is
+against its estimate (the cluster's calibration: given, or measured on first use and kept, as `tapp run` does). The last number is
 the median |error| of the split plans, in % (bar: <= 15 %).
 """
 
@@ -34,15 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from tapp_core.library import LayerLibrary, load_libraries  # noqa: E402
-from tapp_core.placement import COLUMN, SIGNATURES, normalized_shares  # noqa: E402
-from tapp_core.plan import Plan, single_stage_plan  # noqa: E402
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.plan.placement import COLUMN, SIGNATURES, normalized_shares  # noqa: E402
+from tapp_core.plan.plan import Plan, single_stage_plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
-from tapp_core.planners.costs import relative_speeds  # noqa: E402
 from tapp_core.planners.patterns import PATTERNS, pattern_signatures  # noqa: E402
+from tapp_core.planners.stage_costs import relative_speeds  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.profile.library import LayerLibrary, load_libraries  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "vit")
 CLUSTERS = ("local", "hetero4", "hetero8", "homo4")
@@ -54,7 +55,7 @@ def plan_with(method: str, library: LayerLibrary, cluster: Cluster, calibration:
     options: dict[str, object] = {"calibration": calibration, "schedule": "1f1b"}
     if method == "tapp":
         options |= {"schedules": ("1f1b",), "rounds": rounds}
-    return get_planner(method, **options).plan(library, cluster)
+    return get_planner(method, **options).plan(CostContext(library, cluster))
 
 
 def estimated(models: list[str], clusters: list[str], rounds: int) -> int:
@@ -72,7 +73,7 @@ def estimated(models: list[str], clusters: list[str], rounds: int) -> int:
             times, plans = {}, {}
             for method in METHODS:
                 plans[method] = plan_with(method, library, cluster, DEFAULT_CALIBRATION, rounds)
-                times[method] = estimate(plans[method], library, cluster).step_time
+                times[method] = estimate(plans[method], CostContext(library, cluster)).step_time_s
             gain = times["pipeline-cd"] / times["autoddl"] - 1
             gains.append((gain, f"{model} on {name}"))
             if times["autoddl"] > times["pipeline-cd"] * (1 + 1e-9):
@@ -96,7 +97,7 @@ def megatron_line(library: LayerLibrary, cluster: Cluster) -> str:
     col and fc2 row, as ``patterns.megatron_signatures`` finds them) beside plain data parallelism on the same
     devices, both with shares by speed (Megatron's rounded to whole heads), both estimated."""
     devices = list(cluster.device_names)
-    speeds = relative_speeds(library, cluster)
+    speeds = relative_speeds(CostContext(library, cluster))
     data = dataclasses.replace(
         single_stage_plan(library, devices, planner="data parallel"),
         stage_shares=(normalized_shares([speeds[d] for d in devices]),),
@@ -104,8 +105,8 @@ def megatron_line(library: LayerLibrary, cluster: Cluster) -> str:
     layers = [x.index for x in library.layers if x.op in SIGNATURES]
     chosen = pattern_signatures("megatron", layers, {}, library.specs())
     megatron = dataclasses.replace(data, signatures=tuple(sorted((x, s) for x, s in chosen.items() if s != "data")))
-    megatron_s = estimate(megatron, library, cluster).step_time
-    data_s = estimate(data, library, cluster).step_time
+    megatron_s = estimate(megatron, CostContext(library, cluster)).step_time_s
+    data_s = estimate(data, CostContext(library, cluster)).step_time_s
     pairs = sum(s == "row" for s in chosen.values())
     return (
         f"  vit {cluster.name}: Megatron attention+MLP split ({pairs} col/row pairs on {len(devices)} devices), "
@@ -124,7 +125,7 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
     pipeline-only plan."""
     devices = list(cluster.device_names)
     base = single_stage_plan(library, devices, planner="every device")
-    speeds = relative_speeds(library, cluster)
+    speeds = relative_speeds(CostContext(library, cluster))
     shares = (normalized_shares([speeds[d] for d in devices]),)
     layers = [x.index for x in library.layers if x.op in SIGNATURES]
     plans = {
@@ -140,9 +141,9 @@ def split_candidates(library: LayerLibrary, cluster: Cluster, calibration: Calib
 
 
 def measured(clusters: list[str], rounds: int, steps: int, save: Path | None = None) -> int:
-    from tapp_core.calibration import cluster_calibration
-    from tapp_core.profile_cache import ProfileCache
+    from tapp_core.profile.cache import ProfileCache
     from tapp_core.runtime import WorkerPool
+    from tapp_core.runtime.calibrator import calibration_on_first_use
 
     errors = []
     saved: list[dict[str, object]] = []
@@ -151,7 +152,7 @@ def measured(clusters: list[str], rounds: int, steps: int, save: Path | None = N
         # The libraries of the cluster's kinds on this host (profiled here if the cache has none), as the system
         # costs a run here: a committed library from another day or host is not what these ranks compute.
         library = ProfileCache().cluster_libraries("alexnet", 64, cluster)
-        calibration = cluster_calibration(name, cluster, library)
+        calibration = calibration_on_first_use(name, cluster, library)  # as `tapp run` calibrates by default
         plans = split_candidates(library, cluster, calibration)
         print(f"\n{name}: calibration {calibration.note or 'ideal'}; {len(plans)} plans, {rounds} rounds")
         times: dict[str, list[float]] = {label: [] for label in plans}
@@ -165,7 +166,7 @@ def measured(clusters: list[str], rounds: int, steps: int, save: Path | None = N
                     times[label].append(run.step_time_s)
         for label, plan in plans.items():
             median = statistics.median(times[label])
-            predicted = estimate(plan, library, cluster, calibration).step_time
+            predicted = estimate(plan, CostContext(library, cluster, calibration)).step_time_s
             error = (predicted - median) / median
             if plan.signatures:
                 errors.append(abs(error))

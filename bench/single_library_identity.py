@@ -25,13 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.cluster import load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.costs import Calibration  # noqa: E402
-from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan  # noqa: E402
+from tapp_core.cost.calibration import Calibration  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.plan.plan import Plan  # noqa: E402
 from tapp_core.planners import get_planner  # noqa: E402
 from tapp_core.planners.bounds import StepTimeBound  # noqa: E402
+from tapp_core.platform.cluster import load_cluster  # noqa: E402
+from tapp_core.profile.library import LayerLibrary  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "inception_v3")
 CLUSTERS = ("local", "hetero4", "hetero8", "homo4")
@@ -57,7 +58,9 @@ def bound_of(plan: Plan, library: LayerLibrary, cluster_name: str, calibration: 
         return None
     cuts = [i for i in range(1, len(stages)) if stages[i] != stages[i - 1]]
     cluster = load_cluster(cluster_name)
-    bound = StepTimeBound(library, cluster, calibration, plan.schedule, plan.micro_batches, plan.batch_size)
+    bound = StepTimeBound(
+        CostContext(library, cluster, calibration), plan.schedule, plan.micro_batches, plan.batch_size
+    )
     if hasattr(bound, "group"):
         groups = [bound.group(g) for g in plan.stage_devices]
     else:  # a checkout from before device kinds
@@ -77,21 +80,21 @@ def rows() -> list[dict[str, object]]:
                 for name in PLANNERS:
                     if name == "oracle" and (model == "inception_v3" or cal_name != "ideal"):
                         continue
-                    options: dict[str, object] = {"calibration": calibration, "seed": 0}
+                    options: dict[str, object] = {"seed": 0}
                     if name == "tapp":
                         options["rounds"] = 6
                     budget = {"autoddl": 300, "oracle": 3000}.get(name)
                     started = time.perf_counter()
-                    plan = get_planner(name, **options).plan(library, cluster, budget=budget)
-                    predicted = estimate(plan, library, cluster, calibration)
+                    plan = get_planner(name, **options).plan(CostContext(library, cluster, calibration), budget=budget)
+                    predicted = estimate(plan, CostContext(library, cluster, calibration))
                     notes = {k: v for k, v in plan.notes.items() if k not in WALL_TIMES}
                     out.append(
                         {
                             "row": f"{model} {cluster_name} {cal_name} {name}",
                             "plan": plan.id,
-                            "step": predicted.step_time.hex(),
-                            "compute": {k: v.hex() for k, v in predicted.compute.items()},
-                            "communication": {k: v.hex() for k, v in predicted.communication.items()},
+                            "step": predicted.step_time_s.hex(),
+                            "compute": {k: v.hex() for k, v in predicted.compute_s.items()},
+                            "communication": {k: v.hex() for k, v in predicted.communication_s.items()},
                             "bound": bound_of(plan, library, cluster_name, calibration),
                             "notes": json.dumps(notes, sort_keys=True, default=str),
                         }

@@ -40,19 +40,20 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.calibrate import calibrate  # noqa: E402
-from tapp_core.cluster import Cluster, load_cluster  # noqa: E402
-from tapp_core.costmodel import estimate  # noqa: E402
-from tapp_core.costs import Calibration  # noqa: E402
-from tapp_core.detect import measure_cluster_links  # noqa: E402
-from tapp_core.library import LayerLibrary  # noqa: E402
-from tapp_core.plan import Plan, single_stage_plan  # noqa: E402
+from tapp_core.cost.calibration import Calibration  # noqa: E402
+from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
+from tapp_core.measure.races import RaceOptions, RoundSteps  # noqa: E402
+from tapp_core.plan.plan import Plan, single_stage_plan  # noqa: E402
 from tapp_core.planners import PlannerError, get_planner  # noqa: E402
-from tapp_core.profile_cache import ProfileCache  # noqa: E402
-from tapp_core.races import RaceOptions, RoundSteps  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.platform.testbed import down, state_folder, up  # noqa: E402
+from tapp_core.profile.cache import ProfileCache  # noqa: E402
+from tapp_core.profile.library import LayerLibrary  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
-from tapp_core.runtime.race import race  # noqa: E402
-from tapp_core.testbed import down, state_folder, up  # noqa: E402
+from tapp_core.runtime.calibrator import calibrate  # noqa: E402
+from tapp_core.runtime.detect import measure_cluster_links  # noqa: E402
+from tapp_core.runtime.pool_race import race  # noqa: E402
 
 PLANNERS = ("single", "bsp", "even", "pipetorch", "pipedream", "autoddl", "tapp")
 ALONE = "alone on "
@@ -83,7 +84,7 @@ def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, 
     for name in PLANNERS:
         options: dict[str, object] = {"batch_size": batch, "seed": 0, **({"rounds": rounds} if name == "tapp" else {})}
         try:
-            plan = get_planner(name, calibration=calibration, **options).plan(library, cluster)
+            plan = get_planner(name, **options).plan(CostContext(library, cluster, calibration))
         except PlannerError as exc:
             print(f"{name}: no plan: {exc}")
             continue
@@ -160,7 +161,7 @@ def own_profiles(testbed: Cluster, library: LayerLibrary, plans: list[Plan], mea
         if device.speed >= fastest or device.host is None or testbed.ssh is None:
             continue
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); from tapp_core.profiler import profile_model; "
+            "import sys; sys.path.insert(0, sys.argv[1]); from tapp_core.profile.profiler import profile_model; "
             "print(profile_model(sys.argv[2], int(sys.argv[3]), threads=1).whole_model_s)"
         )
         remote = [sys.executable, "-c", f'"{code}"', str(ROOT), library.model, str(library.batch_size)]
@@ -187,7 +188,7 @@ def report(
         layout = " | ".join("+".join(d) for d in plan.stage_devices) + f" m={plan.micro_batches}"
         cells = []
         for name, (measured, cluster, calibration) in runs.items():
-            predicted = estimate(plan, library, cluster, calibration).step_time
+            predicted = estimate(plan, CostContext(library, cluster, calibration)).step_time_s
             error = (predicted - measured[index]) / measured[index]
             if by_planner(plan):
                 errors[name].append(abs(error))

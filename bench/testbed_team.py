@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tapp_core.testbed import down, system, up  # noqa: E402
-from tapp_core.testbed.bed import host_addresses  # noqa: E402
+from tapp_core.platform.testbed import down, system, up  # noqa: E402
+from tapp_core.platform.testbed.bed import host_addresses  # noqa: E402
 
 NAME, SUBNET = "tappteam", "10.217.0.0/24"
 BIN = Path(sys.executable).parent

@@ -30,23 +30,28 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from reports.folders import check_report_folder, run_report_folder
+from reports import schema
 from reports.numbers import rounded, seconds
-from tapp_core import schema
-from tapp_core.calibration import cluster_calibration
-from tapp_core.cluster import scaled_name
-from tapp_core.costs import Calibration
-from tapp_core.data import check_dataset
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from reports.report_folders import check_report_folder, run_report_folder
+from tapp_core.cost.calibration import Calibration
+from tapp_core.cost.context import CostContext
+from tapp_core.measure.races import RaceResult
+from tapp_core.measure.stats import proportion_interval
+from tapp_core.model.data import check_dataset_present
+from tapp_core.model.workload import check_workload_data, workload_of
+from tapp_core.plan.plan import Plan
 from tapp_core.planners import PAPER_METHODS
-from tapp_core.races import RaceResult
-from tapp_core.runtime.folders import owned_folder, sweep_pool_folders
+from tapp_core.planners.tapp import SearchOptions
+from tapp_core.platform.cluster import scaled_name
+from tapp_core.runtime.pool import WorkerPool
+from tapp_core.runtime.pool_race import PoolRounds
 from tapp_core.runtime.results import TrainResult
+from tapp_core.runtime.temp_folders import owned_folder, sweep_pool_folders
 from tasks import prefect_ui, summary, views
+from tasks.calibration import experiment_calibration
 from tasks.config import NO_DATA, ExperimentConfig
-from tasks.evaluate import Evaluation, check_choices, evaluate_method, plan_method, race_methods
-from tasks.measure import RuntimeSettings, close_pools
+from tasks.evaluate import Evaluation, check_choices, evaluate_method, plan_method, race_methods, raced_plan
+from tasks.measure import RuntimeSettings
 from tasks.profile import Profiled, profile_stage, record_profile
 from tasks.progress import StageProgress
 from tasks.report import ReportRun, report_experiment
@@ -63,7 +68,7 @@ from tasks.tracking import (
     runs_view_url,
     tracked_run,
 )
-from tasks.train import train_method
+from tasks.train import SharedTraining, train_method, training_checkpoints
 
 sampling_task = task(name="sampling", task_run_name="sampling", cache_policy=NO_CACHE)(sampling_stage)
 """The sampling stage as a Prefect task (its measured rounds are its nested ``search-round-N`` tasks)."""
@@ -105,13 +110,16 @@ def check_inputs(
     config: ExperimentConfig, tracking_uri: str | None, experiment: str | None = None, out: str | None = None
 ) -> str:
     """What the configuration could not check itself, before any run exists: ``out`` (a report folder) holds no
-    other experiment's report, its schedule options reach a planner, the data can be read (every file, when it is
-    to be trained on), and the tracking store can be reached; returns the store's URI."""
+    other experiment's report, its schedule options reach a planner, the named data is there (and every file can
+    be read, when it is to be trained on), and the tracking store can be reached; returns the store's URI."""
     if out is not None and experiment is not None:
         check_report_folder(out, experiment)
     check_choices(config)
     if config.training and config.dataset not in ("synthetic", NO_DATA):
-        check_dataset(config.dataset, config.data_dir)
+        workload = dataclasses.replace(workload_of(config.model), data=config.dataset)
+        check_workload_data(workload, config.data_dir)  # the data fit the workload's inputs, every file read
+    elif config.dataset not in ("synthetic", NO_DATA):
+        check_dataset_present(config.dataset, config.data_dir)
     return check_tracking(tracking_uri)
 
 
@@ -182,12 +190,19 @@ def last_run(client: Any, experiment: str, uri: str, kind: str) -> str:
 
 
 def search_budget(config: ExperimentConfig) -> SearchBudget:
-    """The search of ``search_rounds`` rounds in all, the last ``measured_rounds`` rewarded by measurements, the rounds
-    before them by the cost model (the configuration checked that there are some)."""
+    """The search of ``search_rounds`` rounds in all, the last ``measured_rounds`` rewarded by measurements (a
+    hybrid search; none: a simulated one), the rounds before them by the cost model (the configuration checked that
+    there are some): the TAPP planner's options with these overridden by name."""
     measured = config.measured_rounds or 0
-    rounds = config.search_rounds - measured
-    per_round = config.measured_per_round or SearchBudget.measured_per_round
-    return SearchBudget(rounds, config.samples_per_round, measured, per_round)
+    named: dict[str, Any] = {
+        "reward": "hybrid" if measured > 0 else "simulated",
+        "rounds": config.search_rounds,
+        "samples_per_round": config.samples_per_round,
+        "measured_rounds": measured,
+    }
+    if config.measured_per_round is not None:
+        named["measured_per_round"] = config.measured_per_round
+    return SearchBudget(SearchOptions(**named))
 
 
 def runtime_settings(config: ExperimentConfig) -> RuntimeSettings:
@@ -198,11 +213,12 @@ def runtime_settings(config: ExperimentConfig) -> RuntimeSettings:
 
 def _search_params(budget: SearchBudget, sampling: RuntimeSettings) -> dict[str, object]:
     """The run parameters that the search budget and the sampling stage's runtime settle."""
+    options = budget.options
     return {
-        "simulated_rounds": budget.rounds,
-        "samples_per_round": budget.samples_per_round,
-        "measured_rounds": budget.measured_rounds,
-        "measured_per_round": budget.measured_per_round,
+        "simulated_rounds": options.simulated_rounds,
+        "samples_per_round": options.samples_per_round,
+        "measured_rounds": options.measured_rounds,
+        "measured_per_round": options.measured_per_round,
         "sampling_steps": sampling.steps - sampling.warmup,
         "sampling_warmup": sampling.warmup,
     }
@@ -213,8 +229,8 @@ def _plan_of_work(config: ExperimentConfig, budget: SearchBudget) -> str:
     how = "measured" if config.measure else "estimated by the cost model"
     trained = f"trained on {config.dataset}" if config.training else f"not trained ({config.training_skipped})"
     return (
-        f"batch {config.batch_size}; {how}; TAPP search {config.search_rounds} rounds ({budget.rounds} on the cost "
-        f"model, {budget.measured_rounds} measured); methods {', '.join(config.evaluated_methods)}; {trained}"
+        f"batch {config.batch_size}; {how}; TAPP search {config.search_rounds} rounds ({budget.options.simulated_rounds} "
+        f"on the cost model, {budget.options.measured_rounds} measured); methods {', '.join(config.evaluated_methods)}; {trained}"
     )
 
 
@@ -244,6 +260,9 @@ class ExperimentWork:
     out: str | None
     """The report's folder; None: ``out/<experiment>/<parent run id>``."""
     experiment: str
+    pool: WorkerPool
+    """The cluster's workers, which every measurement and training of the experiment runs on: started on first use,
+    closed when the flow ends."""
     resume_from: str | None = None
 
 
@@ -265,9 +284,9 @@ def tapp_experiment(
     ``out/<experiment>/<parent run id>``).
     """
     config = config or ExperimentConfig()
+    prefect_ui.quiet_task_states()
     uri = check_inputs(config, tracking_uri, experiment, out)
     target = config.target
-    calibration = cluster_calibration(config.cluster, target)  # measured by `tapp calibrate`, else the ideal one
     extra = config.tags() | ({schema.SWEEP_INDEX: str(sweep_index)} if sweep_index is not None else {})
     tags = ExperimentTags(
         config.model, target.name, config.batch_size, config.seed, config.dataset, target.emulated, sweep_run,
@@ -275,9 +294,11 @@ def tapp_experiment(
     )  # fmt: skip
     budget = search_budget(config)
     runtime = runtime_settings(config)
-    work = ExperimentWork(config, calibration, budget, runtime, out, experiment, resume_from)
+    pool = WorkerPool(target)
     prefect_ui.log(f"{config.model} on {target.name} ({len(target.devices)} devices), {_plan_of_work(config, budget)}")
     profiled = profile_stage(config)  # before any run: a model that cannot be traced fails here
+    calibration = experiment_calibration(config, profiled.library, prefect_ui.log)
+    work = ExperimentWork(config, calibration, budget, runtime, out, experiment, pool, resume_from)
     try:
         run_tags = tags.as_tags(**{schema.KIND: schema.EXPERIMENT, schema.RESUMED_FROM: resume_from})
         name = schema.experiment_name(config.model, target.name, config.batch_size)
@@ -306,7 +327,7 @@ def tapp_experiment(
                     f"failed: {failed} (see their MLflow runs); report in {done.report_dir}", done
                 )
     finally:
-        close_pools()
+        pool.close()
     return done
 
 
@@ -322,7 +343,8 @@ def _run_stages(
     parent.log_dict(config.target.model_dump(mode="json"), "cluster.json")
     parent.log_dict(calibration.to_dict(), "calibration.json")
     record_profile(parent.ref, tags, profiled)
-    library = profiled.library
+    context = CostContext(profiled.library, config.target, calibration, config.optimizer)
+    """Built once: the search, the sampling and every method's plan and estimate share it."""
     sweep_pool_folders()  # what a killed experiment left, whether or not this one measures
     with owned_folder(SEARCH_FOLDER_PREFIX) as workdir:
         if work.resume_from is not None:
@@ -330,17 +352,20 @@ def _run_stages(
             where = f"round {resumed}" if resumed is not None else "the start (it logged no checkpoint)"
             prefect_ui.log(f"resuming the search of run {work.resume_from} from {where}")
         sampling = budget.sampling_runtime(work.runtime)
-        search = search_stage(parent.ref, tags, library, config, budget, sampling, calibration, workdir)
-        outcome: SearchOutcome = sampling_task(parent.ref, tags, search, library, config.target, sampling)
+        hybrid = budget.options.reward != "simulated"
+        measurer = PoolRounds(work.pool, config.model, sampling.round_steps()) if hybrid else None
+        session = search_stage(parent.ref, tags, context, config, budget, workdir, measurer)
+        outcome: SearchOutcome = sampling_task(parent.ref, tags, session)
     tapp_plan = outcome.plan
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}.")
-    evaluations, failed, race = _evaluate(parent, tags, library, config, tapp_plan, work)
+    evaluations, failed, race = _evaluate(parent, tags, context, config, tapp_plan, work)
+    accuracy: list[summary.Accuracy] = []
     if config.training:
-        failed += _train(parent, tags, config, evaluations)
+        failed += _train(parent, tags, config, evaluations, work.pool, work.resume_from, accuracy, context)
     else:
         prefect_ui.log(f"No training: {config.training_skipped}.")
     title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
-    result = summary.build_result(title, evaluations, summary.Links(out), race, outcome.story, failed)
+    result = summary.build_result(title, evaluations, summary.Links(out), race, outcome.story, failed, accuracy)
     _race_conditions(parent, race)
     views.record_numbers(parent, result)  # before the report, which reads them back from MLflow
     reported = report_experiment(parent.ref, tags, out, work.experiment)
@@ -351,7 +376,7 @@ def _run_stages(
 def _evaluate(
     parent: TrackedRun,
     tags: ExperimentTags,
-    library: LayerLibrary,
+    context: CostContext,
     config: ExperimentConfig,
     tapp_plan: Plan,
     work: ExperimentWork,
@@ -359,13 +384,10 @@ def _evaluate(
     """Plan every method, race all their plans together, then record each method; a failed one is noted and the
     rest go on. Returns the evaluations, the failures, and the race (None when the runtime is off)."""
     methods, runtime = config.evaluated_methods, work.runtime
-    planned = [
-        plan_method(method, library, config, tapp_plan if method == "tapp" else None, work.calibration)
-        for method in methods
-    ]
+    planned = [plan_method(method, context, config, tapp_plan if method == "tapp" else None) for method in methods]
     race = None
     if runtime.enabled:
-        planned, race = race_methods(planned, config.target, config.model, runtime)
+        planned, race = race_methods(planned, work.pool, config.model, runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
     first_with_plan: dict[str, str] = {}
@@ -375,7 +397,8 @@ def _evaluate(
         key = plan.execution_id if plan is not None and method_plan.ok else method
         shared = first_with_plan.setdefault(key, method)  # plans that run the same share one measurement
         source = shared if shared != method else None
-        state = evaluate_method(method_plan, parent.ref, tags, race, source, return_state=True)
+        unraced = method in config.estimated_only and (plan is None or raced_plan(race, plan) is None)
+        state = evaluate_method(method_plan, parent.ref, tags, None if unraced else race, source, return_state=True)
         if state.is_completed():
             result = evaluations[method] = state.result()
             how = "measured" if result.measured else "estimated"
@@ -405,29 +428,77 @@ one)."""
 
 
 def _train(
-    parent: TrackedRun, tags: ExperimentTags, config: ExperimentConfig, evaluations: dict[str, Evaluation]
+    parent: TrackedRun,
+    tags: ExperimentTags,
+    config: ExperimentConfig,
+    evaluations: dict[str, Evaluation],
+    pool: WorkerPool,
+    resume_from: str | None,
+    accuracy: list[summary.Accuracy],
+    context: CostContext | None = None,
 ) -> list[str]:
-    """Train each of the paper's methods' plans (plans that run the same, ``Plan.execution_id``, once: the second
-    method records the first's result); returns the failures."""
+    """Train each of the paper's methods' plans, the same computation once (``training_key``: the second method
+    records the first's result, ``tasks.train.SharedTraining``), adding each one's test accuracy to ``accuracy``;
+    returns the failures. A resumed experiment (``resume_from``) resumes each training from its checkpoints, if the
+    configuration writes them (``training_checkpoints``)."""
     chosen = [m for m in evaluations if m in TRAINED_METHODS]
     failed = []
-    trained: dict[str, tuple[str, TrainResult]] = {}
-    what = f"{config.train_epochs} epoch(s)" if config.train_epochs else f"{config.train_seconds:g} s each"
+    trained: dict[str, SharedTraining] = {}
+    what = f"{config.train_epochs} epoch(s)" if config.train_epochs else _training_amount(config)
     progress = StageProgress("training", len(chosen), f"training each plan on {config.dataset}, {what}")
     for done, method in enumerate(chosen, start=1):
         evaluation = evaluations[method]
-        shared = trained.get(evaluation.plan.execution_id)
+        key = training_key(evaluation.plan)
+        checkpoints = training_checkpoints(config, resume_from or parent.run_id, method, resume_from is not None)
         state = train_method(
-            method, evaluation.plan, evaluation.step_time_s, config, parent.ref, tags, shared, return_state=True
+            method,
+            evaluation.plan,
+            evaluation.step_time_s,
+            config,
+            parent.ref,
+            tags,
+            pool,
+            trained.get(key),
+            checkpoints,
+            context,
+            return_state=True,
         )
         if state.is_completed():
             result = state.result()
-            trained.setdefault(evaluation.plan.execution_id, (method, result))
-            progress.update(done, f"{method} {result.test_accuracy:.1%} after {sum(result.epoch_times_s):.1f} s")
+            trained.setdefault(key, SharedTraining(method, result, evaluation.step_time_s))
+            source = trained[key].method if trained[key].method != method else None
+            accuracy.append(_accuracy(method, result, source, config, evaluation.step_time_s))
+            progress.update(done, accuracy[-1].text)
         else:
             failed.append(f"training of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")
     return failed
+
+
+def _accuracy(
+    method: str, result: TrainResult, source: str | None, config: ExperimentConfig, step_time_s: float
+) -> summary.Accuracy:
+    """A trained method's accuracy, its interval over the test images, and the training images it took."""
+    epochs, steps = config.train_plan(step_time_s)
+    images = epochs * (steps or 0) * config.batch_size  # whole epochs (steps None) count no images here
+    perplexity = result.test_perplexity if workload_of(config.model).language_model else None
+    tested = proportion_interval(result.test_accuracy, result.test_samples)
+    return summary.Accuracy(method, tested, images, source, perplexity)
+
+
+def training_key(plan: Plan) -> str:
+    """Plans whose training computes the same share a key: a plan whose every stage applies its gradients to the
+    weights they were computed on (a synchronous schedule, or one stage) computes what one device computes (the
+    runtime's correctness tests); a plan with stale stages only what its own execution does."""
+    schedule = plan.pipeline_schedule
+    delays = [schedule.delay(stage, plan.n_stages, plan.micro_batches) for stage in range(plan.n_stages)]
+    return "synchronous" if not any(delays) else plan.execution_id
+
+
+def _training_amount(config: ExperimentConfig) -> str:
+    if config.train_seconds is not None:
+        return f"{config.train_seconds:g} s each"
+    return f"{config.train_samples:,} samples each"
 
 
 def _show(parent: TrackedRun, tags: ExperimentTags, result: summary.Result, reported: ReportRun) -> summary.Result:

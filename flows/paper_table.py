@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from reports.folders import experiment_report_folder
 from reports.paper import Report
+from reports.report_folders import experiment_report_folder
 from tasks.report import paper_report
 from tasks.tracking import DEFAULT_EXPERIMENT, check_tracking
 

@@ -21,9 +21,9 @@ from typing import Any
 from prefect import flow
 
 from flows.experiment import check_inputs, interrupted_run, tapp_experiment
-from reports.folders import check_report_folder
+from reports import schema
 from reports.paper import write_report
-from tapp_core import schema
+from reports.report_folders import check_report_folder
 from tasks import prefect_ui
 from tasks.config import ExperimentConfig, SweepConfig
 from tasks.progress import StageProgress
@@ -117,6 +117,7 @@ def benchmark_sweep(
     if resume_from is not None:
         sweep, resumed = resume_sweep(uri, resume_from, experiment)
     sweep = sweep or SweepConfig()
+    prefect_ui.quiet_task_states()
     configurations = sweep.configurations()
     check_report_folder(out, experiment)  # every input checked before any run exists
     for config in configurations:

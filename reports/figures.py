@@ -19,8 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from reports import schema
 from reports.numbers import seconds, seconds_interval
-from tapp_core.costmodel import NO_MICRO_BATCH, OP_KINDS, TimelineOp
+from tapp_core.cost.estimate import NO_MICRO_BATCH, OP_KINDS, TimelineOp
 
 KIND_COLOURS = {
     "forward": "#4C72B0",
@@ -70,9 +71,7 @@ def gantt(
     axes = figure.add_subplot()
     span = max(op.end for op in timeline) - min(op.start for op in timeline)
     several_iterations = any(op.iteration for op in timeline)
-    for op in timeline:
-        row = devices.index(op.device)
-        _draw_bar(axes, op, row, span, several_iterations)
+    _draw_bars(axes, timeline, devices, span, several_iterations)
     stage_of = {op.device: op.stage for op in reversed(timeline)}  # each device's first operation's stage
     axes.set_yticks(range(len(devices)), [f"{d}\nstage {stage_of[d]}" for d in devices])
     axes.set_ylim(len(devices) - 0.5, -0.6)
@@ -94,11 +93,10 @@ def _timeline_of(source: HasTimeline | Sequence[TimelineOp]) -> list[TimelineOp]
 
 
 def _step_time_of(source: object, timeline: Sequence[TimelineOp]) -> float:
-    """The source's own step time (Estimate.step_time, Measurement.step_time_s), else the timeline's span."""
-    for name in ("step_time", "step_time_s"):
-        value = getattr(source, name, None)
-        if isinstance(value, int | float) and value == value:
-            return float(value)
+    """The source's own step time (an Estimate's or a Measurement's ``step_time_s``), else the timeline's span."""
+    value = getattr(source, "step_time_s", None)
+    if isinstance(value, int | float) and value == value:
+        return float(value)
     return max(op.end for op in timeline) - min(op.start for op in timeline)
 
 
@@ -110,31 +108,27 @@ def _device_order(timeline: Sequence[TimelineOp]) -> list[str]:
     return sorted(first, key=first.__getitem__)
 
 
-def _draw_bar(axes: Axes, op: TimelineOp, row: int, span: float, several_iterations: bool) -> None:
-    colour = KIND_COLOURS.get(op.kind, "#999999")
-    if op.kind in SEND_LANE:
-        axes.broken_barh(
-            [(op.start, op.duration)],
-            (row + ROW_HEIGHT / 2, SEND_HEIGHT),
-            facecolor=colour,
-            edgecolor="white",
-            linewidth=0.3,
-        )
-        return
-    axes.broken_barh(
-        [(op.start, op.duration)],
-        (row - ROW_HEIGHT / 2, ROW_HEIGHT),
-        facecolor=colour,
-        edgecolor="white",
-        linewidth=0.5,
-    )
-    if (
-        op.kind in ("forward", "backward")
-        and op.micro_batch != NO_MICRO_BATCH
-        and op.duration >= MIN_LABEL_FRACTION * span
-    ):
-        label = f"{op.iteration}.{op.micro_batch}" if several_iterations else str(op.micro_batch)
-        axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")
+def _draw_bars(
+    axes: Axes, timeline: Sequence[TimelineOp], devices: Sequence[str], span: float, several_iterations: bool
+) -> None:
+    """Every operation as a bar in its device's row (sends in the thin lane), one collection per row, lane and
+    kind: a timeline has thousands of operations, and a collection each makes drawing slow."""
+    row_of = {device: row for row, device in enumerate(devices)}
+    bars: dict[tuple[int, bool, str], list[tuple[float, float]]] = {}
+    for op in timeline:
+        row = row_of[op.device]
+        bars.setdefault((row, op.kind in SEND_LANE, op.kind), []).append((op.start, op.duration))
+        if (
+            op.kind in ("forward", "backward")
+            and op.micro_batch != NO_MICRO_BATCH
+            and op.duration >= MIN_LABEL_FRACTION * span
+        ):
+            label = f"{op.iteration}.{op.micro_batch}" if several_iterations else str(op.micro_batch)
+            axes.text(op.start + op.duration / 2, row, label, ha="center", va="center", fontsize=7, color="white")
+    for (row, send_lane, kind), ranges in bars.items():
+        lane = (row + ROW_HEIGHT / 2, SEND_HEIGHT) if send_lane else (row - ROW_HEIGHT / 2, ROW_HEIGHT)
+        colour = KIND_COLOURS.get(kind, "#999999")
+        axes.broken_barh(ranges, lane, facecolor=colour, edgecolor="white", linewidth=0.3 if send_lane else 0.5)
 
 
 # --- One palette for the project ----------------------------------------------------------------------------
@@ -194,8 +188,7 @@ def reward_curve(
     best estimate and the best so far on the cost model, each measured sample's median with its interval at the
     round it was measured in, and the final race's candidates with their intervals and its verdict.
 
-    ``history`` has ``round``, ``phase`` (``simulated`` or ``measured``) and any of ``reward_mean``,
-    ``best_step_time_s``, ``round_best_step_time_s``; ``samples`` the measured plans (``measured_round``,
+    ``history`` has ``round``, ``phase`` (``simulated`` or ``measured``) and any of ``schema.ROUND_METRICS``; ``samples`` the measured plans (``measured_round``,
     ``measured_step_time_s`` and its ``_low_s``/``_high_s``); ``final`` the final race's summary.
     """
     figure = Figure(figsize=(12, 5.0), layout="constrained")
@@ -220,35 +213,41 @@ def reward_curve(
     handles, labels = times.get_legend_handles_labels()
     if handles:  # under the panels, clear of the data
         figure.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
-    subtitle = (
-        f"rounds {measured_rounds} measured on the workers" if measured_rounds else "every round on the cost model"
-    )
+    subtitle = _rounds_text(history, measured_rounds)
     figure.suptitle(f"{title}\n{subtitle}" + (f"; {verdict}" if verdict else ""), fontsize=10)
     return _save_png(figure, path)
 
 
-def _shade_measured(history: pd.DataFrame, panels: Sequence[Axes]) -> str:
-    """Shade the measured rounds on both panels; returns them as text (``31–33``), empty when none."""
+def _rounds_text(history: pd.DataFrame, measured: Sequence[int]) -> str:
+    """``30 rounds on the cost model, then 1 measured on the workers (round 31)``: counts first, so that a round's
+    number is never read as a count."""
+    total = len(history["round"].unique()) if "round" in history else 0
+    if not measured:
+        return f"all {total} rounds on the cost model"
+    which = f"round {measured[0]}" if len(measured) == 1 else f"rounds {min(measured)}–{max(measured)}"
+    return f"{total - len(measured)} rounds on the cost model, then {len(measured)} measured on the workers ({which})"
+
+
+def _shade_measured(history: pd.DataFrame, panels: Sequence[Axes]) -> list[int]:
+    """Shade the measured rounds on both panels; returns their numbers, empty when none."""
     if "phase" not in history:
-        return ""
-    rounds = [int(r) for r in history.loc[history["phase"] == "measured", "round"]]
-    if not rounds:
-        return ""
-    for axes in panels:
+        return []
+    rounds = sorted({int(r) for r in history.loc[history["phase"] == "measured", "round"]})
+    for axes in panels if rounds else ():
         axes.axvspan(min(rounds) - 0.5, max(rounds) + 0.5, color=MEASURED_COLOUR, alpha=0.08, linewidth=0)
-    return str(rounds[0]) if len(rounds) == 1 else f"{min(rounds)}–{max(rounds)}"
+    return rounds
 
 
 def _simulated_times(axes: Axes, history: pd.DataFrame) -> None:
     simulated = history[history["phase"] != "measured"] if "phase" in history else history
-    if "round_best_step_time_s" in simulated and simulated["round_best_step_time_s"].notna().any():
+    if schema.ROUND_BEST_ESTIMATED in simulated and simulated[schema.ROUND_BEST_ESTIMATED].notna().any():
         axes.plot(
-            simulated["round"], simulated["round_best_step_time_s"], ".", color=SIMULATED_COLOUR,
+            simulated["round"], simulated[schema.ROUND_BEST_ESTIMATED], ".", color=SIMULATED_COLOUR,
             label="round's best estimate",
         )  # fmt: skip
-    if "best_step_time_s" in simulated and simulated["best_step_time_s"].notna().any():
+    if schema.BEST_ESTIMATED_SO_FAR in simulated and simulated[schema.BEST_ESTIMATED_SO_FAR].notna().any():
         axes.step(
-            simulated["round"], simulated["best_step_time_s"], where="post", color=BEST_COLOUR,
+            simulated["round"], simulated[schema.BEST_ESTIMATED_SO_FAR], where="post", color=BEST_COLOUR,
             label="best estimate so far",
         )  # fmt: skip
 
@@ -299,16 +298,17 @@ def _final_race(axes: Axes, final: Mapping[str, object] | None, x: int) -> str:
         float(won_plan["median_s"]), float(won_plan["low_s"] or "nan"), float(won_plan["high_s"] or "nan")
     )
     load = ", overloaded host" if final.get("overloaded") else ""
-    return f"final race: {len(plans)} candidates, {final.get('rounds')} rounds ({final.get('stop')}{load}); winner {text} s"
+    return f"the search's final race: {len(plans)} candidates, {final.get('rounds')} rounds ({final.get('stop')}{load}); winner {text} s"
 
 
-def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step time by method") -> Path:
+def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step time by method", note: str = "") -> Path:
     """Grouped bars of ``step_time_s``: one group per ``group`` value, one bar per ``method`` value (first-seen order),
     each in its ``colour`` (a column; default: the project's palette by ``method``), named under it (and in the
     legend when there are several groups), its value written above it (4 significant digits).
 
     With ``low_s`` and ``high_s`` columns, each bar that has them carries its confidence interval as an error bar
-    (asymmetric: the interval of a median need not be centred on it), and its label gives the interval too.
+    (asymmetric: the interval of a median need not be centred on it), and its label gives the interval too. ``note``
+    is a second line under the title.
     """
     frame = frame.reset_index(drop=True)
     groups = list(dict.fromkeys(frame["group"]))
@@ -344,9 +344,12 @@ def step_time_bars(frame: pd.DataFrame, path: str | Path, title: str = "Step tim
             )  # fmt: skip
             ticks.append((position, str(method)))
     _name_bars(axes, groups, ticks)
-    axes.set_ylabel("step time (s)" + ("; measured: median and its confidence interval" if with_intervals else ""))
-    axes.set_title(title if len(groups) > 1 else f"{title}: {groups[0]}".replace("\n", ", ") if groups else title)
-    axes.set_ylim(0, axes.get_ylim()[1] * 1.35)  # room for the labels above the bars
+    axes.set_ylabel("step time (s)")
+    if with_intervals:
+        note = "; ".join(t for t in ("measured: median and its confidence interval", note) if t)
+    titled = title if len(groups) > 1 else f"{title}: {groups[0]}".replace("\n", ", ") if groups else title
+    axes.set_title("\n".join([titled, *textwrap.wrap(note, 72)]), fontsize=9)
+    axes.set_ylim(0, axes.get_ylim()[1] * 1.8)  # room for the labels above the bars
     axes.grid(axis="y", alpha=0.3)
     return _save_png(figure, path)
 

@@ -50,11 +50,21 @@ def percent(value: float) -> str:
     return MISSING if not math.isfinite(value) else f"{100 * float(value):.1f}%"
 
 
+def perplexity(value: float) -> str:
+    """A language model's perplexity, with two decimals: ``12.34``."""
+    return MISSING if not math.isfinite(value) else f"{float(value):.2f}"
+
+
 def bracket(low: float, high: float, digits: int = SIGNIFICANT_DIGITS) -> str:
     """An interval alone: ``[0.1946, 0.1994]``; empty when either end is unknown."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
     return f"[{significant(low, digits)}, {significant(high, digits)}]"
+
+
+def percent_bracket(low: float, high: float) -> str:
+    """A proportion's interval in percentage points, as ``percent`` shows its value: ``[60.2, 66.1]``."""
+    return f"[{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def with_interval(text: str, low: float, high: float, digits: int = SIGNIFICANT_DIGITS) -> str:

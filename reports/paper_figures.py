@@ -17,7 +17,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
+from reports import schema
+from reports.accuracy import ACCURACY_HIGH, ACCURACY_LOW
 from reports.figures import _save_png, method_colour
+from tapp_core.measure.stats import ACCURACY_CONFIDENCE
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 
@@ -49,10 +52,13 @@ def _legend(figure: Figure, axes: list[Axes]) -> None:
     figure.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=8)
 
 
-def accuracy_vs_time(curves: pd.DataFrame, path: str | Path) -> Path:
-    """Test accuracy against wall-clock training time, per method: ``curves`` has ``group``, ``method``,
-    ``curve_train_time_s`` and ``curve_test_accuracy`` (one row per test evaluation). With no curve at all, the
+def accuracy_vs_time(curves: pd.DataFrame, path: str | Path, perplexity: bool = False) -> Path:
+    """Test accuracy (``perplexity``: a language model's test perplexity, lower is better) against wall-clock
+    training time, per method: ``curves`` has ``group``, ``method``, ``curve_train_time_s`` and
+    ``curve_test_accuracy`` (``curve_test_perplexity``), one row per test evaluation. With no curve at all, the
     figure says so."""
+    quality = "perplexity" if perplexity else "accuracy"
+    column = schema.CURVE_PERPLEXITY if perplexity else schema.CURVE_ACCURACY
     groups = list(dict.fromkeys(curves["group"])) if not curves.empty else ["no training"]
     figure, axes = _panels(groups)
     styles = _styles(list(dict.fromkeys(curves["method"])) if not curves.empty else [])
@@ -61,22 +67,39 @@ def accuracy_vs_time(curves: pd.DataFrame, path: str | Path) -> Path:
         for method, points in part.groupby("method", sort=False) if not part.empty else []:
             ordered = points.sort_values("curve_train_time_s")
             colour, marker = styles[str(method)]
-            ax.plot(
-                ordered["curve_train_time_s"], ordered["curve_test_accuracy"], label=str(method), color=colour,
-                marker=marker,
+            values = ordered[column]
+            errors = None if perplexity else _accuracy_errors(ordered)
+            ax.errorbar(
+                ordered["curve_train_time_s"], values, yerr=errors, label=str(method), color=colour,
+                marker=marker, capsize=3,
             )  # fmt: skip
         if part.empty:
             ax.text(0.5, 0.5, "no plan was trained", ha="center", va="center", transform=ax.transAxes)
+        elif "chance" in part and part["chance"].notna().any():
+            chance = float(part["chance"].dropna().iloc[0])
+            ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance ({chance:.0%})")
+        if not perplexity:
+            ax.set_ylim(0, 1)
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("training time (s, wall clock)")
-        ax.set_ylabel("test accuracy")
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylabel(f"test {quality}" + (" (lower is better)" if perplexity else ""))
+        if not perplexity:
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
     if not curves.empty:
         _legend(figure, axes)
-    figure.suptitle("Time to accuracy: test accuracy against training time, per method")
+    interval = "" if perplexity else f" ({ACCURACY_CONFIDENCE:.0%} Wilson interval)"
+    figure.suptitle(f"Time to {quality}: test {quality}{interval} against training time, per method")
     return _save_png(figure, path)
+
+
+def _accuracy_errors(points: pd.DataFrame) -> list[list[float]] | None:
+    """Each accuracy's interval as error bars (below, above), where the curve has them."""
+    if ACCURACY_LOW not in points or points[ACCURACY_LOW].isna().all():
+        return None
+    accuracy = points["curve_test_accuracy"]
+    return [list(accuracy - points[ACCURACY_LOW]), list(points[ACCURACY_HIGH] - accuracy)]
 
 
 def computing_power_figure(frame: pd.DataFrame, path: str | Path) -> Path:

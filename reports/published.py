@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from reports import schema
 from reports.tables import (
     HIGH,
     LOW,
@@ -25,7 +26,6 @@ from reports.tables import (
     speedup_columns,
     step_kind_notes,
 )
-from tapp_core import schema
 from tapp_core.planners.base import PAPER_METHODS, method_label
 
 PAPER_STEP_TIMES: dict[str, dict[str, float]] = {

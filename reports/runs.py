@@ -1,15 +1,20 @@
-"""How reports read back what TAPP wrote into MLflow (``tapp_core.schema`` names it): runs as rows and frames."""
+"""How reports read back what TAPP wrote into MLflow (``reports.schema`` names it): runs as rows and frames."""
 
 from __future__ import annotations
 
+import json
+import math
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 
-from tapp_core import schema
+from reports import schema
 from tapp_core.errors import TappError
 
 
@@ -151,33 +156,79 @@ def evaluations(
     )
 
 
-def round_step_times(client: MlflowClient, run_id: str) -> dict[int, float]:
-    """An evaluation run's step time in each round of its race (round number -> seconds); empty when not raced."""
-    return {m.step: m.value for m in client.get_metric_history(run_id, schema.ROUND_STEP_TIME)}
+RATIO_COLUMNS = (*schema.KEY_COLUMNS, "method", "median", "low", "high", "is")
+
+
+def stored_result(client: MlflowClient, run_id: str) -> dict[str, object] | None:
+    """The result an experiment's parent run stored (``schema.RESULT_ARTIFACT``, ``tasks.summary.result_record``);
+    None for a run that stored none (made before results were stored, or not an experiment)."""
+    with tempfile.TemporaryDirectory(prefix="tapp-result-") as tmp:
+        try:
+            data = json.loads(Path(client.download_artifacts(run_id, schema.RESULT_ARTIFACT, tmp)).read_text())
+        except (MlflowException, OSError, ValueError):
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def stored_ratios(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:
+    """Each method's step time over TAPP's as its experiment's stored result says it (``RATIO_COLUMNS``: the keys,
+    the method, the ratio with its interval, and which ratio it is), for the evaluations whose TAPP run and own run
+    came from that one experiment. Read, never recomputed: the report shows the number every other view shows."""
+    rows = []
+    for key, group in evaluations.groupby(list(schema.KEY_COLUMNS), sort=False):
+        parents = {str(r.method): str(getattr(r, schema.EXPERIMENT_RUN) or "") for r in group.itertuples(index=False)}
+        parent = parents.get("tapp", "")
+        result = stored_result(client, parent) if parent else None
+        records = result.get("methods", []) if result is not None else []
+        for record in records if isinstance(records, list) else []:
+            method = str(record.get("method", ""))
+            if method == "tapp" or parents.get(method) != parent:
+                continue
+            values = [_float(record.get(k)) for k in ("vs_tapp", "vs_tapp_low", "vs_tapp_high")]
+            rows.append([*key, method, *values, str(record.get("vs_tapp_is", ""))])
+    return pd.DataFrame(rows, columns=list(RATIO_COLUMNS))
+
+
+def _float(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def trainings(
     client: MlflowClient, experiment: str, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
 ) -> pd.DataFrame:
-    """The latest FINISHED train run per (model, cluster, batch size, dataset, method): its accuracy, how long it
-    trained, on what, and with which schedule."""
+    """The latest FINISHED train run per (model, cluster, batch size, dataset, method): its accuracy (a language
+    model's perplexity), how long it trained, on what, and with which schedule."""
     rows = latest_per_key(
         finished_runs(client, experiment, schema.TRAIN, within, tag),
         (*schema.KEY_COLUMNS, schema.DATASET, schema.METHOD),
     )
     tags = (*schema.KEY_COLUMNS, schema.DATASET, schema.METHOD, schema.SCHEDULE, schema.STALENESS, schema.TRAINED_AS)
-    metrics = (schema.TEST_ACCURACY, schema.TRAIN_TIME, schema.TRAIN_STEPS, "test_samples", "epochs")
-    return frame(rows, tags, metrics, ("plan_schedule", "plan_staleness", "train_budget_s", "steps_per_epoch"))
+    metrics = (
+        schema.TEST_ACCURACY,
+        schema.TEST_PERPLEXITY,
+        schema.TRAIN_TIME,
+        schema.TRAIN_STEPS,
+        "test_samples",
+        "epochs",
+    )
+    params = (
+        "plan_schedule",
+        "plan_staleness",
+        "train_budget_s",
+        "steps_per_epoch",
+        "train_samples",
+        "optimizer",
+        "lr",
+    )
+    return frame(rows, tags, metrics, params)
 
 
 def accuracy_curve(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """A train run's accuracy curve: per test evaluation (``point``), the training time and steps until then and
-    the test accuracy."""
-    series = {
-        name: {m.step: m.value for m in client.get_metric_history(run_id, name)}
-        for name in (schema.CURVE_TIME, schema.CURVE_STEPS, schema.CURVE_ACCURACY)
-    }
-    points = sorted(series[schema.CURVE_ACCURACY])
+    the test accuracy (a language model's: its test perplexity)."""
+    names = (schema.CURVE_TIME, schema.CURVE_STEPS, schema.CURVE_ACCURACY, schema.CURVE_PERPLEXITY)
+    series = {name: {m.step: m.value for m in client.get_metric_history(run_id, name)} for name in names}
+    points = sorted({*series[schema.CURVE_ACCURACY], *series[schema.CURVE_PERPLEXITY]})
     data = {"point": points, **{name: [values.get(p, float("nan")) for p in points] for name, values in series.items()}}
     return pd.DataFrame(data)
 

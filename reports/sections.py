@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from reports import schema
 from reports.tables import (
     HIGH,
     LOW,
@@ -32,7 +33,6 @@ from reports.tables import (
     speedup_columns,
     step_kind_notes,
 )
-from tapp_core import schema
 from tapp_core.planners.base import method_label
 
 POWER_KEYS = ("model", schema.BASE_CLUSTER, schema.POWER, schema.BATCH_SIZE)

@@ -9,7 +9,8 @@
   interval. CSV holds each interval as ``<column> low`` and ``<column> high`` and the best group as
   ``<column> best``.
 - ``communication_share``: the same rows and methods, the share of a step spent waiting on communication.
-- ``accuracy``: test accuracy after training each method's plan, per dataset (``reports.accuracy``).
+- ``accuracy``: test accuracy after training each method's plan, per dataset (``reports.accuracy``); ``perplexity``:
+  the same for a language model, its test perplexity.
 - ``computing_power`` and ``batch_size``: the TAPP paper's section 5.2.2 (``reports.sections``).
 - ``paper_comparison``: the paper's reported figures beside ours, as ratios (``reports.published``).
 
@@ -27,13 +28,11 @@ from pathlib import Path
 from typing import SupportsFloat
 
 import pandas as pd
-from mlflow import MlflowClient
 
-from reports import numbers, runs
-from tapp_core import schema
-from tapp_core.metrics import host_overloaded
-from tapp_core.planners.base import PAPER_METHODS, PLANNER_NAMES, method_label
-from tapp_core.stats import Interval, best_group, paired_ratio_interval
+from reports import numbers, schema
+from tapp_core.measure.metrics import host_overloaded
+from tapp_core.measure.stats import Interval, best_group
+from tapp_core.planners.base import PAPER_METHODS, PLANNER_NAMES, method_label, method_space
 
 MODEL_ORDER: tuple[str, ...] = ("alexnet", "vgg16", "inception_v3")
 MODEL_LABELS: dict[str, str] = {"alexnet": "AlexNet", "vgg16": "VGG-16", "inception_v3": "Inception-V3"}
@@ -99,7 +98,9 @@ class Table:
         text = self.formats[column](_number(value))
         row = row or {}
         low, high = row.get(f"{column}{LOW}"), row.get(f"{column}{HIGH}")
-        if not (_missing(low) or _missing(high)):
+        if not (_missing(low) or _missing(high)) and self.formats[column] is percent:
+            text = f"{text} {numbers.percent_bracket(_number(low), _number(high))}"
+        elif not (_missing(low) or _missing(high)):
             digits = numbers.RATIO_DIGITS if self.formats[column] is ratio else numbers.SIGNIFICANT_DIGITS
             text = numbers.with_interval(text, _number(low), _number(high), digits)
         text = markup.escape(text)
@@ -277,7 +278,7 @@ def best_tags(evaluations: pd.DataFrame) -> BestTags:
 
 def mark_best(wide: pd.DataFrame, methods: Sequence[str], tagged: BestTags | None = None) -> None:
     """Add ``<method> best`` columns: true for the methods of the row's best group, as the experiment's result tagged
-    them (``tagged``, ``best_tags``); for rows without that tag, by ``tapp_core.stats.best_group`` over the
+    them (``tagged``, ``best_tags``); for rows without that tag, by ``tapp_core.measure.stats.best_group`` over the
     intervals."""
     tagged = tagged or {}
     marks = {m: [False] * len(wide) for m in methods}
@@ -363,8 +364,12 @@ def _race_notes(evaluations: pd.DataFrame, speedups: pd.DataFrame | None) -> lis
         )
     if speedups is not None and bool(speedups["low"].notna().any()):
         notes.append(
-            f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round, then its interval [low, high]."
+            f"{SPEEDUP}: the median of BSP/TAPP step-time ratios paired round by round (the {schema.RATIO_PAIRED}), then its"
+            " interval [low, high], as the experiment's result stored it; it can differ from the ratio of the medians"
+            " shown."
         )
+    elif not evaluations.empty:
+        notes.append(f"{SPEEDUP}: BSP's step time over TAPP's (the {schema.RATIO_OF_STEP_TIMES}).")
     for key, group in evaluations.groupby(list(schema.KEY_COLUMNS), sort=False):
         columns = [schema.HOST_OTHER_CPU, schema.LOAD_BEFORE, schema.LOAD_AFTER, schema.HOST_CPUS, schema.HOST_RANKS]
         loads = group[columns].dropna(subset=[schema.LOAD_BEFORE, schema.HOST_CPUS])
@@ -403,12 +408,19 @@ def step_time_table(evaluations: pd.DataFrame, speedups: pd.DataFrame | None = N
         formats=formats,
         notes=_source_notes(evaluations)
         + step_kind_notes(evaluations)
-        + (_race_notes(evaluations, speedups) if not evaluations.empty else []),
+        + (_race_notes(evaluations, speedups) if not evaluations.empty else [])
+        + space_notes(methods),
     )
 
 
+def space_notes(methods: Sequence[str]) -> list[str]:
+    """What each method searches (the registry's ``Space``), so that an optimum is read over its own space."""
+    spaces = [f"{method_label(m)} {space.describe()}" for m in methods if (space := method_space(m)) is not None]
+    return ["What each method searches: " + "; ".join(spaces) + "."] if spaces else []
+
+
 def step_kind_notes(evaluations: pd.DataFrame) -> list[str]:
-    """Which cells are an asynchronous plan's steady-state time per mini-batch (``tapp_core.metrics.step_kind``)."""
+    """Which cells are an asynchronous plan's steady-state time per mini-batch (``tapp_core.measure.metrics.step_kind``)."""
     if evaluations.empty or "schedule" not in evaluations:
         return []
     asynchronous = evaluations[evaluations["schedule"] == "async"]
@@ -424,54 +436,10 @@ def step_kind_notes(evaluations: pd.DataFrame) -> list[str]:
     ]
 
 
-def paired_speedups(client: MlflowClient, evaluations: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, cluster, batch size) whose BSP and TAPP evaluations came from one experiment: the BSP/TAPP speedup
-    its result logged on its parent run (``speedup_bsp_over_tapp``: the median of per-round step-time ratios, with
-    its interval as ``_low``/``_high``, when both were raced; else the ratio of their step times; ``tasks.summary``),
-    so that the report shows the number every other view shows. Rows whose parent logged none (runs made before it
-    did) get the race's paired ratios (``paired_ratios``)."""
-    rows = []
-    for key, group in evaluations.groupby(list(schema.KEY_COLUMNS), sort=False):
-        by_method = {str(r.method): r for r in group.itertuples(index=False)}
-        bsp, tapp = by_method.get("bsp"), by_method.get("tapp")
-        parent = str(getattr(tapp, schema.EXPERIMENT_RUN) or "") if tapp is not None else ""
-        if bsp is None or not parent or getattr(bsp, schema.EXPERIMENT_RUN) != parent:
-            continue
-        logged = client.get_run(parent).data.metrics
-        if schema.SPEEDUP in logged:
-            low, high = (logged.get(f"{schema.SPEEDUP}{end}", math.nan) for end in ("_low", "_high"))
-            median = logged[schema.SPEEDUP]
-            rows.append({**dict(zip(schema.KEY_COLUMNS, key, strict=True)), "median": median, "low": low, "high": high})
-    found = pd.DataFrame(rows, columns=[*schema.KEY_COLUMNS, "median", "low", "high"])
-    keys = list(schema.KEY_COLUMNS)
-    raced_only = paired_ratios(client, evaluations, "bsp", "tapp")
-    if not found.empty:
-        known = raced_only.set_index(keys).index.isin(found.set_index(keys).index)
-        raced_only = raced_only[~known]
-    return pd.concat([found, raced_only], ignore_index=True) if not raced_only.empty else found
-
-
-def paired_ratios(client: MlflowClient, evaluations: pd.DataFrame, slower: str, faster: str) -> pd.DataFrame:
-    """Per (model, cluster, batch size) whose ``slower`` and ``faster`` methods' evaluations came from one race: the
-    median and interval of ``slower``/``faster`` step-time ratios paired round by round
-    (``tapp_core.stats.paired_ratio_interval``): the speedup of ``faster`` over ``slower``."""
-    rows = []
-    measured = evaluations[evaluations[schema.RACE_ID].fillna("") != ""]
-    for key, group in measured.groupby(list(schema.KEY_COLUMNS), sort=False):
-        by_method = {str(r.method): r for r in group.itertuples(index=False)}
-        over, under = by_method.get(slower), by_method.get(faster)
-        if over is None or under is None or getattr(over, schema.RACE_ID) != getattr(under, schema.RACE_ID):
-            continue
-        ratio = paired_ratio_interval(
-            runs.round_step_times(client, str(over.run_id)), runs.round_step_times(client, str(under.run_id))
-        )
-        if ratio is not None:
-            rows.append({**dict(zip(schema.KEY_COLUMNS, key, strict=True)), **interval_columns(ratio)})
-    return pd.DataFrame(rows, columns=[*schema.KEY_COLUMNS, "median", "low", "high"])
-
-
-def interval_columns(interval: Interval) -> dict[str, float]:
-    return {"median": interval.median, "low": interval.low, "high": interval.high}
+def stored_ratios_of(stored: pd.DataFrame, method: str) -> pd.DataFrame:
+    """``method``'s step time over TAPP's per (model, cluster, batch size), as the experiments' stored results say it
+    (``runs.stored_ratios``): the rows ``speedup_columns`` takes."""
+    return stored[stored["method"] == method].reset_index(drop=True)
 
 
 def communication_share_table(evaluations: pd.DataFrame) -> Table:
@@ -484,60 +452,4 @@ def communication_share_table(evaluations: pd.DataFrame) -> Table:
         label_columns=tuple(ROW_LABELS[k] for k in keys),
         formats={method_label(m): percent for m in methods},
         notes=["Mean over devices of the non-overlapped send/receive wait divided by the step time."],
-    )
-
-
-@dataclass
-class Tables:
-    step_time: Table
-    communication_share: Table
-    accuracy: Table
-    computing_power: Table
-    batch_size: Table
-    paper_comparison: Table
-    evaluations: pd.DataFrame
-    """The evaluation runs the tables were built from (one per model, cluster, batch size, method)."""
-    trainings: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """The train runs the accuracy table was built from (one per model, cluster, batch size, dataset, method)."""
-
-    def all(self) -> list[Table]:
-        return [
-            self.step_time,
-            self.communication_share,
-            self.accuracy,
-            self.computing_power,
-            self.batch_size,
-            self.paper_comparison,
-        ]
-
-    def write(self, out: str | Path) -> list[Path]:
-        return [path for table in self.all() for path in table.write(out)]
-
-
-def build_tables(
-    experiment: str, tracking_uri: str | None = None, within: str | None = None, tag: str = schema.EXPERIMENT_RUN
-) -> Tables:
-    """The tables of an MLflow experiment (or of the runs whose ``tag`` is ``within``: one experiment or sweep)."""
-    from reports.accuracy import accuracy_table
-    from reports.published import paper_comparison_table
-    from reports.sections import batch_size_table, computing_power_table
-
-    client = MlflowClient(tracking_uri)
-    evaluations = runs.evaluations(client, experiment, within, tag)
-    if evaluations.empty:
-        scope = f" with {tag} {within}" if within else ""
-        raise runs.ReportError(f"MLflow experiment {experiment!r} has no finished evaluation runs{scope}")
-    trainings = runs.trainings(client, experiment, within, tag)
-    untrained = runs.untrained(client, experiment, within, tag)
-    ratios = {m: paired_ratios(client, evaluations, m, "tapp") for m in PAPER_METHODS if m not in ("tapp", "bsp")}
-    ratios["bsp"] = paired_speedups(client, evaluations)  # the speedup every view of an experiment shows
-    return Tables(
-        step_time=step_time_table(evaluations, ratios["bsp"]),
-        communication_share=communication_share_table(evaluations),
-        accuracy=accuracy_table(trainings, untrained),
-        computing_power=computing_power_table(evaluations, ratios),
-        batch_size=batch_size_table(evaluations),
-        paper_comparison=paper_comparison_table(evaluations, ratios),
-        evaluations=evaluations,
-        trainings=trainings,
     )

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from tapp_core.errors import TappError
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout (or installed tree) that holds ``tapp_core``, ``deployments`` and the rest."""
+
 
 class OutputPathError(TappError):
     """An output path that cannot be written."""

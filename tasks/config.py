@@ -22,7 +22,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -37,24 +37,42 @@ from pydantic import (
     model_validator,
 )
 
-from tapp_core import schema
-from tapp_core.cluster import Cluster, load_cluster
+from reports import schema
+from tapp_core.cost.calibration import calibrate_by_default
 from tapp_core.errors import TappError
+from tapp_core.model.data import DATASET_NAMES
+from tapp_core.model.workload import OptimizerConfig
+from tapp_core.plan.schedules import SCHEDULES
 from tapp_core.planners.base import PLANNER_NAMES
-from tapp_core.schedules import SCHEDULES
+from tapp_core.platform.cluster import Cluster, load_cluster
+
+if TYPE_CHECKING:
+    from tapp_core.model.workload import Workload
 
 NO_DATA = "none"
 """The dataset when there is no real one: the step times need none (they are measured on synthetic batches), and
 nothing is trained."""
-DATASETS: tuple[str, ...] = ("cifar10", "fashion-mnist", "synthetic", NO_DATA)
+DATASETS: tuple[str, ...] = (*DATASET_NAMES, NO_DATA)
 DEFAULT_SIMULATED_ROUNDS = 30
 """TAPP's rounds rewarded by the cost model on the defaults."""
 DEFAULT_MEASURED_ROUNDS = 1
 """TAPP's rounds rewarded by measurements on the defaults, after the others: the TAPP planner's own default
 (``SearchOptions.measured_rounds``, which imports torch; a test checks that they agree)."""
-DEFAULT_TRAIN_SECONDS = 12.0
-"""Training per method on the defaults: the number of steps is this over the plan's step time."""
-DEFAULT_TEST_SAMPLES = 500
+DEFAULT_SAMPLES_PER_ROUND = 16
+"""Plans each policy of TAPP's search samples per round: the TAPP planner's own default
+(``SearchOptions.samples_per_round``; a test checks that they agree)."""
+DEFAULT_TRAIN_SAMPLES = 3_200
+"""Training images per method on the defaults (50 steps of 64, 51 in three equal parts): every method trains the same
+samples. With AdamW at 1e-3, AlexNet on Fashion-MNIST measured 52 % after them on a synchronous plan and 47 % on an
+asynchronous one, each ±3 points over the 1,000 test images: far from chance (10 %). 100 steps gave 63-64 % and
+took half of ``make run``'s time; SGD at 0.01 is still near chance after 150."""
+TrainOptimizer = Literal["adamw", "sgd"]
+"""The training's optimisers, by the ``torch.optim`` class each names (``TRAIN_OPTIMIZERS``)."""
+TRAIN_OPTIMIZERS: dict[str, str] = {"adamw": "AdamW", "sgd": "SGD"}
+"""Each training optimiser's ``torch.optim`` class: the ``name`` of its ``tapp_core.model.workload.OptimizerConfig``
+(the stale-weight compensation predicts both)."""
+DEFAULT_LEARNING_RATES: dict[str, float] = {"adamw": 1e-3, "sgd": 0.01}
+DEFAULT_TEST_SAMPLES = 1_000
 DEFAULT_ACCURACY_POINTS = 3
 """Test evaluations during a budgeted training: the points of the time-to-accuracy curve."""
 
@@ -102,9 +120,14 @@ GPU (``evaluated_methods``); Even split is a sanity baseline of no paper, whose 
 run's race a sixth of its time."""
 
 
+ESTIMATED_UNLESS_ASKED = ("tapp-rl",)
+"""Registry methods every experiment on the default methods plans and estimates, and races only when asked
+(``--methods``): TAPP's RL alone, shown beside the full TAPP without costing the default run's race a plan."""
+
+
 def default_methods() -> tuple[str, ...]:
-    """Every method of the planners' registry but those in ``NOT_BY_DEFAULT``."""
-    return tuple(name for name in PLANNER_NAMES if name not in NOT_BY_DEFAULT)
+    """Every method of the planners' registry but those in ``NOT_BY_DEFAULT`` and ``ESTIMATED_UNLESS_ASKED``."""
+    return tuple(name for name in PLANNER_NAMES if name not in NOT_BY_DEFAULT + ESTIMATED_UNLESS_ASKED)
 
 
 class ExperimentSettings(BaseModel):
@@ -129,7 +152,9 @@ class ExperimentSettings(BaseModel):
         ge=1,
         description="TAPP's search rounds in all, measured ones included",
     )
-    samples_per_round: int = Field(default=16, ge=1, description="plans sampled per search round")
+    samples_per_round: int = Field(
+        default=DEFAULT_SAMPLES_PER_ROUND, ge=1, description="plans sampled per search round"
+    )
     measured_rounds: int | None = Field(
         default=None,
         ge=0,
@@ -141,19 +166,35 @@ class ExperimentSettings(BaseModel):
     measure: bool = Field(
         default=True, description="race the plans on the MPI runtime (else cost-model step times only)"
     )
+    calibrate: bool = Field(
+        default_factory=calibrate_by_default,
+        description="measure the cost model's calibration on first use and keep it (else the ideal one, where none "
+        "was measured)",
+    )
     steps: int = Field(default=3, ge=1, description="timed training steps per plan and race round")
     warmup: int = Field(default=1, ge=0, description="warm-up steps per plan and race round, not counted")
     dataset: str = Field(
-        default="", description="cifar10 | fashion-mnist | synthetic | none (default: the real data found, else none)"
+        default="",
+        description="cifar10 | fashion-mnist | synthetic | fortunes | none (default: the real data found for the "
+        "model's workload, else none)",
     )
     data_dir: str | None = Field(
         default=None, description="the dataset's folder (CIFAR-10: the one holding its batches)"
     )
-    train_seconds: float = Field(
-        default=DEFAULT_TRAIN_SECONDS,
+    train_samples: int = Field(
+        default=DEFAULT_TRAIN_SAMPLES,
+        ge=0,
+        description="training images per method, the same for every method (0: no training)",
+    )
+    train_seconds: float | None = Field(
+        default=None,
         ge=0,
         allow_inf_nan=False,
-        description="training per method, in seconds (0: none)",
+        description="a time budget per method instead of train_samples: a faster plan trains more samples (0: none)",
+    )
+    train_optimizer: TrainOptimizer = Field(default="adamw", description="the training's optimiser: adamw | sgd")
+    train_lr: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="its learning rate (default: adamw 1e-3, sgd 0.01)"
     )
     train_epochs: int | None = Field(
         default=None, ge=1, description="whole epochs of training instead of a time budget"
@@ -163,6 +204,19 @@ class ExperimentSettings(BaseModel):
         default=DEFAULT_TEST_SAMPLES,
         ge=1,
         description="test images each accuracy is measured on (None: the whole test set)",
+    )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="write each method's training checkpoints and trained model under this folder "
+        "(<folder>/<experiment run id>/<method>); a resumed experiment's training resumes from them",
+    )
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="a training checkpoint every this many steps (0: at the end)"
+    )
+    elastic: bool = Field(
+        default=False,
+        description="train elastically: re-plan on the devices left when one dies, and move when one slows "
+        "(tapp_core.runtime.elastic); needs checkpoint_dir and checkpoint_every",
     )
     accuracy_points: int = Field(
         default=DEFAULT_ACCURACY_POINTS, ge=1, description="test evaluations during a budgeted training"
@@ -207,7 +261,7 @@ class ExperimentSettings(BaseModel):
             return data
         data = dict(data)
         if not data.get("dataset"):
-            data["dataset"], data["data_dir"] = found_dataset(data.get("data_dir"))
+            data["dataset"], data["data_dir"] = found_dataset(data.get("data_dir"), data.get("model"))
         if data.get("measured_rounds") is None:
             data["measured_rounds"] = DEFAULT_MEASURED_ROUNDS if data.get("measure", True) else 0
         return data
@@ -224,6 +278,8 @@ class ExperimentSettings(BaseModel):
                 f"search rounds ({self.search_rounds}) must be more than the measured rounds ({measured}): the rounds "
                 "before the measured ones are rewarded by the cost model"
             )
+        if self.elastic and (self.checkpoint_dir is None or self.checkpoint_every <= 0):
+            raise ValueError("an elastic training needs checkpoints: set checkpoint_dir and checkpoint_every")
         asked = (self.schedule, *(self.schedules or ())) if self.schedule or self.schedules else ()
         if self.staleness is not None and asked and "async" not in asked:
             raise ValueError(
@@ -240,43 +296,65 @@ class ExperimentSettings(BaseModel):
     def training_skipped(self) -> str | None:
         """Why the plans are not trained (None: they are)."""
         if self.dataset == NO_DATA:
-            return no_data_reason()
+            return no_data_reason(getattr(self, "model", None))
         if not self.measure:
             return "estimate-only: there is no runtime to train on"
         if self.train_epochs is None and self.train_seconds == 0:
             return "training is off (a time budget of 0 s and no epochs)"
+        if self.train_epochs is None and self.train_seconds is None and self.train_samples == 0:
+            return "training is off (0 training samples and no epochs)"
         return None
 
-    def train_plan(self, step_time_s: float) -> tuple[int, int | None]:
-        """(epochs, steps per epoch) for a plan of ``step_time_s`` per step: whole epochs (``train_epochs``, each cut
-        to ``train_steps``), else ``train_seconds`` of its steps in ``accuracy_points`` parts, each ended by a test
-        evaluation (at least one step per part)."""
-        if self.train_epochs is not None:
-            return self.train_epochs, self.train_steps
-        total = math.floor(self.train_seconds / step_time_s) if step_time_s > 0 else self.accuracy_points
-        points = max(1, min(self.accuracy_points, total))
-        per_point = max(1, total // points)
-        if self.train_steps is not None:
-            per_point = min(per_point, self.train_steps)
-        return points, per_point
+    @property
+    def equal_samples(self) -> bool:
+        """Whether every method trains the same samples (``train_samples`` or whole epochs, not a time budget)."""
+        return self.train_epochs is not None or self.train_seconds is None
+
+    @property
+    def learning_rate(self) -> float:
+        """The training's learning rate: ``train_lr``, else its optimiser's default."""
+        return self.train_lr if self.train_lr is not None else DEFAULT_LEARNING_RATES[self.train_optimizer]
+
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        """The training's optimiser: what trains every method's plan, and whose state the memory model counts."""
+        return OptimizerConfig(name=TRAIN_OPTIMIZERS[self.train_optimizer], lr=self.learning_rate)
 
 
-def found_dataset(data_dir: str | None) -> tuple[str, str | None]:
-    """(dataset, folder) when none is named: CIFAR-10 in ``data_dir`` (or ``$TAPP_DATA_DIR``) when one is given,
-    else Fashion-MNIST where Debian's ``dataset-fashion-mnist`` put it, else ``none``."""
-    from tapp_core.data import find_dataset
+def found_dataset(data_dir: str | None, model: object = None) -> tuple[str, str | None]:
+    """(dataset, folder) when none is named. A ``model`` whose workload takes no images: the data it declares
+    (``Workload.data``), if there; else CIFAR-10 in ``data_dir`` (or ``$TAPP_DATA_DIR``) when one is given, else
+    Fashion-MNIST where Debian's ``dataset-fashion-mnist`` put it; else ``none``."""
+    from tapp_core.model.data import data_installed, find_dataset
 
+    workload = _own_data_workload(model)
+    if workload is not None:
+        return (workload.data if data_installed(workload.data, data_dir) else NO_DATA), data_dir
     found = find_dataset(data_dir)
     return found if found is not None else (NO_DATA, data_dir)
 
 
-def no_data_reason() -> str:
-    from tapp_core.data import FASHION_MNIST_ROOT
+def no_data_reason(model: object = None) -> str:
+    from tapp_core.model.data import FASHION_MNIST_ROOT, missing_data_reason
 
+    workload = _own_data_workload(model)
+    if workload is not None:
+        return f"no real data: {missing_data_reason(workload.data)}"
     return (
         f"no real data: no CIFAR-10 folder given (--data-dir), and Fashion-MNIST is not in {FASHION_MNIST_ROOT} "
         "(apt-get install dataset-fashion-mnist)"
     )
+
+
+def _own_data_workload(model: object) -> Workload | None:
+    """The workload of ``model`` (a model spec) when it takes no images: it brings its own data (text, synthetic
+    samples of its inputs), which no image dataset can replace."""
+    if not isinstance(model, str) or not model.strip():
+        return None
+    from tapp_core.model.workload import workload_of
+
+    workload = workload_of(model)
+    return None if workload.images else workload
 
 
 class ExperimentConfig(ExperimentSettings):
@@ -304,14 +382,40 @@ class ExperimentConfig(ExperimentSettings):
         """The cluster the experiment runs on: ``cluster`` with its slow devices scaled by ``power``."""
         return self._target
 
+    def train_plan(self, step_time_s: float) -> tuple[int, int | None]:
+        """(epochs, steps per epoch) for a plan of ``step_time_s`` per step: whole epochs (``train_epochs``, each cut
+        to ``train_steps``); else ``train_samples`` in batches, or ``train_seconds`` of the plan's steps, in
+        ``accuracy_points`` parts each ended by a test evaluation (at least one step per part). Samples give every
+        plan the same steps; a time budget gives a faster plan more."""
+        if self.train_epochs is not None:
+            return self.train_epochs, self.train_steps
+        if self.train_seconds is None:
+            total = math.ceil(self.train_samples / self.batch_size)
+        else:
+            total = math.floor(self.train_seconds / step_time_s) if step_time_s > 0 else self.accuracy_points
+        points = max(1, min(self.accuracy_points, total))
+        per_point = max(1, math.ceil(total / points) if self.train_seconds is None else total // points)
+        if self.train_steps is not None:
+            per_point = min(per_point, self.train_steps)
+        return points, per_point
+
     @property
     def evaluated_methods(self) -> tuple[str, ...]:
-        """The methods, with SingleGPU after the paper's when the cluster has a GPU."""
+        """The methods, with SingleGPU after the paper's when the cluster has a GPU, then those estimated only."""
         chosen = list(self.methods)
         if any(d.kind == "cuda" for d in self.target.devices) and "single-gpu" not in chosen:
             paper = ("tapp", "single-cpu", "bsp", "pipetorch")
             chosen.insert(len([m for m in chosen if m in paper]), "single-gpu")
-        return tuple(chosen)
+        return (*chosen, *self.estimated_only)
+
+    @property
+    def estimated_only(self) -> tuple[str, ...]:
+        """The methods planned and estimated but not raced: ``ESTIMATED_UNLESS_ASKED``, where ``methods`` are the
+        default ones (an experiment given other methods evaluates those; an estimate-only experiment races nothing
+        anyway)."""
+        if self.methods != default_methods():
+            return ()
+        return tuple(m for m in ESTIMATED_UNLESS_ASKED if m not in self.methods)
 
     def tags(self) -> dict[str, str]:
         """The experiment's own tags, beside ``ExperimentTags``' (model, cluster, batch, seed, dataset)."""
@@ -342,7 +446,7 @@ class ExperimentConfig(ExperimentSettings):
 def check_model_spec(model: str) -> None:
     """A registry name, or ``module:callable`` / ``file.py:callable`` whose file exists (building and tracing it is
     the profile's: it fails there, before any run exists)."""
-    from tapp_core.graph import ModelError
+    from tapp_core.model.graph import ModelError
 
     if model in model_names():
         return
@@ -354,7 +458,7 @@ def check_model_spec(model: str) -> None:
 
 
 def model_names() -> tuple[str, ...]:
-    from tapp_core.models.registry import MODEL_NAMES
+    from tapp_core.model.zoo.registry import MODEL_NAMES
 
     return MODEL_NAMES
 

@@ -6,7 +6,7 @@ of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, au
 1. ``plan_method``: plan, check and estimate each method (what goes wrong is kept, not raised);
 2. ``race_methods``: race every distinct plan together (``tasks.measure.race_plans``): the same conditions for
    every method, each a median over rounds with its interval. Two methods whose plans run the same
-   (``tapp_core.plan.same_execution``: the same plan, or one stage and one micro-batch under another schedule
+   (``tapp_core.plan.plan.same_execution``: the same plan, or one stage and one micro-batch under another schedule
    label; SingleCPU and the oracle, often) are raced once and share that measurement;
 3. ``evaluate_method``: each method's nested MLflow run with its plan, estimate and measurement. Anything that
    went wrong for the method (the planner raised, the plan does not fit, it failed in the race) ends that run
@@ -25,16 +25,18 @@ from mlflow.entities import Metric
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from reports import schema
 from reports.numbers import rounded
-from tapp_core import schema
-from tapp_core.cluster import Cluster
-from tapp_core.costmodel import Estimate, estimate
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, validate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.estimate import Estimate
+from tapp_core.cost.simulation import estimate
+from tapp_core.measure.metrics import Measurement
+from tapp_core.measure.races import RaceResult
+from tapp_core.plan.plan import Plan
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner, planner_options
-from tapp_core.races import RaceResult
+from tapp_core.planners.tapp.options import SearchOptions
+from tapp_core.runtime import WorkerPool
 from tasks.config import ExperimentConfig, ExperimentSettings
 from tasks.measure import RuntimeSettings, race_plans
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
@@ -52,6 +54,23 @@ def planner_choices(config: ExperimentSettings) -> dict[str, object]:
     return {"schedule": config.schedule, "schedules": config.schedules, "staleness": config.staleness}
 
 
+RL_ALONE = "tapp-rl"
+"""TAPP's reinforcement learning alone (``TappRlPlanner``), planned with the rounds TAPP's search has."""
+
+
+def rl_alone_options(config: ExperimentSettings) -> dict[str, object]:
+    """The RL alone's search: the rounds and samples of TAPP's search (its cost-model rounds: the RL alone measures
+    nothing) and the same seed, stopped where TAPP's own rounds must stop (``rounds_time_share`` of
+    ``time_limit_s``: 63 s on the defaults), so that it adds at most that to an experiment."""
+    tapp = SearchOptions()
+    limit = round(tapp.time_limit_s * tapp.rounds_time_share, 3) if tapp.time_limit_s is not None else None
+    return {
+        "rounds": config.search_rounds - (config.measured_rounds or 0),
+        "samples_per_round": config.samples_per_round,
+        "time_limit_s": limit,
+    }
+
+
 def check_choices(config: ExperimentConfig) -> None:
     """A schedule option given to an experiment must reach some planner of it: one that none of its methods takes
     is an error naming it, not a setting that silently does nothing."""
@@ -66,11 +85,9 @@ def check_choices(config: ExperimentConfig) -> None:
 
 def baseline_plan(
     method: str,
-    library: LayerLibrary,
-    cluster: Cluster,
+    context: CostContext,
     batch_size: int,
     seed: int,
-    calibration: Calibration = DEFAULT_CALIBRATION,
     **options: object,
 ) -> Plan:
     """Method ``method``'s plan (any planner of the registry but TAPP's search, which is the flow's), with the
@@ -79,8 +96,8 @@ def baseline_plan(
         raise PlannerError(f"unknown method {method!r}")
     accepted = planner_options(method)
     chosen = {k: v for k, v in options.items() if k in accepted and v is not None}
-    planner = get_planner(method, **{**chosen, "batch_size": batch_size, "seed": seed, "calibration": calibration})
-    return planner.plan(library, cluster)
+    planner = get_planner(method, **{**chosen, "batch_size": batch_size, "seed": seed})
+    return planner.plan(context)
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,7 @@ class Evaluation:
     @property
     def step_time_s(self) -> float:
         measured = self.ok_measurement
-        return measured.step_time_s if measured is not None else self.estimate.step_time
+        return measured.step_time_s if measured is not None else self.estimate.step_time_s
 
     @property
     def communication_share(self) -> float:
@@ -143,9 +160,9 @@ def plan_params(plan: Plan) -> dict[str, object]:
 
 def estimate_metrics(predicted: Estimate) -> dict[str, float]:
     return {
-        schema.ESTIMATED_STEP_TIME: predicted.step_time,
+        schema.ESTIMATED_STEP_TIME: predicted.step_time_s,
         schema.ESTIMATED_COMMUNICATION_SHARE: predicted.communication_share,
-        "estimated_peak_memory_mib": max(predicted.peak_memory.values(), default=0) / 2**20,
+        "estimated_peak_memory_mib": max(predicted.peak_memory_bytes.values(), default=0) / 2**20,
     }
 
 
@@ -189,22 +206,20 @@ def record_evaluation(run: TrackedRun, result: Evaluation, details: Mapping[str,
 @task(name="plan", task_run_name="plan-{method}", cache_policy=NO_CACHE)
 def plan_method(
     method: str,
-    library: LayerLibrary,
+    context: CostContext,
     config: ExperimentConfig,
     plan: Plan | None = None,
-    calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> PlannedMethod:
     """Plan (unless ``plan`` is given), check and estimate ``method`` on the configuration's cluster, with its
     schedules; a failure is kept for its evaluation run."""
     started = time.perf_counter()
     chosen: Plan | None = plan
-    cluster = config.target
     try:
-        options = planner_choices(config)
-        chosen = plan or baseline_plan(method, library, cluster, config.batch_size, config.seed, calibration, **options)
+        options = planner_choices(config) | (rl_alone_options(config) if method == RL_ALONE else {})
+        chosen = plan or baseline_plan(method, context, config.batch_size, config.seed, **options)
         wall = time.perf_counter() - started
-        validate(chosen, library, cluster)
-        predicted = estimate(chosen, library, cluster, calibration)
+        validate(chosen, context)
+        predicted = estimate(chosen, context)
     except Exception as exc:
         return PlannedMethod(method, chosen, None, time.perf_counter() - started, exc)
     search_wall_s = chosen.notes.get("search_wall_s")
@@ -213,18 +228,18 @@ def plan_method(
 
 
 def raced_plan(race: RaceResult | None, plan: Plan) -> Plan | None:
-    """The plan of ``race`` that runs the same as ``plan`` (``tapp_core.plan.same_execution``), if it ran one."""
+    """The plan of ``race`` that runs the same as ``plan`` (``tapp_core.plan.plan.same_execution``), if it ran one."""
     if race is None:
         return None
     return next((p for p in race.plans if p.execution_id == plan.execution_id), None)
 
 
 def race_methods(
-    planned: Sequence[PlannedMethod], cluster: Cluster, model: str, runtime: RuntimeSettings
+    planned: Sequence[PlannedMethod], pool: WorkerPool, model: str, runtime: RuntimeSettings
 ) -> tuple[list[PlannedMethod], RaceResult | None]:
-    """One race of the plans the methods chose, each way of running once (``same_execution``: the first method's
-    plan stands for the others'; a method without a plan is left out). When the race itself fails (the pool would
-    not start), every method that was to be raced carries that failure."""
+    """One race on the flow's worker pool ``pool`` of the plans the methods chose, each way of running once
+    (``same_execution``: the first method's plan stands for the others'; a method without a plan is left out). When
+    the race itself fails (the pool would not start), every method that was to be raced carries that failure."""
     distinct: dict[str, Plan] = {}
     for p in planned:
         if p.ok and p.plan is not None:
@@ -232,7 +247,7 @@ def race_methods(
     plans = list(distinct.values())
     if not plans:
         return list(planned), None
-    state = race_plans(plans, cluster, model, runtime, return_state=True)
+    state = race_plans(plans, pool, model, runtime, return_state=True)
     if state.is_completed():
         return list(planned), state.result()
     try:

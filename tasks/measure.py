@@ -1,8 +1,8 @@
-"""Measuring on the cluster's MPI workers: plans raced in interleaved rounds, one worker pool kept up per cluster.
+"""Measuring on the cluster's MPI workers: plans raced in interleaved rounds on the flow's worker pool.
 
-Starting mpiexec and importing torch on every rank costs seconds, so a flow keeps one ``WorkerPool`` per
-cluster for all its measurements (sampling, then the final evaluation) and closes it at the end
-(``close_pools``). Plans that are compared are raced (``tapp_core.races``): a plan that fails on the
+Starting mpiexec and importing torch on every rank costs seconds, so a flow owns one ``WorkerPool`` of its
+cluster for all its measurements and training (sampling, the final evaluation, training; it starts on first use)
+and closes it at the end; the tasks are given it. Plans that are compared are raced (``tapp_core.measure.races``): a plan that fails on the
 workers comes back as a failed Measurement and the race goes on; a pool that cannot start raises ``PoolError``,
 which is worth a retry.
 """
@@ -10,7 +10,6 @@ which is worth a retry.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +17,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
-from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
-from tapp_core.plan import Plan
-from tapp_core.races import RaceOptions, RaceResult, RoundSteps
+from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps
+from tapp_core.plan.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
-from tapp_core.runtime.race import race
+from tapp_core.runtime.pool_race import race
 from tasks.progress import StageProgress
 
 EVALUATION_RACE = RaceOptions(min_rounds=5, max_rounds=15, budget_s=90.0)
@@ -57,29 +55,6 @@ class RuntimeSettings:
         return dataclasses.replace(self, race=dataclasses.replace(self.race, **options))
 
 
-_pools: dict[str, WorkerPool] = {}
-_pools_lock = threading.Lock()
-
-
-def pool_for(cluster: Cluster) -> WorkerPool:
-    """The running worker pool of ``cluster`` (started on first use, restarted by the pool itself if it dies)."""
-    key = cluster.model_dump_json()
-    with _pools_lock:
-        pool = _pools.get(key)
-        if pool is None:
-            pool = _pools[key] = WorkerPool(cluster)
-        pool.start()
-        return pool
-
-
-def close_pools() -> None:
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
-
-
 def pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     """Retry only when the pool itself failed; a failing plan is an answer, not an accident."""
     try:
@@ -99,8 +74,8 @@ def pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     retry_condition_fn=pool_failed,
     cache_policy=NO_CACHE,
 )
-def race_plans(plans: list[Plan], cluster: Cluster, model: str, settings: RuntimeSettings) -> RaceResult:
-    """Race ``plans`` on the cluster's workers (identical plans once); failed plans come back with ``error`` set."""
+def race_plans(plans: list[Plan], pool: WorkerPool, model: str, settings: RuntimeSettings) -> RaceResult:
+    """Race ``plans`` on the flow's worker pool (identical plans once); failed plans come back with ``error`` set."""
     options = settings.race
     progress = StageProgress("race", options.max_rounds, f"race of {len(plans)} plans: rounds")
 
@@ -109,6 +84,15 @@ def race_plans(plans: list[Plan], cluster: Cluster, model: str, settings: Runtim
         status = f"best {best.id} {so_far.measurement(best.id).step_time_s:.4f} s" if best is not None else ""
         progress.update(number, status)
 
-    result = race(pool_for(cluster), plans, model, options, settings.round_steps(), on_round=report)
-    progress.update(options.max_rounds, f"{result.rounds} rounds, {result.stop}")
+    result = race(pool, plans, model, options, settings.round_steps(), on_round=report)
+    progress.update(options.max_rounds, f"{rounds_text(result)}, {result.stop}")
     return result
+
+
+def rounds_text(result: RaceResult) -> str:
+    """How many rounds the race's plans ran: ``7 rounds each``, or ``up to 7 rounds per plan (5–7)`` when plans
+    left the race early (their intervals already clear of the best's)."""
+    rounds = [m.rounds for m in result.measurements if m.ok] or [result.rounds]
+    if min(rounds) == max(rounds):
+        return f"{rounds[0]} round{'s' if rounds[0] != 1 else ''} each"
+    return f"up to {max(rounds)} rounds per plan ({min(rounds)}–{max(rounds)})"

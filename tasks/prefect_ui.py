@@ -42,6 +42,26 @@ _temporary_apis: set[str] = set()
 _temporary_lock = threading.Lock()
 
 
+class _CompletedTaskLines(logging.Filter):
+    """Drops Prefect's ``Finished in state Completed()`` line of each task run (``Cached(...)`` too: INFO is a
+    completed state): about half of a flow run's log, and said by each task's state in the UI. A task that fails or
+    crashes still logs its state, at ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage().startswith("Finished in state "))
+
+
+_QUIET_TASK_STATES = _CompletedTaskLines()
+
+
+def quiet_task_states() -> None:
+    """Keep Prefect's per-task "Finished in state Completed()" lines out of the flow run's log, where TAPP's own
+    lines (``log``) are what a reader follows; idempotent."""
+    logger = logging.getLogger("prefect.task_runs")
+    if _QUIET_TASK_STATES not in logger.filters:
+        logger.addFilter(_QUIET_TASK_STATES)
+
+
 def in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 

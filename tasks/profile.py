@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tapp_core import schema
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary, save_libraries
-from tapp_core.profile_cache import ProfileCache
+from reports import schema
+from tapp_core.platform.cluster import Cluster
+from tapp_core.profile.cache import ProfileCache
+from tapp_core.profile.library import LayerLibrary, save_libraries
 from tasks.config import ExperimentConfig
 from tasks.progress import StageProgress
 from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run

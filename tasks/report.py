@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prefect import task
 
+from reports import schema
 from reports.paper import Report, write_report
-from tapp_core import schema
 from tasks.progress import StageProgress
 from tasks.tracking import DEFAULT_EXPERIMENT, ExperimentTags, RunRef, code_version, tracked_run
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,30 +34,29 @@ from mlflow.exceptions import MlflowException
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from reports import schema
 from reports.numbers import rounded, seconds
-from tapp_core import schema
-from tapp_core.cluster import Cluster
-from tapp_core.costmodel import estimate
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, single_stage_plan, validate
+from tapp_core.measure.metrics import Measurement
+from tapp_core.plan.plan import Plan, single_stage_plan
 from tapp_core.planners import PlannerError, get_planner, planner_options
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.tapp import (
     MeasuredReward,
-    RewardSource,
+    Measurer,
     RoundReport,
-    SearchConfig,
     SearchOptions,
     SimulatedReward,
     TappPlanner,
     TappSearch,
 )
-from tasks.config import DEFAULT_SIMULATED_ROUNDS, ExperimentConfig
+from tapp_core.planners.tapp.rewards import SimulatedState
+from tasks.config import DEFAULT_MEASURED_ROUNDS, DEFAULT_SIMULATED_ROUNDS, ExperimentConfig
 from tasks.evaluate import planner_choices
-from tasks.measure import RuntimeSettings, pool_failed, pool_for
+from tasks.measure import RuntimeSettings, pool_failed
 from tasks.prefect_ui import SAMPLED_PLANS_KEY, table_artifact
 from tasks.progress import StageProgress
 from tasks.summary import FinalRace, PlanTime, SearchStory, plan_shape
@@ -68,19 +66,17 @@ CHECKPOINT_ARTIFACT = "policy"
 CHECKPOINT_FILE = "search.pt"
 
 
+def _flow_options() -> SearchOptions:
+    return SearchOptions(reward="hybrid", rounds=DEFAULT_SIMULATED_ROUNDS + DEFAULT_MEASURED_ROUNDS)
+
+
 @dataclass(frozen=True)
 class SearchBudget:
-    """The flow's search: TAPP's own search options (``SearchOptions``, the planner's defaults) with the fields named
-    in ``planner`` overridden, and how sampled plans are measured. Its defaults are a small budget: the whole default
-    experiment must finish in minutes on two cores."""
+    """The flow's search: TAPP's search options (``options``: the planner's defaults with the fields the experiment
+    sets overridden by name, ``flows.experiment.search_budget``) and how sampled plans are measured. Its default is
+    a small budget: the whole default experiment must finish in minutes on two cores."""
 
-    rounds: int = DEFAULT_SIMULATED_ROUNDS
-    """Rounds rewarded by the cost model (the planner's ``rounds`` counts the measured ones too)."""
-    samples_per_round: int = 16
-    measured_rounds: int = SearchOptions.measured_rounds
-    """Final rounds rewarded by measurements on the workers (0: a purely simulated search)."""
-    measured_per_round: int = SearchOptions.measured_per_round
-    """Per policy of the search's population: best samples of a measured round (by the cost model) measured."""
+    options: SearchOptions = field(default_factory=_flow_options)
     measured_steps: int = 4
     """Training steps per race round of a sampled plan, the first a warm-up (a sample runs one round, a near-best
     one more: ``MeasuredReward``). The chosen plan is raced again against every method in the final evaluation."""
@@ -88,13 +84,14 @@ class SearchBudget:
     """A sampled plan slower than this is failed and penalised: the search learns it is bad without waiting."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise PlannerError(f"search rounds ({self.rounds}) must be at least 1")
+        if self.options.simulated_rounds < 1:
+            raise PlannerError(
+                f"the search's rounds on the cost model ({self.options.simulated_rounds}) must be at least 1"
+            )
         if self.measured_steps < 2:
             raise PlannerError(
                 f"a sampled measurement needs at least 2 steps, one of them a warm-up (got {self.measured_steps})"
             )
-        self.planner()  # the search options' own checks
 
     def sampling_runtime(self, runtime: RuntimeSettings) -> RuntimeSettings:
         return dataclasses.replace(runtime, steps=self.measured_steps, warmup=1, timeout_s=self.measured_timeout_s)
@@ -103,50 +100,37 @@ class SearchBudget:
         self,
         batch_size: int | None = None,
         seed: int = 0,
-        calibration: Calibration = DEFAULT_CALIBRATION,
+        *,
+        checkpoint: Path | None = None,
+        measurer: Measurer | None = None,
         **choices: object,
     ) -> TappPlanner:
-        """The TAPP planner with this budget in place of its defaults for these options, the ``choices`` it accepts
-        (the schedule options, ``planner_choices``), and its own for the rest."""
+        """The TAPP planner with these search options, the ``choices`` it accepts (the schedule options,
+        ``planner_choices``), and its own defaults for the rest."""
         accepted = planner_options("tapp")
         options = {k: v for k, v in choices.items() if k in accepted and v is not None}
+        named = {**options, **self.options.option_values()}
         planner = get_planner(
             "tapp",
-            **options,
-            reward="hybrid" if self.measured_rounds > 0 else "simulated",
-            rounds=self.rounds + self.measured_rounds,
-            samples_per_round=self.samples_per_round,
-            measured_rounds=self.measured_rounds,
-            measured_per_round=self.measured_per_round,
+            **named,
             batch_size=batch_size,
             seed=seed,
-            calibration=calibration,
+            checkpoint=checkpoint,
+            measurer=measurer,
         )
         assert isinstance(planner, TappPlanner)
         return planner
 
-    def config(
-        self,
-        library: LayerLibrary,
-        cluster: Cluster,
-        batch_size: int,
-        seed: int,
-        calibration: Calibration,
-        **choices: object,
-    ) -> SearchConfig:
-        """The search's configuration, as the TAPP planner of ``planner`` makes it."""
-        return self.planner(batch_size, seed, calibration, **choices).config(library, cluster, None)
-
 
 class RecordingState(TypedDict):
-    inner: Mapping[str, object]
+    inner: SimulatedState
     plans: list[dict[str, object]]
 
 
 class RecordingReward:
     """A reward source that also keeps every distinct plan it was asked about (for the sampled-plans table)."""
 
-    def __init__(self, inner: RewardSource) -> None:
+    def __init__(self, inner: SimulatedReward) -> None:
         self.inner = inner
         self.kind = inner.kind
         self.plans: dict[str, Plan] = {}
@@ -168,92 +152,47 @@ class RecordingReward:
         self.plans = {str(p["id"]): Plan.from_dict(p) for p in state["plans"]}
 
 
-class PoolMeasurer:
-    """The workers, as the search's measured reward source sees them: ``measure(plan) -> Measurement``, one race
-    round of the plan (``settings.steps`` steps, ``settings.warmup`` of them not counted)."""
+class SearchSession:
+    """The experiment's TAPP search across its Prefect tasks, owned by the flow (``search_stage`` opens it, the
+    round tasks and ``sampling_stage`` are given it): the planner, what it searches on, and the search itself,
+    kept in memory between rounds (resuming from the checkpoint costs more than a round)."""
 
-    def __init__(self, cluster: Cluster, model: str, settings: RuntimeSettings) -> None:
-        self.cluster = cluster
-        self.model = model
-        self.settings = settings
+    def __init__(self, planner: TappPlanner, context: CostContext) -> None:
+        if planner.checkpoint is None:
+            raise ValueError("the flow's search keeps a checkpoint: its planner needs one")
+        self.planner = planner
+        self.context = context
+        self.checkpoint = Path(planner.checkpoint)
+        self.first_measured: dict[str, int] = {}
+        """Plan id -> the round it was first measured in (by this process: a resumed search's earlier plans count
+        from the round it resumed at)."""
+        self._search: TappSearch | None = None
 
-    @property
-    def rank_pids(self) -> list[int]:
-        """The pool's ranks, whose CPU time a race does not count as other work."""
-        return list(pool_for(self.cluster).rank_pids)
+    def search(self, at_round: int | None = None) -> TappSearch:
+        """The search: the one in memory if it is at ``at_round`` (None: at any), else the planner's, resumed from
+        the checkpoint if there is one; its cost-model reward source keeps every plan it was asked about
+        (``RecordingReward``)."""
+        live = self._search
+        if live is not None and (at_round is None or live.round == at_round):
+            return live
+        planner = dataclasses.replace(self.planner, resume=self.checkpoint.is_file())
+        recording = RecordingReward(planner.simulated_reward(self.context))
+        self._search = planner.search(self.context, simulated=recording)
+        return self._search
 
-    def measure(self, plan: Plan) -> Measurement:
-        s = self.settings
-        return pool_for(self.cluster).measure(
-            plan, self.model, steps=s.steps, warmup=s.warmup, seed=s.seed, timeout_s=s.timeout_s
-        )
-
-
-@dataclass(frozen=True)
-class SearchState:
-    """What one stage hands the next: where the search's checkpoint is, and the rounds done so far."""
-
-    checkpoint: Path
-    config: SearchConfig
-    calibration: Calibration = DEFAULT_CALIBRATION
-    history: tuple[RoundReport, ...] = ()
-
-
-@dataclass(frozen=True)
-class SearchSetting:
-    """What a search runs on, beside its state: the layer library, the cluster, the model and how sampled plans are
-    measured."""
-
-    library: LayerLibrary
-    cluster: Cluster
-    model: str
-    runtime: RuntimeSettings
+    def forget(self) -> None:
+        """Drop the search in memory: the next ``search`` resumes from the checkpoint."""
+        self._search = None
 
 
-@dataclass(frozen=True)
-class _Opened:
-    """A search with what the sampled plans table needs: every plan it sampled, every measurement it took."""
-
-    search: TappSearch
-    simulated: RecordingReward
-    """The search's cost-model reward source, which keeps every distinct plan it was asked about."""
-    measured: MeasuredReward | None
-    first_measured: dict[str, int] = field(default_factory=dict)
-    """Plan id -> the round it was first measured in (by this process: a resumed search's earlier plans count from
-    the round it resumed at)."""
+def _recording(search: TappSearch) -> RecordingReward:
+    """The search's cost model, which knows every distinct plan it was asked about (``SearchSession``'s)."""
+    assert isinstance(search.simulated, RecordingReward)
+    return search.simulated
 
 
-_live: dict[Path, _Opened] = {}
-"""Searches kept in memory between rounds of this process: resuming from the checkpoint costs more than a round."""
-_live_lock = threading.Lock()
-
-
-def _open_search(state: SearchState, setting: SearchSetting, at_round: int | None = None) -> _Opened:
-    """The search at ``state.checkpoint``: the live one if it is at ``at_round``, else resumed from the file, else
-    new."""
-    checkpoint, config = state.checkpoint, state.config
-    with _live_lock:
-        live = _live.get(checkpoint)
-    if live is not None and (at_round is None or live.search.round == at_round):
-        return live
-    library, cluster = setting.library, setting.cluster
-    simulated = RecordingReward(SimulatedReward(PlanEvaluator(library, cluster, state.calibration)))
-    measured = None
-    if config.reward != "simulated":  # the pool starts only when a measured round first needs it
-        measured = MeasuredReward(PoolMeasurer(cluster, setting.model, setting.runtime), library, cluster)
-    if checkpoint.is_file():
-        search = TappSearch.resume(checkpoint, library, cluster, simulated, measured)
-    else:
-        search = TappSearch(library, cluster, config, simulated, measured, checkpoint)
-    opened = _Opened(search, simulated, measured)
-    with _live_lock:
-        _live[checkpoint] = opened
-    return opened
-
-
-def _forget(checkpoint: Path) -> None:
-    with _live_lock:
-        _live.pop(checkpoint, None)
+def _measurements(search: TappSearch) -> Mapping[str, Measurement]:
+    return search.measured.measurements if isinstance(search.measured, MeasuredReward) else {}
 
 
 @task(
@@ -264,74 +203,76 @@ def _forget(checkpoint: Path) -> None:
     retry_condition_fn=pool_failed,
     cache_policy=NO_CACHE,
 )
-def search_round(round_number: int, state: SearchState, setting: SearchSetting) -> RoundReport:
-    """One policy-gradient round, resumed from ``state.checkpoint`` (or a new search), saved back to it. Retried
-    when the worker pool failed; the round restarts from the last checkpoint."""
-    opened = _open_search(state, setting, round_number - 1)
-    search = opened.search
+def search_round(round_number: int, session: SearchSession) -> RoundReport:
+    """One policy-gradient round of the session's search, saved to its checkpoint. Retried when the worker pool
+    failed; the round restarts from the last checkpoint."""
+    search = session.search(round_number - 1)
     if search.round != round_number - 1:
-        raise RuntimeError(f"checkpoint {state.checkpoint} is at round {search.round}, not {round_number - 1}")
+        raise RuntimeError(f"checkpoint {session.checkpoint} is at round {search.round}, not {round_number - 1}")
     try:
         report = search.run_round()
-        for plan_id in opened.measured.measurements if opened.measured is not None else ():
-            opened.first_measured.setdefault(plan_id, round_number)
+        for plan_id in _measurements(search):
+            session.first_measured.setdefault(plan_id, round_number)
         return report
     except BaseException:
-        _forget(state.checkpoint)  # half a round may have changed it: a retry resumes from the last checkpoint
+        session.forget()  # half a round may have changed it: a retry resumes from the last checkpoint
         raise
 
 
 def round_metrics(report: RoundReport) -> dict[str, float]:
+    """A round's metrics, the step times named by their source: the cost model's estimate in a simulated round, one
+    race round's measurement in a measured one (``schema.round_step_time_names``)."""
+    best_so_far, round_best = schema.round_step_time_names(report.phase)
     return {
         "reward_mean": report.mean_reward,
-        "best_step_time_s": report.best_step_time_s,
-        "round_best_step_time_s": report.round_best_step_time_s,
+        best_so_far: report.best_step_time_s,
+        round_best: report.round_best_step_time_s,
         "entropy": report.entropy,
         "evaluations": report.evaluations,
         "failures": report.failures,
     }
 
 
-def _run_rounds(run: TrackedRun, state: SearchState, rounds: range, stage: str, setting: SearchSetting) -> SearchState:
+def _run_rounds(run: TrackedRun, session: SearchSession, rounds: range, stage: str) -> None:
     progress = StageProgress(stage, len(rounds), f"TAPP {stage} rounds")
-    history = list(state.history)
     for done, number in enumerate(rounds, start=1):
-        report = search_round(number, state, setting)
-        history.append(report)
+        report = search_round(number, session)
         run.log_metrics(round_metrics(report), step=number)
-        run.log_file(state.checkpoint, CHECKPOINT_ARTIFACT)  # every round: an interrupted experiment resumes from it
+        run.log_file(session.checkpoint, CHECKPOINT_ARTIFACT)  # every round: an interrupted experiment resumes from it
         how = "estimated" if report.phase == "simulated" else "measured, one race round each"
         progress.update(done, f"round {number}: its fastest sample {seconds(report.round_best_step_time_s)} s ({how})")
-    return SearchState(state.checkpoint, state.config, state.calibration, tuple(history))
 
 
 def search_stage(
     parent: RunRef,
     tags: ExperimentTags,
-    library: LayerLibrary,
+    context: CostContext,
     experiment: ExperimentConfig,
     budget: SearchBudget,
-    runtime: RuntimeSettings,
-    calibration: Calibration,
     workdir: Path,
-) -> SearchState:
+    measurer: Measurer | None,
+) -> SearchSession:
     """The cost-model rounds, one task each, in the ``search`` stage run; the checkpoint lives in ``workdir``. A
-    checkpoint already there (``fetch_checkpoint``) is resumed: the rounds go on from the one after it."""
-    cluster, choices = experiment.target, planner_choices(experiment)
-    config = budget.config(library, cluster, experiment.batch_size, experiment.seed, calibration, **choices)
-    state = SearchState(workdir / CHECKPOINT_FILE, config, calibration)
-    setting = SearchSetting(library, cluster, experiment.model, runtime)
-    if state.checkpoint.is_file():
-        resumed = _open_search(state, setting).search
-        state = dataclasses.replace(state, config=resumed.config, history=tuple(resumed.history))
+    checkpoint already there (``fetch_checkpoint``) is resumed: the rounds go on from the one after it. ``measurer``
+    measures the sampled plans of a hybrid search (``tapp_core.runtime.pool_race.PoolRounds``). Returns the
+    session that ``sampling_stage`` goes on with."""
+    planner = budget.planner(
+        experiment.batch_size,
+        experiment.seed,
+        checkpoint=workdir / CHECKPOINT_FILE,
+        measurer=measurer,
+        **planner_choices(experiment),
+    )
+    session = SearchSession(planner, context)
+    search = session.search()
     with tracked_run("search", tags.child(parent, schema.STAGE_RUN, stage="search"), parent=parent) as run:
-        run.log_params({f"search_{k}": v for k, v in state.config.to_dict().items() if k != "policy"})
-        run.log_params({f"policy_{k}": v for k, v in state.config.policy.__dict__.items()})
-        if state.history:
-            run.log_params({"resumed_at_round": len(state.history)})
-        state = _run_rounds(run, state, range(len(state.history) + 1, budget.rounds + 1), "search", setting)
-        run.log_metrics({"rounds": budget.rounds})
-    return state
+        run.log_params({f"search_{k}": v for k, v in search.config.to_dict().items() if k != "policy"})
+        run.log_params({f"policy_{k}": v for k, v in search.config.policy.__dict__.items()})
+        if search.history:
+            run.log_params({"resumed_at_round": len(search.history)})
+        _run_rounds(run, session, range(len(search.history) + 1, planner.simulated_rounds + 1), "search")
+        run.log_metrics({"rounds": planner.simulated_rounds})
+    return session
 
 
 def fetch_checkpoint(uri: str, experiment_run: str, workdir: Path) -> int | None:
@@ -367,14 +308,7 @@ class SearchOutcome:
     story: SearchStory
 
 
-def sampling_stage(
-    parent: RunRef,
-    tags: ExperimentTags,
-    state: SearchState,
-    library: LayerLibrary,
-    cluster: Cluster,
-    runtime: RuntimeSettings,
-) -> SearchOutcome:
+def sampling_stage(parent: RunRef, tags: ExperimentTags, session: SearchSession) -> SearchOutcome:
     """The measured rounds (if any) in the ``sampling`` stage run; returns TAPP's chosen plan and the search's story.
 
     The chosen plan is the search's (``TappSearch.finish``, as the TAPP planner's): when anything was measured, the
@@ -384,26 +318,26 @@ def sampling_stage(
     Every plan the search sampled is logged with its estimate and measurement (``search/sampled_plans.csv``), and
     the story (``search/story.json``).
     """
-    config = state.config
-    setting = SearchSetting(library, cluster, tags.model, runtime)
-    measured_rounds = config.rounds - len(state.history) if config.reward != "simulated" else 0
+    search = session.search()
+    config, context = search.config, session.context
+    measured_rounds = config.rounds - search.round if config.reward != "simulated" else 0
     with tracked_run("sampling", tags.child(parent, schema.STAGE_RUN, stage="sampling"), parent=parent) as run:
-        first = len(state.history) + 1
+        first = search.round + 1
         if measured_rounds > 0:
-            state = _run_rounds(run, state, range(first, first + measured_rounds), "sampling", setting)
-        opened = _open_search(state, setting)
-        _forget(state.checkpoint)
-        chosen = opened.search.finish()
-        final = opened.search.final_race
-        search_s = opened.search.elapsed_s + (final.elapsed_s if final is not None else 0.0)
+            _run_rounds(run, session, range(first, first + measured_rounds), "sampling")
+        search = session.search()
+        session.forget()
+        chosen = search.finish()
+        final = search.final_race
+        search_s = search.elapsed_s + (final.elapsed_s if final is not None else 0.0)
         chosen = dataclasses.replace(chosen, notes={**chosen.notes, "search_wall_s": search_s})
-        measurements = opened.measured.measurements if opened.measured is not None else {}
+        measurements = _measurements(search)
+        recording = _recording(search)
         table = sampled_plans(
-            opened.simulated.plans.values(), measurements, library, cluster, chosen, state.calibration,
-            opened.first_measured,
-        )  # fmt: skip
-        story = search_story(opened.search, chosen, table, measurements, setting, state.calibration)
-        _record_sampling(run, opened.search, chosen, table, story)
+            recording.plans.values(), measurements, recording.inner.evaluator, chosen, session.first_measured
+        )
+        story = search_story(search, chosen, table, measurements, context)
+        _record_sampling(run, search, chosen, table, story)
     return SearchOutcome(chosen, story)
 
 
@@ -442,8 +376,7 @@ def search_story(
     chosen: Plan,
     table: pd.DataFrame,
     measurements: Mapping[str, Measurement],
-    setting: SearchSetting,
-    calibration: Calibration,
+    context: CostContext,
 ) -> SearchStory:
     """What the search found: its best plans by estimate and by measurement (``table``, ``measurements``), the final
     race, and the best plan over several devices beside the best single device (both estimated)."""
@@ -460,7 +393,7 @@ def search_story(
             measured.rounds,
         )  # fmt: skip
     pipelines = estimated[estimated["devices"] > 1]
-    predicted = estimate(chosen, setting.library, setting.cluster, calibration).step_time
+    predicted = estimate(chosen, context).step_time_s
     return SearchStory(
         rounds=search.round,
         measured_rounds=sum(1 for r in search.history if r.phase == "measured"),
@@ -472,7 +405,7 @@ def search_story(
         sampling_overloaded=any(m.overloaded for m in measured_ok.values()),
         final_race=_final_race(search, chosen),
         best_pipeline=_row_time(pipelines.nsmallest(1, "estimated_step_time_s"), "estimated_step_time_s"),
-        best_single=best_single_device(setting.library, setting.cluster, calibration),
+        best_single=best_single_device(context),
     )
 
 
@@ -505,15 +438,15 @@ def _final_race(search: TappSearch, chosen: Plan) -> FinalRace | None:
     return FinalRace(len(race.plans), race.rounds, race.stop, race.overloaded, won, len(race.best_group()))
 
 
-def best_single_device(library: LayerLibrary, cluster: Cluster, calibration: Calibration) -> PlanTime | None:
+def best_single_device(context: CostContext) -> PlanTime | None:
     """The fastest plan of the whole model on one device of ``cluster``, by estimate (devices it does not fit are
     skipped); None when it fits none."""
     best: PlanTime | None = None
-    for device in cluster.devices:
-        plan = single_stage_plan(library, [device.name], planner="single")
+    for device in context.cluster.devices:
+        plan = single_stage_plan(context.library, [device.name], planner="single")
         try:
-            validate(plan, library, cluster)
-            predicted = estimate(plan, library, cluster, calibration).step_time
+            validate(plan, context)
+            predicted = estimate(plan, context).step_time_s
         except TappError:
             continue
         if best is None or predicted < best.step_time_s:
@@ -524,22 +457,21 @@ def best_single_device(library: LayerLibrary, cluster: Cluster, calibration: Cal
 def sampled_plans(
     plans: Iterable[Plan],
     measurements: Mapping[str, Measurement],
-    library: LayerLibrary,
-    cluster: Cluster,
+    evaluator: PlanEvaluator,
     chosen: Plan,
-    calibration: Calibration = DEFAULT_CALIBRATION,
     first_measured: Mapping[str, int] | None = None,
 ) -> pd.DataFrame:
-    """Every distinct plan the search sampled (``plans``): shape, the cost model's estimate, the measurement if
-    taken (``measurements``, by plan id: its median over every round it ran, and the interval) and the search round
-    it was first measured in (``first_measured``; empty for a plan measured only in the final race)."""
+    """Every distinct plan the search sampled (``plans``): shape, the cost model's estimate (``evaluator``'s, the
+    search's own, which estimated each plan once), the measurement if taken (``measurements``, by plan id: its
+    median over every round it ran, and the interval) and the search round it was first measured in
+    (``first_measured``; empty for a plan measured only in the final race)."""
     first_measured = first_measured or {}
     rows = []
     for plan in plans:
         try:
-            validate(plan, library, cluster)
-            predicted = estimate(plan, library, cluster, calibration)
-            estimated, share, estimate_error = predicted.step_time, predicted.communication_share, ""
+            validate(plan, evaluator.context)
+            predicted = evaluator.terms(plan)
+            estimated, share, estimate_error = predicted.step_time_s, predicted.communication_share, ""
         except TappError as exc:  # a sampled plan that cannot run: the search penalised it, it has no estimate
             estimated, share, estimate_error = math.inf, math.nan, str(exc)
         result = measurements.get(plan.id)

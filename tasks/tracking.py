@@ -4,14 +4,14 @@ Runs are addressed by id through ``MlflowClient``, never through MLflow's fluent
 thread, and Prefect may run each task in its own thread, process or host. A task is handed a ``RunRef`` (tracking
 URI, experiment id, run id), which pickles, and opens its own child run under it with ``tracked_run``.
 
-The tags (named in ``tapp_core.schema``, which ``reports`` reads them back by) make a UI comparison and the paper table a filter:
+The tags (named in ``reports.schema``, which ``reports`` reads them back by) make a UI comparison and the paper table a filter:
 ``model``, ``method``, ``cluster``, ``batch_size``, ``seed``, ``dataset``, ``emulated``, ``code_version``,
 ``run_kind`` and ``experiment_run`` (the experiment's parent run, on every run of one experiment). Every run also
 carries what the MLflow UI shows as its Source and Created by (``mlflow.source.*``, ``mlflow.user``) and, when it
 was made inside a Prefect flow run, that flow run's id and page (``prefect.flow_run_id``, ``prefect.flow_run_url``).
 
 What the MLflow UI opens on is set here too (``prepare_experiment``): every experiment TAPP writes to gets a saved
-view of the runs list (``RUNS_VIEW``: the method runs sorted by step time, with ``method``, ``model``, ``cluster``,
+view of the runs list (``RUNS_VIEW``: the method runs by their place in the result, fastest first, with ``method``, ``model``, ``cluster``,
 ``step_time_s`` and its interval ``step_time_low_s``/``step_time_high_s`` as columns, and the step time's bar chart
 first), and ``runs_view_url`` / ``run_url`` are the links that open it.
 
@@ -51,7 +51,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 
-from tapp_core import schema
+from reports import schema
 from tapp_core.errors import TappError
 from tapp_core.paths import writable_folder_problem
 from tapp_core.runtime.guard import ProcessId, boot_id
@@ -473,8 +473,9 @@ four methods of 0.19–0.20 s all read "0.20"), and the communication share."""
 
 
 def runs_view_state() -> dict[str, object]:
-    """The saved view's state, in the MLflow UI's (3.17) own terms: every method run, best step time first, with
-    the columns that compare them, and the step time's chart first in the chart view."""
+    """The saved view's state, in the MLflow UI's (3.17) own terms: every method run, by its place in its
+    experiment's result (``schema.PLACE``: the fastest first, TAPP first among equal step times, where MLflow alone
+    would put the latest run first), with the columns that compare them, and the step time's chart first."""
     charts = [
         {
             "uuid": f"tapp-chart-{metric}",
@@ -490,7 +491,7 @@ def runs_view_state() -> dict[str, object]:
     ]
     return {
         "searchFilter": f"tags.{schema.KIND} = '{schema.EVALUATION}'",
-        "orderByKey": f"metrics.`{schema.STEP_TIME}`",
+        "orderByKey": f"metrics.`{schema.PLACE}`",  # step time, TAPP first among equals (MLflow: the latest first)
         "orderByAsc": True,
         "selectedColumns": list(VIEW_COLUMNS),
         "columnOrder": list(VIEW_COLUMNS),

@@ -3,11 +3,12 @@
 Nothing here computes a fact: every number comes from the ``Result`` and is shown through ``tasks.summary``'s
 views, so that the terminal (``flows.cli``), MLflow and Prefect agree with each other and with the report.
 
-- **MLflow**, the parent run: its description (``summary.markdown``), the headline metrics (rounded as shown),
+- **MLflow**, the parent run: the result as plain data (``result.json``, ``summary.result_record``: what the report
+  reads rather than computing it again), its description (``summary.markdown``), the headline metrics (rounded as shown),
   the params ``tapp_plan`` and ``best_group``, the table of methods (``evaluation.csv``/``.json``), every chosen
   plan (``plans/``) and the report's figures (``figures/``). Each method's run: its name carries its step time
   and interval (MLflow's default columns and its charts' legends then show them), its description says what it
-  is, its ``best_group`` tag and its colour (``mlflow.runColor``, the project's palette).
+  is, its place in the result (``schema.PLACE``, the runs view's sort key), its ``best_group`` tag and its colour (``mlflow.runColor``, the project's palette).
 - **Prefect**: the result as plain sentences in the flow run's log; the ``tapp-result`` (Markdown) and
   ``tapp-evaluation`` (table) artifacts, and a link to the parent run.
 """
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports import schema
 from reports.figures import method_colour
-from tapp_core import schema
 from tasks import prefect_ui, summary
 from tasks.tracking import RUN_COLOR_TAG, RunRef, TrackedRun, run_url
 
@@ -31,6 +32,7 @@ def record_numbers(parent: TrackedRun, result: summary.Result) -> None:
     """The result's numbers on the parent run (metrics, params, the table of methods, the plans) and on each
     method's run (name, description, ``best_group`` tag, colour): what the report then reads back."""
     parent.log_metrics(summary.parent_metrics(result))
+    parent.log_dict(summary.result_record(result), schema.RESULT_ARTIFACT)  # what the report reads
     tapp = result.method("tapp")
     parent.log_params(
         {
@@ -40,10 +42,11 @@ def record_numbers(parent: TrackedRun, result: summary.Result) -> None:
     )
     if result.methods:  # as shown (rounded); also as evaluation.json, the table mlflow.load_table reads
         parent.log_table(pd.DataFrame(summary.table_records(result)), "evaluation.csv")
-    for method in result.methods:
+    for place, method in enumerate(result.methods, start=1):
         parent.log_dict(method.plan.to_dict(), f"plans/{method.method}.json")
         name, note = summary.method_view(result, method)
         run = TrackedRun(RunRef(parent.ref.tracking_uri, parent.ref.experiment_id, method.run_id), parent.client)
+        run.log_metrics({schema.PLACE: place})
         run.client.update_run(method.run_id, name=name)
         run.set_note(note)
         run.set_tags({schema.BEST_GROUP: str(method.best).lower(), RUN_COLOR_TAG: method_colour(method.method)})

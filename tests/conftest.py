@@ -13,14 +13,22 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tapp_core.runtime import WorkerPool
 
 # The tests that press Ctrl-C on a child need SIGINT to reach it. A shell that starts pytest in the background
 # ignores SIGINT for it, and every child would inherit that (Python keeps an ignored SIGINT ignored): a handler
 # here is reset to the default in each child at exec.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# No test measures a cluster's calibration on first use (seconds of real runs each) or reads one an earlier run
+# kept; the tests of calibrating on first use unset this themselves.
+os.environ["TAPP_NO_CALIBRATE"] = "1"
 
 # A fresh Prefect home migrates its database on first start; on 2 busy cores that can pass Prefect's 30 s default.
 PREFECT_STARTUP_TIMEOUT_S = 180
@@ -82,6 +90,29 @@ def work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+# --- Real MPI ranks --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pool2() -> Iterator[WorkerPool]:
+    """Two real ranks on ``plain_cluster(2)``, started once for every module that trains on them."""
+    from tapp_core.runtime import WorkerPool
+    from tests.factories import plain_cluster
+
+    with WorkerPool(plain_cluster(2)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
+def pool3() -> Iterator[WorkerPool]:
+    """Three real ranks on ``plain_cluster(3)``, started once for every module that trains on them."""
+    from tapp_core.runtime import WorkerPool
+    from tests.factories import plain_cluster
+
+    with WorkerPool(plain_cluster(3)) as pool:
+        yield pool
+
+
 # --- Tests write only under their temporary folders ------------------------------------------------------------
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -141,7 +172,7 @@ instead of being skipped."""
 def fashion_mnist() -> Path:
     """Debian's Fashion-MNIST (``make data`` installs it where it can). Without it, a test that needs it is skipped
     with one line saying how to install it, except where it must be there (``TAPP_REQUIRE_FASHION_MNIST=1``)."""
-    from tapp_core.data import FASHION_MNIST_ROOT, fashion_mnist_installed
+    from tapp_core.model.data import FASHION_MNIST_ROOT, fashion_mnist_installed
 
     if fashion_mnist_installed():
         return Path(FASHION_MNIST_ROOT)
@@ -151,3 +182,14 @@ def fashion_mnist() -> Path:
     if os.environ.get(REQUIRE_FASHION_MNIST) == "1":
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a module of small tensors: on shared cores, more only spin against other processes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

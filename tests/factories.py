@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.library import Layer, LayerLibrary
+from tapp_core.platform.cluster import Cluster, parse_cluster
+from tapp_core.profile.library import Layer, LayerLibrary
 
 
 def library_from_edges(
@@ -110,5 +110,18 @@ def make_cluster(
                 for i, (s, more) in enumerate(zip(speeds, extra, strict=True))
             ],
             "links": {"bandwidth": bandwidth, "latency": latency},
+        }
+    )
+
+
+def plain_cluster(n: int) -> Cluster:
+    """``n`` real (not emulated) devices ``d0``.. of 2 GiB each, on 1 Gbit/s links: the runtime tests' cluster."""
+    devices = [{"name": f"d{i}", "memory": "2GiB"} for i in range(n)]
+    return parse_cluster(
+        {
+            "name": f"plain{n}",
+            "emulated": False,
+            "devices": devices,
+            "links": {"bandwidth": "1Gbit/s", "latency": "0us"},
         }
     )

@@ -21,11 +21,12 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tapp_core.cluster import load_cluster, parse_cluster
-from tapp_core.data import DataError, check_dataset
-from tapp_core.library import LayerLibrary
+from tapp_core.cost.context import CostContext
+from tapp_core.model.data import DataError, check_dataset
 from tapp_core.planners import PlannerError, get_planner
 from tapp_core.planners.tapp.search import CheckpointError, read_checkpoint
+from tapp_core.platform.cluster import load_cluster, parse_cluster
+from tapp_core.profile.library import LayerLibrary
 from tasks.tracking import TrackingError, check_tracking
 
 LIBRARY = Path(__file__).resolve().parent.parent / "bench" / "libraries" / "alexnet_b64"
@@ -140,7 +141,7 @@ def test_measure_checks_memory_against_the_profiled_library_before_any_rank(work
     (work_dir / "small.yaml").write_text(TWO_DEVICES.replace("MEM", "1KiB"))
     started = time.monotonic()
     line = tapp_fails("measure", "--model", "tiny_cnn", "--cluster", "small.yaml")
-    assert "device 'cpu0' memory exceeded" in line and "the device has 1.00 KiB" in line
+    assert "out of memory on device 'cpu0'" in line and "the device has 1.00 KiB" in line
     assert (work_dir / ".tapp" / "libraries").is_dir()  # the library came from the profile cache
     assert time.monotonic() - started < 60
 
@@ -177,6 +178,19 @@ def test_every_data_file_is_checked_before_training_starts(work_dir: Path) -> No
     assert not (work_dir / MARKER).exists()
 
 
+def test_a_named_dataset_that_is_not_there_is_refused_even_without_training(
+    work_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dataset cifar10`` with no CIFAR-10 folder: one line and exit 2, though an estimate-only run trains
+    nothing, and no store is created."""
+    monkeypatch.delenv("TAPP_DATA_DIR", raising=False)
+    run = ["run", *TINY, "--estimate-only", "--rounds", "2", "--methods", "tapp,even", "--tracking-uri"]
+    line = tapp_fails(*run, f"sqlite:///{work_dir / 'mlflow.db'}", "--dataset", "cifar10")
+    assert "CIFAR-10 needs its data folder" in line and not (work_dir / "mlflow.db").exists()
+    line = tapp_fails(*run, f"sqlite:///{work_dir / 'mlflow.db'}", "--dataset", "cifar10", "--data-dir", "nowhere")
+    assert "CIFAR-10 data folder does not exist" in line
+
+
 @pytest.mark.parametrize(
     ("source", "spec", "message"),
     [
@@ -188,6 +202,17 @@ def test_every_data_file_is_checked_before_training_starts(work_dir: Path) -> No
             "from torch import nn\ndef make():\n    return nn.Linear(10, 2)\n",
             "m.py:make",
             "fails on a batch of 8 inputs shaped 3x32x32",
+        ),
+        (
+            "from torch import nn\nclass M(nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+            "def make():\n    return M()\n",
+            "m.py:make",
+            "takes 2 inputs and its workload gives 1 (float32[3, 32, 32]): give its inputs",
+        ),
+        (
+            "workload = {'inputs': [[8]], 'loss': 'hinge'}\nfrom torch import nn\ndef make():\n    return nn.Linear(8, 2)\n",
+            "m.py:make",
+            "loss 'hinge' is not one of cross_entropy, mse",
         ),
     ],
 )
@@ -208,7 +233,7 @@ def test_the_oracle_refuses_a_cluster_beyond_its_reach() -> None:
     cluster = parse_cluster({"name": "big", "devices": devices, "links": {"bandwidth": 1e9, "latency": 0}})
     started = time.monotonic()
     with pytest.raises(PlannerError, match=r"1000 devices .* beyond the oracle's exhaustive search"):
-        get_planner("oracle").plan(LayerLibrary.load(LIBRARY), cluster)
+        get_planner("oracle").plan(CostContext(LayerLibrary.load(LIBRARY), cluster))
     assert time.monotonic() - started < 30
 
 

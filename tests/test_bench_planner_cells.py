@@ -16,8 +16,9 @@ from bench.planner_cells import (
     summary_figures,
 )
 from bench.random_clusters import random_clusters
-from tapp_core.cluster import Cluster, parse_cluster
+from tapp_core.cost.context import CostContext
 from tapp_core.planners import get_planner
+from tapp_core.platform.cluster import Cluster, parse_cluster
 from tests.factories import chain_library
 
 
@@ -62,7 +63,7 @@ def _cell(times: dict[str, float], proved: bool = True) -> Cell:
         result = Result(name, t, wall_s=1.0)
         if name == "oracle":
             library = chain_library(2)
-            plan = get_planner("single").plan(library, _cluster([1.0]))
+            plan = get_planner("single").plan(CostContext(library, _cluster([1.0])))
             result.plan = dataclasses.replace(plan, notes={"proved_optimal": proved})
         cell.results.append(result)
     return cell
@@ -103,8 +104,8 @@ def test_run_with_time_limit_kills_a_planner_that_runs_too_long() -> None:
     assert isinstance(outcome, str) and "timed out" in outcome
     assert time.perf_counter() - started < 10
     library, cluster = chain_library(4), _cluster([1.0, 0.5])
-    plan = run_with_time_limit(lambda: get_planner("pipetorch").plan(library, cluster), 60)
-    assert not isinstance(plan, str) and plan == get_planner("pipetorch").plan(library, cluster)
+    plan = run_with_time_limit(lambda: get_planner("pipetorch").plan(CostContext(library, cluster)), 60)
+    assert not isinstance(plan, str) and plan == get_planner("pipetorch").plan(CostContext(library, cluster))
 
 
 def test_the_rl_alone_row_switches_off_the_warm_start_and_the_polish() -> None:

@@ -17,7 +17,7 @@ from bench.random_clusters import (
     replicated,
     write_cluster,
 )
-from tapp_core.cluster import Cluster, load_cluster
+from tapp_core.platform.cluster import Cluster, load_cluster
 
 GIB = 2**30
 MBIT = 1e6 / 8  # bytes per second
@@ -145,8 +145,8 @@ def test_drawn_thread_counts_leave_speeds_memory_and_links_as_they_are(tmp_path:
 
 def test_drawn_kinds_are_costed_from_their_own_committed_library() -> None:
     from bench.planners import LIBRARIES, library_for
-    from tapp_core.kinds import device_library
-    from tapp_core.library import PROFILE_VERSION, LayerLibrary
+    from tapp_core.profile.device_libraries import device_library
+    from tapp_core.profile.library import PROFILE_VERSION, LayerLibrary
 
     for threads in (1, 2):  # committed and current, so that library_for reads them and profiles nothing
         committed = LayerLibrary.load(LIBRARIES / f"alexnet_b64-t{threads}")

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.plan.plan import Plan
+from tapp_core.profile.library import LayerLibrary
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 SMALL_CLUSTER = "name: small\ndevices:\n  - {name: other, memory: 1GiB}\nlinks: {bandwidth: 1Gbit/s, latency: 0}\n"
@@ -37,8 +37,8 @@ def test_plan_then_simulate_share_the_cached_library(work_dir: Path) -> None:
     assert (plan.model, plan.batch_size, plan.planner) == ("tiny_cnn", 8, "even")
 
     printed = json.loads(tapp("simulate", "--model", "tiny_cnn", "--plan", "plan.json", "--json"))
-    assert printed["step_time"] > 0
-    tapp("simulate", "--model", "tiny_cnn", "--plan", "plan.json", "--gantt", "g.png")
+    assert printed["step_time_s"] > 0
+    tapp("simulate", "--plan", "plan.json", "--gantt", "g.png")  # the model: the one the plan names
     assert (work_dir / "g.png").stat().st_size > 0
     assert [p.name for p in (work_dir / ".tapp" / "libraries").iterdir()] == [entry.name]  # profiled once
 
@@ -85,7 +85,7 @@ def _tiny_plan() -> dict[str, object]:
 @pytest.mark.slow
 def test_measure_prints_the_measurement(work_dir: Path) -> None:
     Plan.from_dict(_tiny_plan()).save(work_dir / "plan.json")
-    output = tapp("measure", "--model", "tiny_cnn", "--plan", "plan.json", "--steps", "2", "--warmup", "1")
+    output = tapp("measure", "--plan", "plan.json", "--steps", "2", "--warmup", "1")  # the plan's model
     measured = json.loads(output[output.index("{") :])
     assert measured["error"] is None and measured["step_time_s"] > 0
     assert measured["rounds"] == 5 and measured["interval_low_s"] <= measured["step_time_s"]  # a race of one plan
@@ -125,7 +125,7 @@ def test_every_option_of_every_command_has_help() -> None:
         assert sub.help, f"tapp {name} has no help"
         group = sub.commands if isinstance(sub, TyperGroup) else {"": sub}
         commands.update({f"{name} {part}".strip(): leaf for part, leaf in group.items()})
-    assert len(commands) == 12  # with tapp sweep, tapp cluster detect, tapp testbed up and tapp testbed down
+    assert len(commands) == 13  # with tapp sweep, tapp export, tapp cluster detect, tapp testbed up, testbed down
     missing = []
     for name, sub in commands.items():
         assert sub.help, f"tapp {name} has no help"
@@ -148,11 +148,19 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
     from flows.cli import common, experiments
     from tapp_core.planners import PLANNER_NAMES
     from tapp_core.planners.tapp import SearchOptions
-    from tasks.config import DEFAULT_MEASURED_ROUNDS, DEFAULT_SIMULATED_ROUNDS, ExperimentConfig, default_methods
+    from tasks.config import (
+        DEFAULT_MEASURED_ROUNDS,
+        DEFAULT_SAMPLES_PER_ROUND,
+        DEFAULT_SIMULATED_ROUNDS,
+        ESTIMATED_UNLESS_ASKED,
+        NOT_BY_DEFAULT,
+        ExperimentConfig,
+        default_methods,
+    )
     from tasks.measure import RuntimeSettings
     from tasks.search import SearchBudget
 
-    assert set(default_methods()) | {"single-gpu", "even"} == set(PLANNER_NAMES)
+    assert set(default_methods()) | set(NOT_BY_DEFAULT) | set(ESTIMATED_UNLESS_ASKED) == set(PLANNER_NAMES)
     defaults = ExperimentConfig(dataset="synthetic")
     assert (
         defaults.search_rounds,
@@ -160,12 +168,18 @@ def test_one_vocabulary_and_the_same_defaults_across_commands() -> None:
         defaults.warmup,
     ) == (experiments.DEFAULT_ROUNDS, common.DEFAULT_STEPS, common.DEFAULT_WARMUP)
     # The configuration's search defaults are the TAPP planner's and the flow's (written twice: one imports torch).
-    assert (SearchBudget.rounds, SearchOptions.measured_rounds) == (DEFAULT_SIMULATED_ROUNDS, DEFAULT_MEASURED_ROUNDS)
+    assert SearchBudget().options.simulated_rounds == DEFAULT_SIMULATED_ROUNDS
+    assert SearchOptions.measured_rounds == DEFAULT_MEASURED_ROUNDS
+    assert SearchOptions.samples_per_round == defaults.samples_per_round == DEFAULT_SAMPLES_PER_ROUND
     assert (defaults.steps + defaults.warmup, defaults.warmup) == (RuntimeSettings.steps, RuntimeSettings.warmup)
     defaults: dict[str, set[str]] = {}
+    reading_a_plan = {"measure", "simulate", "train"}  # their --model defaults to the plan's own (None)
     for sub in typer.main.get_command(app).commands.values():  # type: ignore[attr-defined]
         for parameter in sub.params:
-            defaults.setdefault(str(parameter.name), set()).add(str(parameter.default))
+            if sub.name in reading_a_plan and parameter.name == "model":
+                assert parameter.default is None, sub.name
+            else:
+                defaults.setdefault(str(parameter.name), set()).add(str(parameter.default))
             defaults[f"{sub.name} {parameter.name}"] = {str(parameter.default)}
     for name in (
         "model",
@@ -210,14 +224,14 @@ def test_the_schedule_is_a_choice_of_plan_simulate_and_measure(work_dir: Path) -
     overridden = json.loads(
         tapp("simulate", "--model", "tiny_cnn", "--plan", "gpipe.json", "--schedule", "1f1b", "--json")
     )
-    assert default["step_time"] > 0 and overridden["step_time"] > 0
+    assert default["step_time_s"] > 0 and overridden["step_time_s"] > 0
     tapp("plan", *MODEL, "--planner", "even", "--schedule", "async", "--staleness", "1", "--out", "async.json")
     bounded = Plan.load(work_dir / "async.json")
     assert (bounded.schedule, bounded.staleness) == ("async", 1)
     as_gpipe = json.loads(
         tapp("simulate", "--model", "tiny_cnn", "--plan", "async.json", "--schedule", "gpipe", "--json")
     )
-    assert as_gpipe["step_time"] > 0  # its staleness dropped: gpipe takes none
+    assert as_gpipe["step_time_s"] > 0  # its staleness dropped: gpipe takes none
     output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "sideways", exit_code=2)
     assert "schedule: unknown schedule 'sideways'" in output
     output = tapp("plan", *MODEL, "--planner", "even", "--schedule", "1f1b", "--staleness", "2", exit_code=2)

@@ -9,14 +9,23 @@ import platform
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tapp_core.calibrate import shared_cores_factors
-from tapp_core.calibration import SharingProbe
-from tapp_core.costs import Calibration, MadeFor
-from tapp_core.hosts import host_cpus
-from tapp_core.library import PROFILE_VERSION, load_libraries
+from tapp_core.cost.calibration import (
+    CALIBRATIONS_FOLDER,
+    NO_CALIBRATE_VARIABLE,
+    Calibration,
+    MadeFor,
+    SharingProbe,
+    cached_calibration_path,
+    cluster_calibration,
+    shared_cores_factors,
+)
+from tapp_core.platform.cluster import load_cluster, parse_cluster
+from tapp_core.platform.hosts import host_cpus
+from tapp_core.profile.library import PROFILE_VERSION, load_libraries
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 TWO_THREAD_COUNTS = """name: unequal
@@ -72,7 +81,7 @@ def test_plan_and_simulate_cost_each_kind_and_pick_up_the_calibration(work_dir: 
     measured.save(beside)
     calibrated = json.loads(tapp(*simulate, "--json"))
     assert calibrated["calibration"]["per_step_s"] == 0.5
-    assert calibrated["step_time"] == pytest.approx(ideal["step_time"] + 0.5)
+    assert calibrated["step_time_s"] == pytest.approx(ideal["step_time_s"] + 0.5)
 
     Calibration(per_step_s=0.5, made_for=_made_for("a-gpu-box")).save(beside)
     output = tapp(*simulate, exit_code=2)
@@ -118,3 +127,39 @@ def test_each_kinds_shared_cores_factor_is_its_devices_median_slowdown_and_at_le
         SharingProbe("d", "cpu-t1", alone_s=1.0, together_s=0.97),  # noise: faster while sharing
     ]
     assert shared_cores_factors(probes) == {"cpu-t4": 3.0, "cpu-t1": 1.0}
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_first_command_that_needs_a_calibration_measures_it_and_later_ones_keep_it(
+    work_dir: Path, cluster_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(NO_CALIBRATE_VARIABLE)
+    plan = ("plan", *MODEL, "--cluster", str(cluster_file), "--planner", "single", "--out", "plan.json")
+    first = tapp(*plan)
+    assert "calibrating the cost model for cluster unequal" in first and "on first use" in first
+    kept = list((work_dir / ".tapp" / CALIBRATIONS_FOLDER).iterdir())
+    assert kept == [cached_calibration_path(load_cluster(cluster_file), work_dir / ".tapp")]
+    assert not (work_dir / "unequal.calibration.json").exists()  # kept in the cache, not beside the cluster file
+
+    simulate = ("simulate", "--model", "tiny_cnn", "--cluster", str(cluster_file), "--plan", "plan.json")
+    again = tapp(*simulate)
+    assert "calibrating" not in again and f"kept in {kept[0]}" in again
+    assert json.loads(tapp(*simulate, "--json"))["calibration"]["made_for"]["host"] == platform.node()
+    assert "calibration: ideal (--no-calibrate)" in tapp(*simulate, "--no-calibrate")
+
+
+def test_a_kept_calibration_is_keyed_by_the_cluster_and_this_host(tmp_path: Path, cluster_file: Path) -> None:
+    cluster = load_cluster(cluster_file)
+    path = cached_calibration_path(cluster, tmp_path)
+    assert path == cached_calibration_path(load_cluster(cluster_file), tmp_path)  # the same cluster, the same key
+    slower = parse_cluster(yaml.safe_load(TWO_THREAD_COUNTS.replace("threads: 2", "threads: 2, speed: 0.5")))
+    assert cached_calibration_path(slower, tmp_path) != path  # a changed cluster is measured afresh
+    measured = Calibration(per_step_s=0.5, made_for=_made_for(platform.node()), note="kept")
+    measured.save(path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TAPP_CACHE_DIR", str(tmp_path))
+        assert cluster_calibration(cluster_file, cluster).per_step_s == 0.5
+        assert cluster_calibration(cluster_file, cluster, kept=False) == Calibration()
+        Calibration(per_step_s=0.5, made_for=_made_for("a-gpu-box")).save(path)
+        assert cluster_calibration(cluster_file, cluster) == Calibration()  # refused: measured afresh where allowed

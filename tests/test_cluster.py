@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tapp_core.cluster import ClusterError, load_cluster, parse_cluster
+from tapp_core.platform.cluster import ClusterError, load_cluster, parse_cluster
 from tapp_core.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
 GIB = 2**30

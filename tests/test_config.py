@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.calibration import calibration_path, cluster_calibration
-from tapp_core.cluster import Cluster, ClusterError, load_cluster, parse_cluster
-from tapp_core.graph import ModelError
+from tapp_core.cost.calibration import calibration_path, cluster_calibration
+from tapp_core.model.graph import ModelError
 from tapp_core.planners import PLANNER_NAMES, method_description, method_label
+from tapp_core.platform.cluster import Cluster, ClusterError, load_cluster, parse_cluster
 from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ConfigError, ExperimentConfig, SweepConfig, build
 
 
@@ -52,13 +52,17 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
     config = ExperimentConfig(dataset="synthetic")
     assert (config.model, config.target.name, config.batch_size, config.power) == ("alexnet", "local", 64, 1.0)
     assert not {"single-gpu", "even"} & set(config.methods)
-    assert set(config.methods) | {"single-gpu", "even"} == set(PLANNER_NAMES)
+    assert set(config.methods) | {"single-gpu", "even", "tapp-rl"} == set(PLANNER_NAMES)
+    assert config.evaluated_methods[-1] == "tapp-rl" and config.estimated_only == ("tapp-rl",)  # estimated, not raced
+    asked = ExperimentConfig(dataset="synthetic", methods=("tapp", "tapp-rl"))
+    assert asked.evaluated_methods == ("tapp", "tapp-rl") and asked.estimated_only == ()
     assert (
         config.measured_rounds == DEFAULT_MEASURED_ROUNDS == 1
         and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
     )
-    assert config.training and config.train_seconds <= 30
-    monkeypatch.setattr("tapp_core.data.FASHION_MNIST_ROOT", "/nowhere")
+    assert config.training and config.equal_samples and config.train_seconds is None
+    assert (config.train_samples, config.train_optimizer, config.learning_rate) == (3_200, "adamw", 1e-3)
+    monkeypatch.setattr("tapp_core.model.data.FASHION_MNIST_ROOT", "/nowhere")
     nothing = ExperimentConfig()  # no real data anywhere: the step times need none, and nothing is trained
     assert nothing.dataset == NO_DATA and not nothing.training
     assert "no real data" in str(nothing.training_skipped) and "apt-get install dataset-fashion-mnist" in str(
@@ -140,7 +144,10 @@ def test_a_sweep_is_a_list_of_configurations_of_the_same_settings() -> None:
 @pytest.mark.parametrize(
     ("settings", "step_time", "plan"),
     [
-        ({}, 0.25, (3, 16)),  # 12 s of 0.25 s steps: 48 steps, in 3 parts of 16
+        ({}, 0.25, (3, 17)),  # 3,200 images of batch 64: 50 steps, in 3 parts of 17, whatever the step time
+        ({}, 2.5, (3, 17)),
+        ({"train_samples": 640, "accuracy_points": 2}, 0.25, (2, 5)),
+        ({"train_seconds": 12.0}, 0.25, (3, 16)),  # a time budget: 48 steps of 0.25 s, in 3 parts of 16
         ({"train_seconds": 1.0}, 0.3, (3, 1)),  # 3 steps: 3 parts of 1
         ({"train_seconds": 1.0}, 5.0, (1, 1)),  # slower than the budget: one step
         ({"train_epochs": 2, "train_steps": 10}, 0.25, (2, 10)),  # whole epochs, each cut to 10 steps
@@ -153,11 +160,19 @@ def test_the_training_budget_is_the_plans_own_steps(
     config = ExperimentConfig(dataset="synthetic", **settings)  # type: ignore[arg-type]
     epochs, steps = config.train_plan(step_time)
     assert (epochs, steps) == plan
-    if "train_epochs" not in settings:
+    if config.train_seconds is not None:
         assert epochs * (steps or 0) * step_time <= config.train_seconds or (epochs, steps) == (1, 1)
+    elif "train_epochs" not in settings:  # every plan the same images, at least those asked for
+        assert config.train_samples <= epochs * (steps or 0) * config.batch_size < config.train_samples + 64 * epochs
 
 
 def test_a_cluster_made_in_code_has_no_file_to_look_beside() -> None:
     made = Cluster.model_validate(load_cluster("local").model_dump())
     config = ExperimentConfig(cluster=made, dataset="synthetic")
     assert config.cluster.source is None and config.target == made
+
+
+def test_the_training_optimiser_is_the_one_the_memory_model_counts() -> None:
+    adamw = ExperimentConfig(train_optimizer="adamw").optimizer
+    assert adamw.name == "AdamW" and adamw.state_per_param == 2
+    assert ExperimentConfig(train_optimizer="sgd").optimizer.state_per_param == 1

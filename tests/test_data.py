@@ -7,7 +7,6 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from tapp_core.data import (
+from tapp_core.model.data import (
     CIFAR10,
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -35,13 +34,7 @@ IMAGES_PER_BATCH = 6
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    # Small tensors on shared cores: extra intra-op threads only spin against other processes.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _write_pickle(path: Path, content: object) -> None:
@@ -334,7 +327,7 @@ def test_the_real_data_found_when_none_is_named(
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     assert find_dataset(None) == ("cifar10", str(tmp_path))
     monkeypatch.delenv(DATA_DIR_ENV)
-    monkeypatch.setattr("tapp_core.data.FASHION_MNIST_ROOT", str(tmp_path / "nowhere"))
+    monkeypatch.setattr("tapp_core.model.data.FASHION_MNIST_ROOT", str(tmp_path / "nowhere"))
     assert find_dataset(None) is None
 
 
@@ -425,7 +418,7 @@ def test_batch_loader_rejects_a_dataset_without_one_full_batch() -> None:
 def test_batch_loader_gives_the_same_batches_in_another_process() -> None:
     program = (
         "import torch\n"
-        "from tapp_core.data import SyntheticCIFAR, batch_loader\n"
+        "from tapp_core.model.data import SyntheticCIFAR, batch_loader\n"
         "x, y = list(batch_loader(SyntheticCIFAR(n=64, seed=0, augment=True), 8, seed=3, epoch=1))[-1]\n"
         "print(float(x.double().sum()), y.tolist())\n"
     )

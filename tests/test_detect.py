@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from tapp_core.cluster import ClusterError, load_cluster, parse_cluster
-from tapp_core.detect import (
+from tapp_core.platform.cluster import ClusterError, load_cluster, parse_cluster
+from tapp_core.platform.hosts import Gpu, Host, PairLink, fit_link, this_host
+from tapp_core.runtime.detect import (
     MAX_CPU_RANKS,
     DetectError,
     cpu_ranks,
@@ -19,7 +20,6 @@ from tapp_core.detect import (
     read_pairs,
     write_detected_cluster,
 )
-from tapp_core.hosts import Gpu, Host, PairLink, fit_link, this_host
 
 GIB = 2**30
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GIB)

@@ -13,14 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core import kinds
-from tapp_core.calibration import calibration_path, check_calibration, cluster_calibration
-from tapp_core.cluster import Cluster, load_cluster
-from tapp_core.costmodel import Estimate, estimate
-from tapp_core.costs import Calibration, CalibrationError, KindCalibration, MadeFor, device_terms
-from tapp_core.kinds import DeviceKind, cluster_kinds, device_kind, device_library
-from tapp_core.library import PROFILE_VERSION, LayerLibrary, LibraryError, load_libraries, save_libraries
-from tapp_core.plan import Plan, single_stage_plan
+from tapp_core.cost.calibration import (
+    Calibration,
+    CalibrationError,
+    KindCalibration,
+    MadeFor,
+    calibration_path,
+    check_calibration,
+    cluster_calibration,
+)
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.estimate import Estimate
+from tapp_core.cost.simulation import estimate
+from tapp_core.plan.plan import Plan, single_stage_plan
+from tapp_core.platform.cluster import Cluster, load_cluster
+from tapp_core.platform.kinds import DeviceKind, cluster_kinds, device_kind
+from tapp_core.profile import device_libraries
+from tapp_core.profile.device_libraries import device_library
+from tapp_core.profile.library import PROFILE_VERSION, LayerLibrary, LibraryError, load_libraries, save_libraries
 from tests.factories import chain_library, make_cluster
 
 HERE = platform.node()
@@ -65,25 +75,29 @@ def test_a_kind_is_a_cpu_with_its_threads_or_a_gpu_with_its_model() -> None:
 def test_each_device_is_costed_from_its_own_kind_and_its_speed_is_ignored() -> None:
     # Real (not emulated) devices of kinds profiled here: speeds 0.5 and 0.25 must not matter.
     library, cluster = two_kinds(), cluster_of([T1, T2], [0.5, 0.25])
-    on_t1 = estimate(single_stage_plan(library, ["d0"]), library, cluster)
-    on_t2 = estimate(single_stage_plan(library, ["d1"]), library, cluster)
-    assert on_t1.step_time == pytest.approx(1 + 3 + 2 + 6, abs=TOL)
-    assert on_t2.step_time == pytest.approx(2 + 1 + 4 + 2, abs=TOL)
+    on_t1 = estimate(single_stage_plan(library, ["d0"]), CostContext(library, cluster))
+    on_t2 = estimate(single_stage_plan(library, ["d1"]), CostContext(library, cluster))
+    assert on_t1.step_time_s == pytest.approx(1 + 3 + 2 + 6, abs=TOL)
+    assert on_t2.step_time_s == pytest.approx(2 + 1 + 4 + 2, abs=TOL)
     # Layer 0 on d0, layer 1 on d1: F0 [0,1], 40 B over 100 B/s = 0.4, F1 [1.4,2.4], B1 [2.4,4.4], 0.4,
     # B0 [4.8,6.8]. One library scaled by a speed could not make layer 1 the cheap one on d1.
-    split = estimate(plan([0, 1], [["d0"], ["d1"]]), library, cluster)
-    assert split.step_time == pytest.approx(6.8, abs=TOL)
-    assert split.compute == pytest.approx({"d0": 3.0, "d1": 3.0}, abs=TOL)
+    split = estimate(plan([0, 1], [["d0"], ["d1"]]), CostContext(library, cluster))
+    assert split.step_time_s == pytest.approx(6.8, abs=TOL)
+    assert split.compute_s == pytest.approx({"d0": 3.0, "d1": 3.0}, abs=TOL)
 
 
 def test_speed_applies_on_emulated_clusters_and_for_libraries_from_elsewhere() -> None:
     cluster = cluster_of([T1, T2], [0.5, 0.25], emulated=True)
     library = two_kinds()
-    assert estimate(single_stage_plan(library, ["d1"]), library, cluster).step_time == pytest.approx(9 / 0.25)
+    assert estimate(single_stage_plan(library, ["d1"]), CostContext(library, cluster)).step_time_s == pytest.approx(
+        9 / 0.25
+    )
     elsewhere = two_kinds(host="another-machine")
     real = cluster_of([T1, T2], [0.5, 0.25])
     assert device_library(elsewhere, real, "d1").speed_applies
-    assert estimate(single_stage_plan(elsewhere, ["d1"]), elsewhere, real).step_time == pytest.approx(9 / 0.25)
+    assert estimate(single_stage_plan(elsewhere, ["d1"]), CostContext(elsewhere, real)).step_time_s == pytest.approx(
+        9 / 0.25
+    )
     unrecorded = two_kinds(host="")
     assert device_library(unrecorded, real, "d0").speed_applies
     own = device_library(library, real, "d0")
@@ -93,7 +107,7 @@ def test_speed_applies_on_emulated_clusters_and_for_libraries_from_elsewhere() -
 def test_a_kind_without_a_library_takes_the_nearest_scaled_by_speed_with_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kinds, "_warned", set())
+    monkeypatch.setattr(device_libraries, "_warned", set())
     library = two_kinds()
     cluster = cluster_of([T1, {"threads": 3}, {"threads": 3}], [1.0, 2.0, 2.0])
     with warnings.catch_warnings(record=True) as caught:
@@ -105,7 +119,7 @@ def test_a_kind_without_a_library_takes_the_nearest_scaled_by_speed_with_one_war
         "no layer library of kind cpu-t3 (device d1 of cluster 'test')"
     ]
     # The 2-thread library at speed 2: 9 s of work in 4.5 s.
-    assert estimate(single_stage_plan(library, ["d1"]), library, cluster).step_time == pytest.approx(4.5)
+    assert estimate(single_stage_plan(library, ["d1"]), CostContext(library, cluster)).step_time_s == pytest.approx(4.5)
     gpu = cluster_of([{"kind": "cuda", "threads": 1}], [8.0])
     with pytest.warns(UserWarning, match="no layer library of kind cuda"):
         assert device_library(library, gpu, "d0").library.kind.name == "cpu-t2"  # no GPU library: most threads
@@ -119,9 +133,9 @@ def test_one_library_gives_the_numbers_of_one_library_scaled_by_speed() -> None:
     calibration = Calibration(per_message_s=0.01, per_micro_batch_s=0.1, update_s_per_param_byte=1e-3, per_step_s=0.2)
     p = plan([0, 1], [["d0"], ["d1"]], micro_batches=2)
     for lib in (alone, with_other):
-        result = estimate(p, lib, cluster, calibration)
+        result = estimate(p, CostContext(lib, cluster, calibration))
         # d1 (speed 0.5) runs layer 1: forward 3 s * 2/4 samples / 0.5 + 0.1 = 3.1 per micro-batch.
-        assert result.step_time == estimate(p, alone, cluster, calibration).step_time
+        assert result.step_time_s == estimate(p, CostContext(alone, cluster, calibration)).step_time_s
         assert ops_of(result, "d1", "forward") == pytest.approx([3.1, 3.1])
 
 
@@ -138,7 +152,7 @@ def test_per_kind_figures_compute_scale_per_call_and_update() -> None:
             "cpu-t2": KindCalibration(compute_scale=2.0, per_micro_batch_s=0.25),
         },
     )
-    result = estimate(plan([0, 1], [["d0"], ["d1"]]), library, cluster, calibration)
+    result = estimate(plan([0, 1], [["d0"], ["d1"]]), CostContext(library, cluster, calibration))
     # d0: forward 1, backward 2; update 0.01 * 100 B + 0.5 = 1.5.  d1: forward 1 * 2 + 0.25, backward 2 * 2 + 0.25.
     assert ops_of(result, "d0", "forward") == pytest.approx([1.0])
     assert ops_of(result, "d0", "update") == pytest.approx([1.5])
@@ -146,7 +160,7 @@ def test_per_kind_figures_compute_scale_per_call_and_update() -> None:
     assert ops_of(result, "d1", "backward") == pytest.approx([4.25])
     assert ops_of(result, "d1", "update") == pytest.approx([0.0])
     # F0 [0,1] +0.4, F1 [1.4,3.65], B1 [3.65,7.9] +0.4, B0 [8.3,10.3], update [10.3,11.8].
-    assert result.step_time == pytest.approx(11.8, abs=TOL)
+    assert result.step_time_s == pytest.approx(11.8, abs=TOL)
 
 
 def gpu_case(cuda_aware: bool = False) -> tuple[LayerLibrary, Cluster, Calibration]:
@@ -159,28 +173,29 @@ def gpu_case(cuda_aware: bool = False) -> tuple[LayerLibrary, Cluster, Calibrati
 
 def test_tensors_crossing_to_and_from_a_gpu_are_staged_through_host_memory() -> None:
     library, cluster, calibration = gpu_case()
-    result = estimate(plan([0, 1], [["d0"], ["d1"]]), library, cluster, calibration)
+    result = estimate(plan([0, 1], [["d0"], ["d1"]]), CostContext(library, cluster, calibration))
     # F0 on the CPU [0,1]; 40 B: link 0.4 + the GPU receiver's copy 0.1 + 40 * 0.002 = 0.58; F1 on the GPU
     # [1.58,2.08], B1 [2.08,2.58]; back: 0.4 + the GPU sender's copy 0.1 + 40 * 0.001 = 0.54; B0 [3.12,4.12].
-    assert result.step_time == pytest.approx(4.12, abs=TOL)
+    assert result.step_time_s == pytest.approx(4.12, abs=TOL)
     direct = estimate(
-        plan([0, 1], [["d0"], ["d1"]]), library, cluster, dataclasses.replace(calibration, cuda_aware_mpi=True)
+        plan([0, 1], [["d0"], ["d1"]]),
+        CostContext(library, cluster, dataclasses.replace(calibration, cuda_aware_mpi=True)),
     )
-    assert direct.step_time == pytest.approx(1 + 0.4 + 0.5 + 0.5 + 0.4 + 1, abs=TOL)
+    assert direct.step_time_s == pytest.approx(1 + 0.4 + 0.5 + 0.5 + 0.4 + 1, abs=TOL)
 
 
 def test_gpu_replicas_stage_their_gradients_for_the_allreduce() -> None:
     library, cluster, calibration = gpu_case()
     # BSP on the two GPUs, 200 B of parameters: ring 2 * 1/2 * 200 / 100 = 2 s, plus one replica's staging
     # 2 * 0.1 + 200 * (0.001 + 0.002) = 0.8. Each replica computes 2 samples: (0.5 + 0.5) * 2/4 = 0.5 per pass.
-    result = estimate(single_stage_plan(library, ["d1", "d2"]), library, cluster, calibration)
+    result = estimate(single_stage_plan(library, ["d1", "d2"]), CostContext(library, cluster, calibration))
     assert ops_of(result, "d1", "allreduce") == pytest.approx([2.8])
-    assert result.step_time == pytest.approx(0.5 + 0.5 + 2.8, abs=TOL)
+    assert result.step_time_s == pytest.approx(0.5 + 0.5 + 2.8, abs=TOL)
 
 
 def test_device_terms_name_the_library_and_figures_of_each_device() -> None:
     library, cluster, calibration = gpu_case()
-    terms = device_terms(library, cluster, calibration)
+    terms = CostContext(library, cluster, calibration).terms
     assert terms["d0"].kind == "cpu-t1" and terms["d0"].library is library and not terms["d0"].cuda
     assert terms["d1"].kind == "cuda-X" and terms["d1"].library.gpu_model == "X" and terms["d1"].cuda
     assert terms["d1"].figures.staging_per_copy_s == 0.1 and terms["d0"].figures == KindCalibration()

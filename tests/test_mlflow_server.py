@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from flows.experiment import tapp_experiment
 from flows.paper_table import paper_table
 from flows.server import free_port
-from tapp_core import schema
+from reports import schema
 from tasks.config import ExperimentConfig
 
 SERVER_START_TIMEOUT_S = 180

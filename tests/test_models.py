@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tapp_core.graph import layer_index, layer_nodes
-from tapp_core.models import (
+from tapp_core.model.graph import layer_index, layer_nodes
+from tapp_core.model.workload import build_traced_workload, build_workload_model, workload_of
+from tapp_core.model.zoo import (
     INPUT_SHAPE,
     MODEL_NAMES,
     InceptionV3,
@@ -21,21 +21,15 @@ from tapp_core.models import (
     build_model,
     build_traced_model,
 )
-from tapp_core.models.inception import InceptionA, InceptionB, InceptionC, InceptionD, InceptionE
-from tapp_core.models.vit import Block, ViT
+from tapp_core.model.zoo.inception import InceptionA, InceptionB, InceptionC, InceptionD, InceptionE
+from tapp_core.model.zoo.vit import Block, ViT
 
 SMALL_MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit")
 # Listed in the README; a change here is a change of architecture.
 PARAMETER_COUNTS = {"alexnet": 23_272_266, "vgg16": 15_253_578, "inception_v3": 21_806_058, "vit": 6_350_602}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    # Small tensors on shared cores: extra intra-op threads only spin against other processes.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _modules_of(model: nn.Module, kind: type[nn.Module]) -> list[nn.Module]:
@@ -46,12 +40,16 @@ def _unique_module_name() -> str:
     return f"tapp_test_user_model_{uuid.uuid4().hex[:10]}"
 
 
+IMAGE_MODELS = tuple(name for name in MODEL_NAMES if name != "gpt")
+"""The CIFAR-10 classifiers; the GPT, a language model, is tested in ``test_gpt.py``."""
+
+
 def test_registry_lists_the_models_of_the_paper_and_the_small_ones() -> None:
-    assert set(MODEL_NAMES) == {"alexnet", "vgg16", "inception_v3", "vit", *SMALL_MODELS}
+    assert set(MODEL_NAMES) == {"alexnet", "vgg16", "inception_v3", "vit", "gpt", *SMALL_MODELS}
     assert INPUT_SHAPE == (3, 32, 32)
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_every_model_traces_and_the_traced_graph_computes_what_the_model_does(name: str) -> None:
     model = build_model(name).eval()
     traced = build_traced_model(name).eval()
@@ -307,3 +305,42 @@ def test_data_dependent_model_fails_to_trace_with_the_reason(user_model_file: Pa
     assert "cannot be traced by torch.fx" in message
     assert "control flow" in message
     assert spec in message
+
+
+BRANCHING = '''
+import torch
+from torch import nn
+
+
+class BranchesOnItsInput(nn.Module):
+    """Written as model zoos write: Python that branches on what it was given, which torch.fx cannot trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, images, labels=None):
+        if images.dim() == 4:
+            images = images.flatten(1)
+        return self.head(images)
+
+
+class DependsOnValues(BranchesOnItsInput):
+    def forward(self, images, labels=None):
+        return self.head(images.flatten(1)) if images.sum() > 0 else self.head(-images.flatten(1))
+'''
+
+
+def test_a_model_torch_fx_cannot_trace_is_exported_and_one_that_cannot_be_either_says_both(tmp_path: Path) -> None:
+    path = tmp_path / "branching.py"
+    path.write_text(BRANCHING)
+    workload = workload_of(f"{path}:BranchesOnItsInput")
+    with pytest.raises(ModelError, match=r"cannot be traced by torch\.fx"):
+        build_traced_model(workload.model)
+    traced = build_traced_workload(workload, seed=0)
+    model = build_workload_model(workload, seed=0)
+    images = workload.example(5)
+    assert torch.allclose(traced(images), model(images))
+    assert {name for name, _ in traced.named_parameters()} == {"head.weight", "head.bias"}
+    with pytest.raises(ModelError, match=r"cannot be traced by torch\.fx, .*; nor by torch\.export: "):
+        build_traced_workload(workload_of(f"{path}:DependsOnValues"), seed=0)

@@ -13,9 +13,11 @@ import math
 
 import pytest
 
-from tapp_core.costmodel import estimate
-from tapp_core.models import build_traced_model
-from tapp_core.placement import (
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
+from tapp_core.model.zoo import build_traced_model
+from tapp_core.plan.placement import (
     BROADCAST,
     MODEL_INPUT,
     PARTIAL_SUM,
@@ -25,11 +27,18 @@ from tapp_core.placement import (
     split_ranges,
     stage_layouts,
 )
-from tapp_core.plan import Plan, PlanError, check_signatures, single_stage_plan, stage_memory_bytes, validate
+from tapp_core.plan.plan import (
+    Plan,
+    PlanError,
+    check_signatures,
+    single_stage_plan,
+    stage_memory_bytes,
+    stage_memory_terms,
+)
 from tapp_core.planners.patterns import pattern_signatures
-from tapp_core.profiler import profile_model
+from tapp_core.profile.profiler import profile_model
 from tapp_core.runtime.stage import ModelGraph
-from tests.test_runtime_correctness import plain_cluster
+from tests.factories import plain_cluster
 from tests.test_runtime_sbp import megatron
 
 SPECS = ModelGraph.of(build_traced_model("tiny_vit")).specs
@@ -146,15 +155,22 @@ def test_the_cost_model_and_the_memory_check_follow_a_megatron_plan() -> None:
     cluster = plain_cluster(2)
     data = single_stage_plan(library, ["d0", "d1"])
     split = dataclasses.replace(data, signatures=tuple(megatron("tiny_vit").items()))
-    validate(split, library, cluster)
-    estimated = estimate(split, library, cluster)
-    assert math.isfinite(estimated.step_time) and estimated.step_time > 0
+    validate(split, CostContext(library, cluster))
+    estimated = estimate(split, CostContext(library, cluster))
+    assert math.isfinite(estimated.step_time_s) and estimated.step_time_s > 0
     assert estimated.communication_share > 0  # the allgathers and reduce-scatters of every block
     # Memory: each device holds its share of the split weights, and every row of what it holds Broadcast or
     # PartialSum (the inputs gathered for q, k, v and fc1, the partial sums): on tiny_vit at 8 samples the
-    # activations outweigh the weights, so the split stage needs more than a replica.
-    mine, replica = stage_memory_bytes(split, library, 0), stage_memory_bytes(data, library, 0)
+    # activations outweigh the weights, so the split stage's activations and training state need more than a
+    # replica's (which reduces more gradients in its buckets).
+    mine, replica = stage_memory_terms(split, library, 0), stage_memory_terms(data, library, 0)
     weights = sum(x.param_bytes for x in library.layers)
     split_weights = sum(library.layers[x].param_bytes for x in megatron("tiny_vit"))
     assert 0 < split_weights < weights
-    assert all(mine[d] > replica[d] > weights for d in ("d0", "d1"))
+
+    def held(terms: dict[str, float]) -> float:
+        return terms["activations"] + terms["training state"]
+
+    assert all(held(mine[d]) > held(replica[d]) > weights for d in ("d0", "d1"))
+    assert all(mine[d]["gradient buckets"] < replica[d]["gradient buckets"] for d in ("d0", "d1"))
+    assert stage_memory_bytes(split, library, 0)["d0"] == int(sum(mine["d0"].values()))

@@ -3,14 +3,20 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.plan import (
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.model.workload import OptimizerConfig
+from tapp_core.plan.plan import (
+    RUNTIME_BYTES,
+    TRACE_SAMPLES,
     Plan,
     PlanError,
     check_edges,
     check_layers,
+    model_trace_bytes,
     single_stage_plan,
     stage_memory_bytes,
-    validate,
+    stage_memory_terms,
 )
 from tests.factories import chain_library, library_from_edges, make_cluster
 
@@ -55,7 +61,7 @@ def test_plan_file_errors(tmp_path: Path) -> None:
 
 
 def test_valid_plan_passes() -> None:
-    validate(two_stage(), chain_library(4), make_cluster([1, 1]))
+    validate(two_stage(), CostContext(chain_library(4), make_cluster([1, 1])))
 
 
 @pytest.mark.parametrize(
@@ -81,7 +87,7 @@ def test_valid_plan_passes() -> None:
 )
 def test_invalid_plans_name_the_problem(plan: Plan, message: str) -> None:
     with pytest.raises(PlanError, match=message):
-        validate(plan, chain_library(4), make_cluster([1, 1, 1, 1]))
+        validate(plan, CostContext(chain_library(4), make_cluster([1, 1, 1, 1])))
 
 
 def test_schedule_is_checked_when_the_plan_is_made() -> None:
@@ -112,14 +118,23 @@ def test_layer_and_edge_checks_work_on_any_graph() -> None:
 
 def test_memory_exceeded_names_device() -> None:
     library = chain_library(4, param_bytes=[2**30] * 4)
-    with pytest.raises(PlanError, match=r"device 'd0' memory exceeded: stage 0 needs 6\.00 GiB"):
-        validate(two_stage(), library, make_cluster([1, 1], memory="4GiB"))
+    # 3 x 2 GiB of training state, a layer's 1 GiB gradient before it is added (2 micro-batches) and the runtime
+    with pytest.raises(
+        PlanError,
+        match=r"out of memory on device 'd0': stage 0 needs 7\.01 GiB \(training state 6\.00 GiB, "
+        r"gradient transient 1\.00 GiB, runtime 7\.00 MiB, .*\), the device has 4\.00 GiB",
+    ):
+        validate(two_stage(), CostContext(library, make_cluster([1, 1], memory="4GiB")))
+    # under AdamW (two moments a parameter) the same stage needs 2 GiB more
+    adamw = CostContext(library, make_cluster([1, 1], memory="4GiB"), optimizer=OptimizerConfig(name="AdamW"))
+    with pytest.raises(PlanError, match=r"stage 0 needs 9\.01 GiB \(training state 8\.00 GiB"):
+        validate(two_stage(), adamw)
 
 
 def test_skip_edge_may_jump_stages() -> None:
     library = library_from_edges(4, [(0, 1), (1, 2), (2, 3), (0, 3)])
     plan = two_stage(stage_of_layer=(0, 1, 1, 2), stage_devices=(("d0",), ("d1",), ("d2",)))
-    validate(plan, library, make_cluster([1, 1, 1]))
+    validate(plan, CostContext(library, make_cluster([1, 1, 1])))
 
 
 def test_memory_by_schedule() -> None:
@@ -128,15 +143,43 @@ def test_memory_by_schedule() -> None:
     gpipe = Plan("toy", 8, 4, "gpipe", (0, 1), (("d0",), ("d1",)))
     ofob = Plan("toy", 8, 4, "1f1b", (0, 1), (("d0",), ("d1",)))
     asyn = Plan("toy", 8, 4, "async", (0, 1), (("d0",), ("d1",)))
-    # gpipe stashes all 4 micro-batches: 3*1 + 4*(10*2) = 83
-    assert stage_memory_bytes(gpipe, library, 0) == {"d0": 83}
-    # 1f1b stage 0 of 2 holds 2 in flight: 3 + 2*20 = 43; the last stage holds 1: 3 + 20 = 23
-    assert stage_memory_bytes(ofob, library, 0) == {"d0": 43}
-    assert stage_memory_bytes(ofob, library, 1) == {"d1": 23}
-    # async also stashes the weight versions its in-flight micro-batches ran on (2 at most): 3 + 2*1 + 2*20 = 45
-    assert stage_memory_bytes(asyn, library, 0) == {"d0": 45}
+
+    # Per micro-batch in flight a stage keeps its inputs (stage 0: the model's 3072-byte input per sample; stage 1:
+    # layer 0's 10 bytes) and its layer's output, 10 bytes per sample, for 2 samples.
+    def terms(plan: Plan, stage: int) -> dict[str, float]:
+        (only,) = stage_memory_terms(plan, library, stage).values()
+        return only
+
+    first = (library.input_bytes + 10) * 2
+    # gpipe holds all 4 micro-batches
+    assert terms(gpipe, 0)["activations"] == 4 * first and terms(gpipe, 0)["stashed weights"] == 0
+    # 1f1b stage 0 of 2 holds 2 in flight; the last stage 1
+    assert terms(ofob, 0)["activations"] == 2 * first
+    assert terms(ofob, 1)["activations"] == 1 * (10 + 10) * 2
+    # async also stashes the weight versions its in-flight micro-batches ran on (2 at most) and makes one more while
+    # they live: 3 of 1 byte
+    assert terms(asyn, 0)["activations"] == 2 * first and terms(asyn, 0)["stashed weights"] == 3
     # with staleness 0 it is 1f1b: no version stashed
-    assert stage_memory_bytes(dataclasses.replace(asyn, staleness=0), library, 0) == {"d0": 43}
+    assert terms(dataclasses.replace(asyn, staleness=0), 0) == terms(ofob, 0)
+    # the total is the terms' sum, the runtime's fixed bytes among them
+    assert stage_memory_bytes(ofob, library, 1)["d1"] == int(sum(terms(ofob, 1).values()))
+    assert terms(ofob, 1)["runtime"] == RUNTIME_BYTES and terms(ofob, 1)["training state"] == 3
+    # the optimiser's state follows the workload's optimiser: AdamW's two moments make 4 bytes a parameter byte
+    adamw = OptimizerConfig(name="AdamW").state_per_param
+    assert stage_memory_terms(ofob, library, 1, adamw)["d1"]["training state"] == 4
+
+
+def test_the_model_trace_is_the_peak_of_a_stage_that_needs_less() -> None:
+    # Cutting the model for a plan, a rank holds every layer output of TRACE_SAMPLES samples at once: 4 + 1 MiB a
+    # sample here, before the stage is built. A small last stage's peak is that; a large first stage's, its own.
+    library = chain_library(3, param_bytes=[1, 1, 1], activation_bytes=[4 * 2**20, 2**20, 8], batch_size=2)
+    plan = Plan("toy", 2, 1, "1f1b", (0, 0, 1), (("d0",), ("d1",)))
+    assert model_trace_bytes(library) == TRACE_SAMPLES * (5 * 2**20 + 8)
+    (last,) = stage_memory_terms(plan, library, 1).values()
+    assert last["model trace"] > 0
+    assert sum(last.values()) == pytest.approx(model_trace_bytes(library))
+    (first,) = stage_memory_terms(plan, library, 0).values()
+    assert first["model trace"] == 0 and sum(first.values()) > model_trace_bytes(library)
 
 
 def test_rows_follow_the_shares_and_single_stage() -> None:
@@ -146,11 +189,11 @@ def test_rows_follow_the_shares_and_single_stage() -> None:
     assert uneven.rows(0) == ((0, 5), (5, 7))  # 5.25 and 1.75: the spare sample to the larger remainder
     assert Plan.from_json(uneven.to_json()) == uneven
     with pytest.raises(PlanError, match=r"device 'd1' of stage 0 gets no sample"):
-        validate(dataclasses.replace(even, batch_size=1), chain_library(3), make_cluster([1, 1]))
+        validate(dataclasses.replace(even, batch_size=1), CostContext(chain_library(3), make_cluster([1, 1])))
     library = chain_library(3)
     bsp = single_stage_plan(library, ["d0", "d1"], planner="bsp")
     assert bsp.n_stages == 1 and bsp.stage_devices == (("d0", "d1"),) and bsp.stage_of_layer == (0, 0, 0)
-    validate(bsp, library, make_cluster([1, 1]))
+    validate(bsp, CostContext(library, make_cluster([1, 1])))
 
 
 def test_shares_must_fit_their_groups() -> None:
@@ -159,8 +202,7 @@ def test_shares_must_fit_their_groups() -> None:
     with pytest.raises(PlanError, match=r"shares must sum to 1"):
         validate(
             two_stage(stage_devices=(("d0",), ("d1", "d2")), stage_shares=((1.0,), (0.5, 0.2))),
-            chain_library(4),
-            make_cluster([1, 1, 1]),
+            CostContext(chain_library(4), make_cluster([1, 1, 1])),
         )
 
 

@@ -8,11 +8,12 @@ import math
 
 import pytest
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.costmodel import estimate
-from tapp_core.library import Layer, LayerLibrary
-from tapp_core.plan import validate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
 from tapp_core.planners import PLANNER_NAMES, PlannerError, SearchProgress, get_planner, planner_options
+from tapp_core.platform.cluster import Cluster, parse_cluster
+from tapp_core.profile.library import Layer, LayerLibrary
 
 MB = 2**20
 
@@ -92,6 +93,7 @@ def small_cluster(speeds: tuple[float, ...] = (1.0, 0.5, 0.25), slow_pair: bool 
 
 QUICK = {
     "tapp": {"rounds": 6, "population": 2, "samples_per_round": 8},
+    "tapp-rl": {"rounds": 6, "population": 2, "samples_per_round": 8},
     "oracle": {},
     "autoddl": {"max_sweeps": 3},
 }
@@ -101,37 +103,39 @@ QUICK = {
 @pytest.mark.parametrize("make_library", [chain_library, branchy_library])
 def test_every_planner_returns_a_valid_plan(name: str, make_library) -> None:
     library, cluster = make_library(), small_cluster(gpu=name == "single-gpu")
-    plan = get_planner(name, micro_batches=(1, 2, 4), **QUICK.get(name, {})).plan(library, cluster)
-    validate(plan, library, cluster)
+    plan = get_planner(name, micro_batches=(1, 2, 4), **QUICK.get(name, {})).plan(CostContext(library, cluster))
+    validate(plan, CostContext(library, cluster))
     assert plan.planner == name
     assert plan.micro_batches in (1, 2, 4)
-    assert math.isclose(plan.notes["estimated_step_time_s"], estimate(plan, library, cluster).step_time)
+    assert math.isclose(plan.notes["estimated_step_time_s"], estimate(plan, CostContext(library, cluster)).step_time_s)
     assert plan.notes["search_wall_s"] >= 0 and plan.notes["evaluations"] >= 0
 
 
 def test_no_contiguous_plan_beats_the_oracle() -> None:
     library, cluster = chain_library(), small_cluster()
     both = ("1f1b", "async")
-    best = get_planner("oracle", micro_batches=(1, 2, 4), schedules=both).plan(library, cluster)
+    best = get_planner("oracle", micro_batches=(1, 2, 4), schedules=both).plan(CostContext(library, cluster))
     assert best.notes["proved_optimal"] is True and set(best.notes["schedule_estimates_s"]) == set(both)
     for name in ("even", "pipetorch", "autoddl", "tapp"):  # all of them build contiguous plans
         options = {"schedules": both, **QUICK.get(name, {})}
-        plan = get_planner(name, micro_batches=(1, 2, 4), **options).plan(library, cluster)
+        plan = get_planner(name, micro_batches=(1, 2, 4), **options).plan(CostContext(library, cluster))
         assert all(a <= b for a, b in itertools.pairwise(plan.stage_of_layer))
         assert plan.notes["estimated_step_time_s"] >= best.notes["estimated_step_time_s"] - 1e-12, name
 
 
 def test_single_takes_the_fastest_device_and_bsp_all_that_divide_the_batch() -> None:
     library = chain_library()
-    single = get_planner("single-cpu").plan(library, small_cluster((0.5, 2.0, 1.0)))
+    single = get_planner("single-cpu").plan(CostContext(library, small_cluster((0.5, 2.0, 1.0))))
     assert (single.stage_devices, single.planner) == ((("d1",),), "single-cpu")
     with_gpu = small_cluster((0.5, 2.0, 1.0), gpu=True)
-    assert get_planner("single-cpu").plan(library, with_gpu).stage_devices == (("d2",),)
-    assert get_planner("single-gpu").plan(library, with_gpu).stage_devices == (("d1",),)
-    assert get_planner("single").plan(library, with_gpu).stage_devices == (("d1",),)  # the old name: any kind
+    assert get_planner("single-cpu").plan(CostContext(library, with_gpu)).stage_devices == (("d2",),)
+    assert get_planner("single-gpu").plan(CostContext(library, with_gpu)).stage_devices == (("d1",),)
+    assert get_planner("single").plan(CostContext(library, with_gpu)).stage_devices == (
+        ("d1",),
+    )  # the old name: any kind
     with pytest.raises(PlannerError, match="no cuda device of cluster 'small'"):
-        get_planner("single-gpu").plan(library, small_cluster())
-    bsp = get_planner("bsp").plan(library, small_cluster((0.5, 2.0, 1.0)))
+        get_planner("single-gpu").plan(CostContext(library, small_cluster()))
+    bsp = get_planner("bsp").plan(CostContext(library, small_cluster((0.5, 2.0, 1.0))))
     assert bsp.stage_devices == (("d1", "d2"),)  # three do not divide 64: the slowest is left out
     assert bsp.notes["left_out"] == ["d0"]
 
@@ -144,7 +148,7 @@ def test_unknown_planner_or_option_is_a_clear_error() -> None:
     with pytest.raises(PlannerError, match="unknown schedule"):
         get_planner("pipetorch", schedule="zigzag")
     with pytest.raises(PlannerError, match="divides the batch size 64"):
-        get_planner("even", micro_batches=(3, 5)).plan(chain_library(), small_cluster())
+        get_planner("even", micro_batches=(3, 5)).plan(CostContext(chain_library(), small_cluster()))
 
 
 def test_options_are_listed_with_their_defaults() -> None:
@@ -159,14 +163,13 @@ def test_options_are_listed_with_their_defaults() -> None:
         "staleness",
         "seed",
         "progress",
-        "calibration",
     }
 
 
 def test_progress_is_reported_once_per_round() -> None:
     seen: list[SearchProgress] = []
     get_planner("tapp", rounds=4, population=1, samples_per_round=4).plan(
-        chain_library(), small_cluster(), progress=seen.append
+        CostContext(chain_library(), small_cluster()), progress=seen.append
     )
     assert [p.round for p in seen] == [1, 2, 3, 4]
     assert all(p.total_rounds == 4 and p.phase == "simulated" and p.entropy is not None for p in seen)
@@ -175,8 +178,8 @@ def test_progress_is_reported_once_per_round() -> None:
 
 def test_budget_caps_reward_evaluations() -> None:
     plan = get_planner("tapp", rounds=50, population=1, samples_per_round=8).plan(
-        chain_library(), small_cluster(), budget=20
+        CostContext(chain_library(), small_cluster()), budget=20
     )
     assert 20 <= plan.notes["evaluations"] < 20 + 8
     with pytest.raises(PlannerError, match="budget must be a positive"):
-        get_planner("autoddl").plan(chain_library(), small_cluster(), budget=0)
+        get_planner("autoddl").plan(CostContext(chain_library(), small_cluster()), budget=0)

@@ -13,15 +13,16 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.costmodel import estimate
-from tapp_core.costs import Calibration, KindCalibration
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import PlanError, validate
+from tapp_core.cost.calibration import Calibration, KindCalibration
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
+from tapp_core.model.workload import OptimizerConfig
+from tapp_core.plan.plan import RUNTIME_BYTES, PlanError
+from tapp_core.plan.schedules import SCHEDULES
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
 from tapp_core.planners.bounds import StepTimeBound
-from tapp_core.planners.costs import LayerCosts, device_classes
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
 from tapp_core.planners.moves import (
@@ -38,7 +39,9 @@ from tapp_core.planners.moves import (
 )
 from tapp_core.planners.oracle import device_groupings
 from tapp_core.planners.space import coarse_cut_positions, contiguous_plan
-from tapp_core.schedules import SCHEDULES
+from tapp_core.planners.stage_costs import LayerCosts, device_classes
+from tapp_core.platform.cluster import Cluster, parse_cluster
+from tapp_core.profile.library import LayerLibrary
 from tests.test_planners_common import branchy_library, chain_library, small_cluster, with_fixed_parts
 
 
@@ -86,7 +89,7 @@ def test_down_sets_of_the_branchy_graph_are_exactly_the_closed_sets() -> None:
 
 def test_pipetorch_finds_the_bottleneck_optimum_of_its_model() -> None:
     library, cluster = chain_library([4, 1, 6, 2, 8, 1, 5]), small_cluster((1.0, 0.5, 0.25), slow_pair=False)
-    plan = get_planner("pipetorch", micro_batches=(4,), candidates=1).plan(library, cluster)
+    plan = get_planner("pipetorch", micro_batches=(4,), candidates=1).plan(CostContext(library, cluster))
     costs = LayerCosts.from_library(library)
     n = len(library.layers)
 
@@ -122,8 +125,10 @@ def test_layer_costs_spread_fixed_parts_over_the_micro_batch() -> None:
 
 def test_pipetorch_takes_fewer_micro_batches_when_calls_cost_more_than_samples() -> None:
     cluster = small_cluster((1.0, 1.0), slow_pair=False)
-    linear = get_planner("pipetorch", micro_batches=(1, 8)).plan(chain_library(), cluster)
-    fixed = get_planner("pipetorch", micro_batches=(1, 8)).plan(with_fixed_parts(chain_library(), 0.9), cluster)
+    linear = get_planner("pipetorch", micro_batches=(1, 8)).plan(CostContext(chain_library(), cluster))
+    fixed = get_planner("pipetorch", micro_batches=(1, 8)).plan(
+        CostContext(with_fixed_parts(chain_library(), 0.9), cluster)
+    )
     assert linear.micro_batches == 8  # more micro-batches only shrink the bubble when time scales with samples
     assert fixed.micro_batches == 1
 
@@ -156,9 +161,11 @@ def test_the_bound_never_exceeds_the_estimate(schedule: str, fixed_share: float)
                     continue
                 cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
                 plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
-                bound = StepTimeBound(library, cluster, calibration, schedule, m)
+                bound = StepTimeBound(CostContext(library, cluster, calibration), schedule, m)
                 groups = [bound.group(g) for g in grouping]
-                assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, calibration).step_time * (1 + 1e-9)
+                assert bound.bound(cuts, groups) <= estimate(
+                    plan, CostContext(library, cluster, calibration)
+                ).step_time_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("fixed_share", [0.0, 0.6])
@@ -166,7 +173,7 @@ def test_the_bound_never_exceeds_the_estimate(schedule: str, fixed_share: float)
 def test_the_oracle_is_the_minimum_over_every_contiguous_plan(make_library, fixed_share: float) -> None:
     library, cluster = with_fixed_parts(make_library(), fixed_share), small_cluster()
     choices = (1, 4)
-    plan = get_planner("oracle", micro_batches=choices).plan(library, cluster)
+    plan = get_planner("oracle", schedules=("1f1b",), micro_batches=choices).plan(CostContext(library, cluster))
     assert plan.notes["proved_optimal"] is True and plan.notes["coarsened"] is False
     n = len(library.layers)
     best = math.inf
@@ -176,13 +183,15 @@ def test_the_oracle_is_the_minimum_over_every_contiguous_plan(make_library, fixe
                 continue
             for cuts in itertools.combinations(range(1, n), len(grouping) - 1):
                 candidate = contiguous_plan(library, cuts, grouping, m, "1f1b", 64)
-                best = min(best, estimate(candidate, library, cluster).step_time)
+                best = min(best, estimate(candidate, CostContext(library, cluster)).step_time_s)
     assert math.isclose(plan.notes["estimated_step_time_s"], best, rel_tol=1e-12)
 
 
 def test_a_coarsened_oracle_says_so_and_cuts_only_where_allowed() -> None:
     library, cluster = chain_library(), small_cluster()
-    plan = get_planner("oracle", max_blocks=4, micro_batches=(2,)).plan(library, cluster)
+    plan = get_planner("oracle", schedules=("1f1b",), max_blocks=4, micro_batches=(2,)).plan(
+        CostContext(library, cluster)
+    )
     allowed = set(coarse_cut_positions(LayerCosts.from_library(library), 4))
     assert plan.notes["coarsened"] is True and plan.notes["cut_positions"] == len(allowed) == 3
     assert {plan.stage_of_layer.index(s) for s in range(1, plan.n_stages)} <= allowed
@@ -195,8 +204,10 @@ def test_groupings_come_fewest_stages_first() -> None:
 
 def test_a_time_limited_oracle_that_finishes_says_it_proved_the_optimum() -> None:
     library, cluster = chain_library(), small_cluster()
-    boxed = get_planner("oracle", time_limit_s=60, micro_batches=(1, 4)).plan(library, cluster)
-    plain = get_planner("oracle", micro_batches=(1, 4)).plan(library, cluster)
+    boxed = get_planner("oracle", schedules=("1f1b",), time_limit_s=60, micro_batches=(1, 4)).plan(
+        CostContext(library, cluster)
+    )
+    plain = get_planner("oracle", schedules=("1f1b",), micro_batches=(1, 4)).plan(CostContext(library, cluster))
     assert boxed.notes["proved_optimal"] is True
     assert boxed.notes["groupings_cut"] is False and boxed.notes["incumbents_cut"] is False
     assert boxed.notes["estimated_step_time_s"] == plain.notes["estimated_step_time_s"]
@@ -207,26 +218,26 @@ def test_the_oracle_s_time_limit_covers_its_groupings_and_incumbents() -> None:
     # 9 unlike devices: about 7.9 million device groupings, hours of incumbent estimates without the limit.
     cluster = small_cluster(tuple(1.0 - 0.08 * i for i in range(9)), slow_pair=False)
     started = time.perf_counter()
-    plan = get_planner("oracle", time_limit_s=2).plan(library, cluster)
+    plan = get_planner("oracle", time_limit_s=2).plan(CostContext(library, cluster))
     assert time.perf_counter() - started < 15
     assert plan.notes["proved_optimal"] is False
     assert plan.notes["groupings_cut"] or plan.notes["incumbents_cut"]
-    single = get_planner("single").plan(library, cluster)
+    single = get_planner("single").plan(CostContext(library, cluster))
     assert plan.notes["estimated_step_time_s"] <= single.notes["estimated_step_time_s"]
 
 
 def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:
     library = chain_library([6, 6, 6, 6, 6, 6])
     cluster = small_cluster((1.0, 1.0, 1.0, 1.0), slow_pair=False)
-    plan = get_planner("pipedream", micro_batches=(1, 2, 4)).plan(library, cluster)
-    validate(plan, library, cluster)
+    plan = get_planner("pipedream", micro_batches=(1, 2, 4)).plan(CostContext(library, cluster))
+    validate(plan, CostContext(library, cluster))
     assert len(plan.devices) >= 2
 
 
 def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
     library, cluster = chain_library(), small_cluster()
-    full = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster)
-    capped = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(library, cluster, budget=5)
+    full = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(CostContext(library, cluster))
+    capped = get_planner("autoddl", micro_batches=(1, 2, 4)).plan(CostContext(library, cluster), budget=5)
     evaluations, full_time, capped_time = (
         capped.notes["evaluations"],
         full.notes["estimated_step_time_s"],
@@ -236,16 +247,21 @@ def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
     assert evaluations <= 6 and full_time <= capped_time
 
 
-def test_the_memory_screen_agrees_with_validate() -> None:
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_the_memory_screen_agrees_with_validate(optimizer: str) -> None:
     library = chain_library()
     cluster = parse_cluster(
         {
             "name": "tight",
-            "devices": [{"name": f"d{i}", "memory": f"{m}MiB"} for i, m in enumerate((4, 8, 16))],
+            # 4, 8 and 16 MiB beyond what every stage's runtime takes (plan.RUNTIME_BYTES)
+            "devices": [
+                {"name": f"d{i}", "memory": f"{m + RUNTIME_BYTES // 2**20}MiB"} for i, m in enumerate((4, 8, 16))
+            ],
             "links": {"bandwidth": "1Gbit/s", "latency": "50us"},
         }
     )
-    screen = MemoryScreen(library, cluster)
+    context = CostContext(library, cluster, optimizer=OptimizerConfig(name=optimizer))
+    screen = MemoryScreen(context)
     rng = random.Random(11)
     outcomes = set()
     for _ in range(300):
@@ -258,7 +274,7 @@ def test_the_memory_screen_agrees_with_validate() -> None:
         cuts = sorted(rng.sample(range(1, len(library.layers)), len(grouping) - 1))
         plan = contiguous_plan(library, cuts, grouping, rng.choice([1, 2, 4, 8]), rng.choice(SCHEDULES), 64)
         try:
-            validate(plan, library, cluster)
+            validate(plan, context)
             valid = True
         except PlanError:
             valid = False
@@ -366,11 +382,11 @@ def test_the_bound_never_exceeds_the_estimate_with_several_kinds(schedule: str) 
                 continue
             cuts = sorted(rng.sample(range(1, n), len(grouping) - 1))
             plan = contiguous_plan(library, cuts, grouping, m, schedule, 64)
-            bound = StepTimeBound(library, cluster, KIND_CALIBRATION, schedule, m)
+            bound = StepTimeBound(CostContext(library, cluster, KIND_CALIBRATION), schedule, m)
             groups = [bound.group(g) for g in grouping]
-            assert bound.bound(cuts, groups) <= estimate(plan, library, cluster, KIND_CALIBRATION).step_time * (
-                1 + 1e-9
-            )
+            assert bound.bound(cuts, groups) <= estimate(
+                plan, CostContext(library, cluster, KIND_CALIBRATION)
+            ).step_time_s * (1 + 1e-9)
 
 
 def test_the_oracle_is_the_minimum_with_several_kinds() -> None:
@@ -384,7 +400,9 @@ def test_the_oracle_is_the_minimum_with_several_kinds() -> None:
     for other in library.kinds.values():
         other.layers[-1] = dataclasses.replace(other.layers[-1], successors=())
     choices = (1, 4)
-    plan = get_planner("oracle", micro_batches=choices, calibration=KIND_CALIBRATION).plan(library, cluster)
+    plan = get_planner("oracle", schedules=("1f1b",), micro_batches=choices).plan(
+        CostContext(library, cluster, KIND_CALIBRATION)
+    )
     assert plan.notes["proved_optimal"] is True
     best = math.inf
     for grouping in device_groupings(cluster, 4):
@@ -393,7 +411,7 @@ def test_the_oracle_is_the_minimum_with_several_kinds() -> None:
                 continue
             for cuts in itertools.combinations(range(1, 7), len(grouping) - 1):
                 candidate = contiguous_plan(library, cuts, grouping, m, "1f1b", 64)
-                best = min(best, estimate(candidate, library, cluster, KIND_CALIBRATION).step_time)
+                best = min(best, estimate(candidate, CostContext(library, cluster, KIND_CALIBRATION)).step_time_s)
     assert math.isclose(plan.notes["estimated_step_time_s"], best, rel_tol=1e-12)
 
 
@@ -419,7 +437,7 @@ def test_the_dynamic_programs_put_each_layer_where_its_kind_is_fast() -> None:
         }
     )
     for name in ("pipetorch", "pipedream", "autoddl", "oracle"):
-        plan = get_planner(name, micro_batches=(4,)).plan(library, cluster)
+        plan = get_planner(name, micro_batches=(4,)).plan(CostContext(library, cluster))
         assert plan.stage_devices == (("a",), ("b",)), name
         assert plan.stage_of_layer == (0, 0, 0, 1, 1, 1), name
 
@@ -435,7 +453,7 @@ def test_shrinking_moves_give_valid_plans_with_fewer_devices_or_stages() -> None
     merged = list(merged_neighbours(plan))
     assert len(merged) == 3 + 3, "d0+d1+d2 are 3 replicas of 11, 11 and 10 samples of the micro-batch of 32"
     for move in merged:
-        validate(move, library, cluster)
+        validate(move, CostContext(library, cluster))
         assert move.n_stages == 2 and len(move.devices) <= len(plan.devices)
     assert merged[0].stage_devices == (("d0", "d1"), ("d3",)) and cuts_of(merged[0]) == [8]
     assert merged[1].stage_devices == (("d2",), ("d3",)) and merged[5].stage_devices == (("d0", "d1"), ("d2", "d3"))
@@ -446,7 +464,7 @@ def test_shrinking_moves_give_valid_plans_with_fewer_devices_or_stages() -> None
     single = list(collapsed(plan, ["d0", "d2"]))
     assert [p.stage_devices for p in single] == [(("d0",),), (("d2",),)]
     for move in single:
-        validate(move, library, cluster)
+        validate(move, CostContext(library, cluster))
         assert move.n_stages == 1 and move.micro_batches == plan.micro_batches
     assert list(merged_neighbours(dataclasses.replace(plan, stage_of_layer=(0, 1, 0, *plan.stage_of_layer[3:])))) == []
 
@@ -457,3 +475,19 @@ def test_moves_skip_swaps_of_interchangeable_groups_and_keep_one_device_per_clas
     assert list(swapped_groups(groups, class_of)) == [(("c",), ("b",), ("a",)), (("a",), ("c",), ("b",))]
     assert one_per_class(["a", "c", "b", "d"], class_of) == ["a", "c"]
     assert one_per_class(["a", "b"], None) == ["a", "b"]
+
+
+def test_the_oracle_proves_both_pipelines_unless_told_one_schedule() -> None:
+    library, cluster = chain_library(), small_cluster()
+    both = get_planner("oracle", micro_batches=(1, 4)).plan(CostContext(library, cluster))
+    each = {  # a schedule given, or one schedule asked for: that one alone
+        s: get_planner("oracle", micro_batches=(1, 4), **options).plan(CostContext(library, cluster))  # type: ignore[arg-type]
+        for s, options in (("1f1b", {"schedules": ("1f1b",)}), ("async", {"schedule": "async"}))
+    }
+    assert set(both.notes["schedule_estimates_s"]) == {"1f1b", "async"} and both.notes["proved_optimal"] is True
+    assert both.notes["estimated_step_time_s"] == min(p.notes["estimated_step_time_s"] for p in each.values())
+    assert {p.schedule.partition(":")[0] for p in each.values()} == {"1f1b", "async"}
+    assert (
+        get_planner("oracle", micro_batches=(1,), schedule="gpipe").plan(CostContext(library, cluster)).schedule
+        == "gpipe"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, validate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.measure.metrics import Measurement
+from tapp_core.plan.plan import Plan
 from tapp_core.planners import PlannerError, get_planner, planner_options
 from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.evaluation import PlanEvaluator
@@ -43,6 +44,8 @@ from tapp_core.planners.tapp.features import (
 from tapp_core.planners.tapp.policy import PolicyConfig, TappPolicy
 from tapp_core.planners.tapp.polish import polish_starts
 from tapp_core.planners.tapp.repair import compact, monotone_groups
+from tapp_core.platform.cluster import Cluster, parse_cluster
+from tapp_core.profile.library import LayerLibrary
 from tests.test_planners_common import branchy_library, chain_library, small_cluster
 
 
@@ -88,12 +91,14 @@ def test_repair_is_the_cheapest_monotone_relabeling() -> None:
 @pytest.mark.parametrize("make_library", [chain_library, branchy_library])
 def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library: Callable[[], LayerLibrary]) -> None:
     library, cluster = make_library(), small_cluster((1.0, 1.0, 0.5, 0.5), slow_pair=False)
-    policy = TappPolicy(library, cluster, PolicyConfig(groups=4, replica_prior=0.0), (1, 2, 4, 8), 64, "1f1b")
+    policy = TappPolicy(
+        CostContext(library, cluster), PolicyConfig(groups=4, replica_prior=0.0), (1, 2, 4, 8), 64, "1f1b"
+    )
     sample = policy.sample(64, torch.Generator().manual_seed(0))
     for plan in sample.plans:
         assert len(set(plan.devices)) == len(plan.devices)
         assert all(64 // plan.micro_batches >= len(devices) for devices in plan.stage_devices)
-        validate(plan, library, cluster)
+        validate(plan, CostContext(library, cluster))
     assert any(len(devices) > 1 for plan in sample.plans for devices in plan.stage_devices)  # replicas are sampled
     assert len({plan.n_stages for plan in sample.plans}) > 1
     assert sample.log_prob.shape == (64,) and sample.log_prob.requires_grad and float(sample.entropy.detach()) > 0
@@ -101,7 +106,7 @@ def test_every_sample_is_a_valid_plan_with_no_device_twice(make_library: Callabl
 
 def test_scoring_a_plan_reproduces_it_and_gives_gradients() -> None:
     library, cluster = branchy_library(), small_cluster()
-    policy = TappPolicy(library, cluster, PolicyConfig(groups=3), (1, 2, 4), 64, "gpipe")
+    policy = TappPolicy(CostContext(library, cluster), PolicyConfig(groups=3), (1, 2, 4), 64, "gpipe")
     sample = policy.sample(8, torch.Generator().manual_seed(1))
     scored = policy.score(sample.plans)
     assert [p.id for p in scored.plans] == [p.id for p in sample.plans]
@@ -121,8 +126,8 @@ def _search(tmp: Path | None = None, rounds: int = 4, seed: int = 0, **options: 
         policy=PolicyConfig(groups=3),
         **options,
     )
-    simulated = SimulatedReward(PlanEvaluator(library, cluster))
-    return TappSearch(library, cluster, config, simulated, checkpoint=tmp)
+    simulated = SimulatedReward(PlanEvaluator(CostContext(library, cluster)))
+    return TappSearch(CostContext(library, cluster), config, simulated, checkpoint=tmp)
 
 
 def _trace(search: TappSearch) -> list[tuple[float, float, int]]:
@@ -146,7 +151,9 @@ def test_a_resumed_search_continues_exactly_where_it_stopped(tmp_path: Path) -> 
         interrupted.run_round()
     library, cluster = interrupted.library, interrupted.cluster
     resumed = TappSearch.resume(
-        tmp_path / "search.pt", library, cluster, SimulatedReward(PlanEvaluator(library, cluster))
+        tmp_path / "search.pt",
+        CostContext(library, cluster),
+        SimulatedReward(PlanEvaluator(CostContext(library, cluster))),
     )
     assert resumed.round == 3
     list(resumed.rounds())
@@ -158,14 +165,14 @@ def test_the_planner_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     library, cluster = chain_library(), small_cluster()
     path = tmp_path / "tapp.pt"
     options = {"population": 1, "samples_per_round": 4, "checkpoint": path}
-    get_planner("tapp", rounds=2, **options).plan(library, cluster)
+    get_planner("tapp", rounds=2, **options).plan(CostContext(library, cluster))
     assert path.is_file()
-    resumed = get_planner("tapp", rounds=4, resume=True, **options).plan(library, cluster)
-    straight = get_planner("tapp", rounds=4, population=1, samples_per_round=4).plan(library, cluster)
+    resumed = get_planner("tapp", rounds=4, resume=True, **options).plan(CostContext(library, cluster))
+    straight = get_planner("tapp", rounds=4, population=1, samples_per_round=4).plan(CostContext(library, cluster))
     assert resumed.notes["rounds"] == 4
     assert resumed == straight and resumed.notes["evaluations"] == straight.notes["evaluations"]
     with pytest.raises(PlannerError, match=r"cannot resume, checkpoint .* does not exist"):
-        get_planner("tapp", resume=True, checkpoint=tmp_path / "missing.pt").plan(library, cluster)
+        get_planner("tapp", resume=True, checkpoint=tmp_path / "missing.pt").plan(CostContext(library, cluster))
 
 
 class FakePool:
@@ -184,9 +191,9 @@ class FakePool:
 
 def test_failed_measurements_are_penalised_not_fatal() -> None:
     library, cluster = chain_library(), small_cluster()
-    pool = FakePool(PlanEvaluator(library, cluster))
-    plan = get_planner("tapp", reward="measured", rounds=3, population=1, samples_per_round=6, pool=pool).plan(
-        library, cluster
+    pool = FakePool(PlanEvaluator(CostContext(library, cluster)))
+    plan = get_planner("tapp", reward="measured", rounds=3, population=1, samples_per_round=6, measurer=pool).plan(
+        CostContext(library, cluster)
     )
     assert plan.n_stages <= 2
     assert plan.notes["measured_evaluations"] == len(set(pool.measured)) > 0
@@ -197,10 +204,10 @@ def test_failed_measurements_are_penalised_not_fatal() -> None:
 
 def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     library, cluster = chain_library(), small_cluster()
-    pool = FakePool(PlanEvaluator(library, cluster))
+    pool = FakePool(PlanEvaluator(CostContext(library, cluster)))
     search = TappPlanner(
         reward="hybrid", rounds=6, measured_rounds=2, measured_per_round=1, population=2, samples_per_round=5
-    ).search(library, cluster, measurer=pool)
+    ).search(CostContext(library, cluster), measurer=pool)
     phases = [r.phase for r in search.rounds()]
     assert phases == ["simulated"] * 4 + ["measured"] * 2
     assert 1 <= len(set(pool.measured)) <= 2 * 2 * 1  # distinct plans; a near-best one runs more rounds
@@ -212,7 +219,7 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
 @pytest.mark.parametrize("warm_start", [False, True])
 def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start: bool) -> None:
     library, cluster = chain_library(), small_cluster()
-    pool = FakePool(PlanEvaluator(library, cluster))
+    pool = FakePool(PlanEvaluator(CostContext(library, cluster)))
     search = TappPlanner(
         reward="hybrid",
         rounds=50,
@@ -221,7 +228,7 @@ def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start
         samples_per_round=4,
         time_limit_s=1e-9,
         warm_start=warm_start,
-    ).search(library, cluster, measurer=pool)
+    ).search(CostContext(library, cluster), measurer=pool)
     phases = [r.phase for r in search.rounds()]
     # The warm start spends the time limit before the first round: no simulated round is left then.
     assert phases == ["simulated"] * (not warm_start) + ["measured", "measured"]
@@ -230,11 +237,11 @@ def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start
 
 def test_measured_reward_fails_plans_that_do_not_fit_without_running_them() -> None:
     library, cluster = chain_library(), small_cluster()
-    pool = FakePool(PlanEvaluator(library, cluster))
-    reward = MeasuredReward(pool, library, cluster)
-    plan = get_planner("single").plan(library, cluster)
+    pool = FakePool(PlanEvaluator(CostContext(library, cluster)))
+    reward = MeasuredReward(pool, CostContext(library, cluster))
+    plan = get_planner("single").plan(CostContext(library, cluster))
     # 3 devices but 2 samples in each of its 32 micro-batches: one device would get none
-    too_big = Plan(**{**plan.__dict__, "stage_devices": (("d0", "d1", "d2"),), "micro_batches": 32})
+    too_big = dataclasses.replace(plan, stage_devices=(("d0", "d1", "d2"),), micro_batches=32)
     assert reward.step_times([too_big]) == [math.inf]
     assert pool.measured == []
 
@@ -252,21 +259,19 @@ def test_polish_leaves_a_plan_no_boundary_move_or_micro_batch_count_improves() -
     cuts = [plan.stage_of_layer.index(k) for k in range(1, plan.n_stages)]
     n = len(plan.stage_of_layer)
     for m in (1, 2, 4):
-        assert evaluator.step_times([Plan(**{**plan.__dict__, "micro_batches": m})])[0] >= after
+        assert evaluator.step_times([dataclasses.replace(plan, micro_batches=m)])[0] >= after
     for j, cut in enumerate(cuts):
         for moved in (cut - 1, cut + 1):
             others = cuts[:j] + cuts[j + 1 :]
             if 0 < moved < n and moved not in others:
                 stages = tuple(int(x) for x in np.searchsorted(sorted([*others, moved]), np.arange(n), side="right"))
                 if len(set(stages)) == plan.n_stages:
-                    assert evaluator.step_times([Plan(**{**plan.__dict__, "stage_of_layer": stages})])[0] >= after
+                    assert evaluator.step_times([dataclasses.replace(plan, stage_of_layer=stages)])[0] >= after
 
 
 def _polish(search: TappSearch) -> Polish:
     config = search.config
-    return Polish(
-        search.library, search.cluster, search.simulated, config.micro_batch_choices, config.schedules, lambda: False
-    )
+    return Polish(search.context, search.simulated, config.micro_batch_choices, config.schedules, lambda: False)
 
 
 def _relay_case() -> TappSearch:
@@ -284,7 +289,9 @@ def _relay_case() -> TappSearch:
     config = SearchConfig(
         rounds=1, population=1, micro_batch_choices=(2, 4, 8), policy=PolicyConfig(groups=3), warm_start=False
     )
-    return TappSearch(library, cluster, config, SimulatedReward(PlanEvaluator(library, cluster)))
+    return TappSearch(
+        CostContext(library, cluster), config, SimulatedReward(PlanEvaluator(CostContext(library, cluster)))
+    )
 
 
 def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
@@ -293,7 +300,7 @@ def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
     moves = _polish(search).relay_moves(two, span=2)
     assert moves
     for move in moves:
-        validate(move, search.library, search.cluster)
+        validate(move, CostContext(search.library, search.cluster))
         assert move.n_stages == 3 and move.micro_batches == 8
         relay = move.stage_devices[1]
         assert relay == ("s",) and move.stage_devices[0] == ("a",) and move.stage_devices[2] == ("b",)
@@ -306,7 +313,9 @@ def test_relay_moves_insert_a_one_layer_stage_on_unused_devices() -> None:
 
 def test_polish_finds_the_relay_stage_the_boundaries_alone_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     search = _relay_case()
-    oracle = get_planner("oracle", micro_batches=(2, 4, 8)).plan(search.library, search.cluster)
+    oracle = get_planner("oracle", schedules=("1f1b",), micro_batches=(2, 4, 8)).plan(
+        CostContext(search.library, search.cluster)
+    )
     assert oracle.n_stages == 3 and oracle.stage_of_layer.count(2) == 1  # the optimum ends in a relay
     optimum = search.simulated.step_times([oracle])[0]
     two = contiguous_plan(search.library, (6,), (("a",), ("b",)), 8, "1f1b", 64)
@@ -340,7 +349,7 @@ def test_the_planner_s_search_options_are_the_one_set_with_its_defaults() -> Non
     defaults = SearchOptions().option_values()
     listed = planner_options("tapp")
     assert {name: listed[name] for name in defaults} == defaults
-    config = TappPlanner(seed=3, micro_batches=(1, 2, 4, 5)).config(library, cluster, budget=100)
+    config = TappPlanner(seed=3, micro_batches=(1, 2, 4, 5)).config(CostContext(library, cluster), budget=100)
     assert config.option_values() == defaults
     assert (config.seed, config.budget, config.micro_batch_choices, config.policy.groups) == (3, 100, (1, 2, 4), 3)
     assert SearchConfig.from_dict(config.to_dict()) == config  # as a checkpoint keeps it
@@ -422,21 +431,23 @@ def test_device_features_tell_a_fast_isolated_device_from_a_connected_one() -> N
 def test_a_fresh_policy_samples_single_device_plans() -> None:
     library = chain_library()
     cluster = small_cluster(tuple(1.0 - 0.1 * i for i in range(8)), slow_pair=False)
-    policy = TappPolicy(library, cluster, PolicyConfig(groups=8), (1, 2, 4), 64, "1f1b")
+    policy = TappPolicy(CostContext(library, cluster), PolicyConfig(groups=8), (1, 2, 4), 64, "1f1b")
     plans = policy.sample(400, torch.Generator().manual_seed(0)).plans
     stages = {plan.n_stages for plan in plans}
     assert {1, 2, 8} <= stages
     alone = [plan for plan in plans if len(plan.devices) == 1]
     assert len(alone) >= 10 and all(plan.n_stages == 1 for plan in alone)
     assert {plan.devices[0] for plan in alone} >= {"d0"}, "the fastest device alone is among them"
-    assert policy.can_express(alone[0]) and all(validate(plan, library, cluster) is None for plan in alone)
+    assert policy.can_express(alone[0]) and all(validate(plan, CostContext(library, cluster)) is None for plan in alone)
 
 
 def test_the_warm_start_is_in_the_notes_and_can_be_switched_off() -> None:
     library, cluster = chain_library(), _islands(True)
-    warm = get_planner("tapp", rounds=1, population=2, samples_per_round=4, polish=False).plan(library, cluster)
+    warm = get_planner("tapp", rounds=1, population=2, samples_per_round=4, polish=False).plan(
+        CostContext(library, cluster)
+    )
     cold = get_planner("tapp", rounds=1, population=2, samples_per_round=4, polish=False, warm_start=False).plan(
-        library, cluster
+        CostContext(library, cluster)
     )
     candidates = warm.notes["warm_start"]
     assert isinstance(candidates, dict)
@@ -462,7 +473,9 @@ def test_the_time_limit_covers_the_polish() -> None:
 
 def test_a_search_out_of_time_skips_the_rounds_and_the_polish() -> None:
     library, cluster = chain_library(), _islands(True)
-    plan = get_planner("tapp", rounds=50, population=2, samples_per_round=4, time_limit_s=1e-6).plan(library, cluster)
+    plan = get_planner("tapp", rounds=50, population=2, samples_per_round=4, time_limit_s=1e-6).plan(
+        CostContext(library, cluster)
+    )
     assert plan.notes["rounds"] == 0, "the warm start used up the rounds' share of the limit"
     assert plan.notes["polish_gain"] == 0.0
     warm = plan.notes["warm_start"]
@@ -475,8 +488,7 @@ def test_a_polish_stopped_early_keeps_the_best_it_found() -> None:
     starts = polish_starts(search.remembered("simulated"))
     evaluations = search.simulated.evaluations
     polish = Polish(
-        search.library,
-        search.cluster,
+        search.context,
         search.simulated,
         search.config.micro_batch_choices,
         search.config.schedules,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from flows.cli.common import cluster_library
-from tapp_core.cluster import parse_cluster
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.profile_cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey, local_kinds
+from tapp_core.platform.cluster import parse_cluster
+from tapp_core.profile.cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey, local_kinds
+from tapp_core.profile.library import LayerLibrary
 from tasks.profile import profile_cluster_layers
 
 QUICK = {"repeats": 1, "warmup": 0}

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from tapp_core.graph import layer_nodes, trace_model
-from tapp_core.library import PROFILE_VERSION, LayerLibrary
-from tapp_core.models import build_model, build_traced_model
-from tapp_core.profiler import (
+from tapp_core.model.graph import layer_nodes, trace_model
+from tapp_core.model.zoo import build_model, build_traced_model
+from tapp_core.profile.library import PROFILE_VERSION, LayerLibrary
+from tapp_core.profile.profiler import (
     CpuClock,
     ProfileError,
     fixed_part,

@@ -3,6 +3,7 @@ and a real race of tiny plans on MPI workers. No timing bars: bench/race_repeata
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -13,14 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tapp_core.cluster import load_cluster, parse_cluster
-from tapp_core.hosts import rank_cores
-from tapp_core.metrics import Measurement, host_overloaded
-from tapp_core.plan import Plan
-from tapp_core.planners import get_planner
-from tapp_core.planners.tapp import MeasuredReward, TappPlanner
-from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE, FINAL_BY_MEASUREMENT
-from tapp_core.races import (
+from tapp_core.cost.context import CostContext
+from tapp_core.measure.metrics import Measurement, host_overloaded
+from tapp_core.measure.races import (
     MAX_ROUNDS,
     SEPARATED,
     TIME_BUDGET,
@@ -30,9 +26,15 @@ from tapp_core.races import (
     pooled_rounds,
     run_race,
 )
+from tapp_core.measure.stats import best_group, median_interval, order_statistic_rank, paired_ratio_interval, separated
+from tapp_core.plan.plan import Plan
+from tapp_core.planners import get_planner
+from tapp_core.planners.tapp import MeasuredReward, TappPlanner
+from tapp_core.planners.tapp.search import FINAL_BY_ESTIMATE, FINAL_BY_MEASUREMENT
+from tapp_core.platform.cluster import load_cluster, parse_cluster
+from tapp_core.platform.hosts import rank_cores
 from tapp_core.runtime import WorkerPool
-from tapp_core.runtime.race import race
-from tapp_core.stats import best_group, median_interval, order_statistic_rank, paired_ratio_interval, separated
+from tapp_core.runtime.pool_race import race
 from tests.test_planners_common import chain_library, small_cluster
 from tests.test_runtime_faulty_models import FAULT_LAYER_STAGES
 
@@ -177,7 +179,7 @@ def test_a_failing_plan_is_reported_failed_and_the_race_goes_on() -> None:
 
 def test_identical_plans_race_once_and_the_budget_ends_a_race() -> None:
     runner = Synthetic({ONE.id: 1.0, TWO.id: 1.0})
-    twin = Plan(**{**ONE.__dict__, "planner": "oracle"})
+    twin = dataclasses.replace(ONE, planner="oracle")
     result = run_race(runner, [ONE, twin, TWO], RaceOptions(min_rounds=1, max_rounds=50, budget_s=1e-9))
     assert [p.id for p in result.plans] == [ONE.id, TWO.id]
     assert (result.rounds, result.stop) == (1, TIME_BUDGET)
@@ -234,9 +236,9 @@ class FlatPool:
 
 def test_a_reward_near_the_best_gets_more_rounds_before_the_policy_trusts_it() -> None:
     library, cluster = chain_library(), small_cluster()
-    first, far, near = (get_planner(name).plan(library, cluster) for name in ("single", "bsp", "even"))
+    first, far, near = (get_planner(name).plan(CostContext(library, cluster)) for name in ("single", "bsp", "even"))
     pool = FlatPool({first.id: 1.0, far.id: 2.0, near.id: 1.05})
-    reward = MeasuredReward(pool, library, cluster, confirm=RaceOptions(min_rounds=3, max_rounds=3))
+    reward = MeasuredReward(pool, CostContext(library, cluster), confirm=RaceOptions(min_rounds=3, max_rounds=3))
 
     reward.step_times([first])  # the first plan is the best so far: confirmed alone
     assert pool.calls.count(first.id) == 1 + 3
@@ -253,7 +255,7 @@ def test_a_measured_search_ends_in_a_race_won_by_the_lowest_pooled_median_among_
     library, cluster = chain_library(), small_cluster()
     pool = FlatPool()  # every plan ties within the noise
     search = TappPlanner(reward="hybrid", rounds=4, measured_rounds=2, population=2, samples_per_round=5).search(
-        library, cluster, measurer=pool
+        CostContext(library, cluster), measurer=pool
     )
     list(search.rounds())
     chosen = search.finish()
@@ -273,7 +275,7 @@ def test_a_measured_search_ends_in_a_race_won_by_the_lowest_pooled_median_among_
 
 def test_a_search_that_measured_nothing_is_chosen_by_the_cost_model() -> None:
     library, cluster = chain_library(), small_cluster()
-    search = TappPlanner(rounds=2, population=1, samples_per_round=4).search(library, cluster)
+    search = TappPlanner(rounds=2, population=1, samples_per_round=4).search(CostContext(library, cluster))
     list(search.rounds())
     assert search.finish().notes["chosen_by"] == "cost model" and search.final_race is None
 

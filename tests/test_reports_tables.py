@@ -8,10 +8,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from reports import runs
-from reports.tables import build_tables
-from tapp_core import schema
-from tapp_core.stats import paired_ratio_interval
+from reports import runs, schema
+from reports.paper import build_tables
+from tapp_core.measure.stats import paired_ratio_interval
 from tasks.tracking import ExperimentTags, RunRef, tracked_run
 
 PAPER = {  # the TAPP paper's table, used here only as round numbers to log
@@ -150,19 +149,17 @@ def log_race(
     experiment: str, loads: tuple[float, float, float] = (0.05, 2.4, 3.1), best: dict[str, str] | None = None
 ) -> RunRef:
     """An experiment whose methods were raced: medians, intervals (here: the range of 5 rounds), rounds, load, and
-    what the experiment's result logs: the paired BSP/TAPP speedup on the parent run and, given ``best``, each
-    method's ``best_group`` tag."""
+    what the experiment's result stores on the parent run (``result.json``: each method's paired ratio over TAPP)
+    and, given ``best``, each method's ``best_group`` tag."""
     tags = ExperimentTags(model="alexnet", cluster="local", batch_size=64, seed=0, dataset="synthetic", emulated=True)
     with tracked_run("alexnet", tags.as_tags(**{schema.KIND: schema.EXPERIMENT}), experiment=experiment) as parent:
-        speedup = paired_ratio_interval(dict(enumerate(RACE["bsp"])), dict(enumerate(RACE["tapp"])))
-        assert speedup is not None
-        parent.log_metrics(
-            {
-                schema.SPEEDUP: speedup.median,
-                f"{schema.SPEEDUP}_low": speedup.low,
-                f"{schema.SPEEDUP}_high": speedup.high,
-            }
-        )
+        methods = []
+        for method, rounds in RACE.items():
+            ratio = paired_ratio_interval(dict(enumerate(rounds)), dict(enumerate(RACE["tapp"])))
+            assert ratio is not None
+            vs_tapp = {"vs_tapp": ratio.median, "vs_tapp_low": ratio.low, "vs_tapp_high": ratio.high}
+            methods.append({"method": method, **vs_tapp, "vs_tapp_is": schema.RATIO_PAIRED})
+        parent.log_dict({"methods": methods}, schema.RESULT_ARTIFACT)
         for method, rounds in RACE.items():
             extra = {schema.MEASUREMENT_FROM: "single-cpu"} if method == "oracle" else {}
             if best is not None:
@@ -304,15 +301,23 @@ def log_training(
     steps: int,
     schedule: str,
     staleness: int | None = None,
+    trained_as: str | None = None,
+    samples: int | None = None,
 ) -> None:
-    """A train run as ``tasks.train`` logs it: the accuracy curve (training time, accuracy) per test evaluation."""
+    """A train run as ``tasks.train`` logs it: the accuracy curve (training time, accuracy) per test evaluation;
+    ``samples``: trained on that many images (else a 20 s budget); ``trained_as``: another method's training."""
     tags = ExperimentTags(
         model="alexnet", cluster="local", batch_size=64, seed=0, dataset="fashion-mnist", emulated=True
     )
     with tracked_run(f"train {method}", tags.child(parent, schema.TRAIN, method=method), parent=parent) as run:
-        run.log_params({"plan_schedule": schedule, "train_budget_s": 20.0, "epochs": len(curve)})
+        budget = {"train_budget_s": 20.0} if samples is None else {"train_samples": samples, "optimizer": "adamw"}
+        run.log_params({"plan_schedule": schedule, "epochs": len(curve), **budget})
+        if samples is not None:
+            run.log_params({"lr": 0.001})
         if staleness is not None:
             run.log_params({"plan_staleness": staleness})
+        if trained_as is not None:
+            run.set_tags({schema.TRAINED_AS: trained_as})
         for point, (seconds, accuracy) in enumerate(curve, start=1):
             run.log_metrics({schema.CURVE_TIME: seconds, schema.CURVE_ACCURACY: accuracy}, step=point)
         run.log_metrics(
@@ -351,6 +356,27 @@ def test_accuracy_table_names_what_was_trained_and_why_a_row_is_empty(
     assert "VGG-16 on local, batch 64: no accuracy, nothing was trained (estimate-only" in markdown
     figure = tmp_path / "accuracy_vs_time.png"
     assert figure in report.figure_files and figure.stat().st_size > 0
+
+
+def test_accuracy_cells_carry_their_interval_and_say_whose_training_and_whether_clear_of_chance(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    parent = log_experiment(experiment_name, "alexnet", {"single-cpu": 0.3, "bsp": 0.2})
+    log_training(experiment_name, parent, "single-cpu", [(10.0, 0.55), (20.0, 0.70)], 100, "gpipe", samples=6400)
+    log_training(
+        experiment_name, parent, "bsp", [(6.7, 0.55), (13.3, 0.70)], 100, "gpipe", trained_as="single-cpu",
+        samples=6400,
+    )  # fmt: skip
+    log_training(experiment_name, parent, "tapp", [(6.0, 0.09), (12.0, 0.11)], 100, "async", staleness=2, samples=6400)
+    table = build_tables(experiment_name).accuracy
+    assert table.title == "Test accuracy after 6,400 training images per method"
+    row = table.frame.iloc[0]
+    assert (row["SingleCPU low"], row["SingleCPU high"]) == pytest.approx((0.6709, 0.7276), abs=1e-4)  # 1,000 images
+    markdown = table.to_markdown()
+    assert "70.0% [67.1, 72.8]" in markdown and "11.0% [9.2, 13.1]" in markdown
+    assert "BSP 100 steps in 13.3 s (SingleCPU's training, its time scaled by the step times)" in markdown
+    assert "AdamW at lr 0.001" in markdown and "computes what one device computes" in markdown
+    assert "chance is 10%" in markdown and "Not clear of chance: TAPP" in markdown
 
 
 def test_the_step_time_tables_say_which_cells_are_asynchronous(tracking_uri: str, experiment_name: str) -> None:

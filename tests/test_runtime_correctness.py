@@ -8,20 +8,17 @@ replay of PipeDream's rule: each micro-batch's gradient is taken at the weights 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.graph import layer_nodes, layer_parameters
-from tapp_core.metrics import run_length
-from tapp_core.models import build_model, build_traced_model
-from tapp_core.plan import Plan
+from tapp_core.measure.metrics import Measurement, run_length
+from tapp_core.model.graph import layer_nodes, layer_parameters
+from tapp_core.model.zoo import build_model, build_traced_model
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import Async
 from tapp_core.runtime import OptimizerConfig, WorkerPool, make_optimizer, micro_batch_loss
 from tapp_core.runtime.batches import SyntheticBatches
 from tapp_core.runtime.optim import predicted_weights
-from tapp_core.schedules import Async
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
@@ -31,30 +28,6 @@ MICRO_BATCHES = 4
 SEED = 3
 OPTIMIZER = OptimizerConfig(lr=0.05, momentum=0.9)
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def plain_cluster(n: int) -> Cluster:
-    devices = [{"name": f"d{i}", "memory": "2GiB"} for i in range(n)]
-    return parse_cluster(
-        {
-            "name": f"plain{n}",
-            "emulated": False,
-            "devices": devices,
-            "links": {"bandwidth": "1Gbit/s", "latency": "0us"},
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def pool2() -> Iterator[WorkerPool]:
-    with WorkerPool(plain_cluster(2)) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def pool3() -> Iterator[WorkerPool]:
-    with WorkerPool(plain_cluster(3)) as pool:
-        yield pool
 
 
 def stages_by_cuts(model: str, cuts: tuple[int, ...]) -> tuple[int, ...]:
@@ -90,6 +63,18 @@ def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.T
     assert moved > 100 * ATOL, "training did not move the parameters: the comparison would prove nothing"
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=RTOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def trains_like_one_device(pool: WorkerPool, plan: Plan, rel: float = 1e-5) -> Measurement:
+    """Run ``plan`` for ``STEPS`` steps on ``pool``: its parameters and per-step losses must be one device's."""
+    measurement, parameters = pool.run_steps(
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+    )
+    assert measurement.ok, measurement.error
+    want, want_losses = reference(plan.model, MICRO_BATCHES)
+    assert_same_parameters(parameters, want, plan.model)
+    assert measurement.extra["losses"] == pytest.approx(want_losses, rel=rel)
+    return measurement
 
 
 SYNC_CASES = [
@@ -132,13 +117,7 @@ def test_synchronous_plan_trains_like_one_device(
         model, BATCH, MICRO_BATCHES, name, stages_by_cuts(model, cuts), devices,
         staleness=int(bound) if bound else None, stage_shares=shares,
     )  # fmt: skip
-    measurement, parameters = pool.run_steps(
-        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
-    )
-    assert measurement.ok, measurement.error
-    want, want_losses = reference(model, MICRO_BATCHES)
-    assert_same_parameters(parameters, want, model)
-    assert measurement.extra["losses"] == pytest.approx(want_losses, rel=1e-5)
+    measurement = trains_like_one_device(pool, plan)
     assert len(measurement.step_times_s) == STEPS and measurement.step_time_s > 0
     assert set(measurement.peak_memory_bytes) == {d for stage in devices for d in stage}
 

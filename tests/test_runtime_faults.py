@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tapp_core.cluster import parse_cluster
+from tapp_core.platform.cluster import parse_cluster
 from tapp_core.runtime.faults import first_ended, rank_name, unanswering, where
 from tapp_core.runtime.jobs import RankInfo
 

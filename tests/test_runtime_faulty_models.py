@@ -13,6 +13,8 @@ from torch import nn
 
 SAMPLES_WHEN_BUILDING = 2
 STALL_S = 4.0
+HANG_S = 120.0
+"""Longer than any time limit and grace the tests give: a rank in it cannot answer."""
 
 
 def raise_on_real_batch(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +36,13 @@ def stall_on_real_batch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-for _fault in ("raise_on_real_batch", "exhaust_memory_on_real_batch", "stall_on_real_batch"):
+def hang_on_real_batch(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] > SAMPLES_WHEN_BUILDING:
+        time.sleep(HANG_S)
+    return x
+
+
+for _fault in ("raise_on_real_batch", "exhaust_memory_on_real_batch", "stall_on_real_batch", "hang_on_real_batch"):
     torch.fx.wrap(_fault)
 
 
@@ -56,6 +64,8 @@ class FaultyMLP(nn.Module):
             h = raise_on_real_batch(h)
         elif self.fault == "memory":
             h = exhaust_memory_on_real_batch(h)
+        elif self.fault == "hang":
+            h = hang_on_real_batch(h)
         else:
             h = stall_on_real_batch(h)
         return self.fc3(self.relu2(self.fc2(h)))
@@ -73,14 +83,18 @@ def stalling() -> FaultyMLP:
     return FaultyMLP("stall")
 
 
+def hanging() -> FaultyMLP:
+    return FaultyMLP("hang")
+
+
 FAULT_LAYER_STAGES = (0, 0, 0, 1, 1, 2, 2)
 """Three stages with the fault on the middle one."""
 
 
 def test_faults_trace_as_their_own_layer_and_pass_small_batches() -> None:
-    from tapp_core.graph import layer_nodes, trace_model
+    from tapp_core.model.graph import layer_nodes, trace_model
 
-    for build in (raising, out_of_memory, stalling):
+    for build in (raising, out_of_memory, stalling, hanging):
         model = build()
         graph_module = trace_model(model)
         names = [node.name for node in layer_nodes(graph_module)]

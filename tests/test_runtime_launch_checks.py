@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.hosts import OVERSUBSCRIBE_VARIABLE, HostCapacity, overload, oversubscribe_allowed
-from tapp_core.plan import Plan, PlanError
+from tapp_core.plan.plan import Plan, PlanError
+from tapp_core.platform.cluster import Cluster, parse_cluster
+from tapp_core.platform.hosts import OVERSUBSCRIBE_VARIABLE, HostCapacity, overload, oversubscribe_allowed
 from tapp_core.runtime import PoolRefused, WorkerPool, check_before_launch, measure, train
 from tapp_core.runtime.pool import PORTS_VARIABLE, mpiexec_command, pool_devices, port_range
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.plan import Plan
-from tapp_core.runtime.folders import OWNER_FILE, PREFIX, make_pool_folder, sweep_pool_folders
+from tapp_core.plan.plan import Plan
 from tapp_core.runtime.guard import ProcessId, start_time
 from tapp_core.runtime.pool import mpiexec_path
+from tapp_core.runtime.temp_folders import OWNER_FILE, PREFIX, make_pool_folder, sweep_pool_folders
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -132,7 +132,7 @@ def test_a_killed_measure_leaves_no_process_and_the_next_pool_sweeps_its_folder(
 POOL_IN_A_THREAD = textwrap.dedent(
     """
     import threading, time
-    from tapp_core.cluster import load_cluster
+    from tapp_core.platform.cluster import load_cluster
     from tapp_core.runtime import WorkerPool
 
     pool = WorkerPool(load_cluster("local"))

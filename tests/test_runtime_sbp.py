@@ -10,7 +10,6 @@ the adjoint), with even and uneven shares; a stage mixed with a pipelined stage;
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,21 @@ import pytest
 import torch
 from torch import nn
 
-from tapp_core.cluster import parse_cluster
-from tapp_core.costs import DEFAULT_CALIBRATION, collective_s
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import run_length
-from tapp_core.models import build_model, build_traced_model
-from tapp_core.placement import BROADCAST, SAMPLES, PartialSum, stage_layouts
-from tapp_core.plan import Plan, PlanError
-from tapp_core.profiler import profile_model
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION
+from tapp_core.cost.formulas import collective_s
+from tapp_core.measure.metrics import run_length
+from tapp_core.model.zoo import build_model, build_traced_model
+from tapp_core.plan.placement import BROADCAST, SAMPLES, PartialSum, stage_layouts
+from tapp_core.plan.plan import Plan, PlanError
+from tapp_core.platform.cluster import parse_cluster
+from tapp_core.profile.library import LayerLibrary
+from tapp_core.profile.profiler import profile_model
 from tapp_core.runtime import WorkerPool, check_before_launch, make_optimizer, micro_batch_loss
 from tapp_core.runtime.batches import SyntheticBatches
 from tapp_core.runtime.collectives import Group, LayoutChange
 from tapp_core.runtime.sharding import shard_stage
 from tapp_core.runtime.stage import ModelGraph, StageFactory
+from tests.factories import plain_cluster
 from tests.sbp_models import TINY_SBP
 from tests.test_runtime_correctness import (
     BATCH,
@@ -40,7 +41,6 @@ from tests.test_runtime_correctness import (
     STEPS,
     assert_same_parameters,
     async_reference,
-    plain_cluster,
     reference,
     stages_by_cuts,
 )
@@ -74,18 +74,6 @@ SHARDED_CASES: list[tuple[Any, ...]] = [
     # a col fc's S2 output allgathered before a flatten (a channelwise layer on a split beyond dimension 1).
     ("tiny_sbp-col-head-2-uneven", "pool2", TINY_SBP, {2: "col", 8: "row", 13: "col"}, UNEVEN_2),
 ]
-
-
-@pytest.fixture(scope="module")
-def pool2() -> Iterator[WorkerPool]:
-    with WorkerPool(plain_cluster(2)) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def pool3() -> Iterator[WorkerPool]:
-    with WorkerPool(plain_cluster(3)) as pool:
-        yield pool
 
 
 def run_and_compare(
@@ -276,7 +264,7 @@ def test_emulated_layout_changes_wait_out_their_link_time_and_slow_devices_hold_
     assert real.ok and emulated.ok, (real.error, emulated.error)
     assert emulated.step_time_s >= 0.95 * MICRO_BATCHES * exchange
     assert real.step_time_s < 0.5 * MICRO_BATCHES * exchange
-    assert emulated.device_wait_s["fast"] >= 0.9 * MICRO_BATCHES * exchange  # the link time counts as a wait
+    assert emulated.communication_s["fast"] >= 0.9 * MICRO_BATCHES * exchange  # the link time counts as a wait
     # The slow device computes three times as long between the changes: its compute, not its waits, is slowed down.
     assert emulated.stage_compute_s[0] > 1.5 * real.stage_compute_s[0]
     assert emulated.stage_compute_s[0] < 0.5 * emulated.step_time_s
@@ -328,3 +316,19 @@ def test_each_device_of_a_megatron_vit_holds_whole_heads() -> None:
         assert [m.get_submodule(name).weight.shape[0] for m in modules] == [16, 8, 8]  # 2/1/1 heads of 8 features
     assert [m.get_submodule("blocks_0_attn_proj").weight.shape[1] for m in modules] == [16, 8, 8]
     assert [m.get_submodule("blocks_0_mlp_fc1").weight.shape[0] for m in modules] == [29, 19, 16]  # no unit: shares
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_a_class_token_sized_by_a_feature_split_tensor_trains_like_one_device(pool2: WorkerPool) -> None:
+    """The patch embedding split by columns: every device holds every sample of its channels, so the class token
+    expanded to ``x.shape[0]`` is whole on each, and the concatenation reads its share of it (it was taken as a share
+    already, and the concatenation failed: 64 samples against 16)."""
+    model = "tiny_vit"
+    specs = ModelGraph.of(build_traced_model(model)).specs
+    patch = next(spec.index for spec in specs if spec.name == "patch_embed")
+    plan = Plan(
+        model, BATCH, MICRO_BATCHES, "gpipe", (0,) * len(specs), ONE_STAGE_2,
+        signatures=((patch, "col"),),
+    )  # fmt: skip
+    run_and_compare(pool2, plan, *reference(model, MICRO_BATCHES))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tapp_core.cluster import Cluster, parse_cluster
-from tapp_core.plan import Plan
+from tapp_core.plan.plan import Plan
+from tapp_core.platform.cluster import Cluster, parse_cluster
 from tapp_core.runtime import WorkerPool
 from tapp_core.runtime.wire import MAGIC, AuthenticationFailed, Link, accept_rank, connect_pool, new_key
 

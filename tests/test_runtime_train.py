@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tapp_core.cluster import parse_cluster
-from tapp_core.plan import Plan
+from tapp_core.plan.plan import Plan
+from tapp_core.platform.cluster import parse_cluster
 from tapp_core.runtime import OptimizerConfig, train
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]

@@ -9,18 +9,20 @@ from typing import Any
 import pytest
 import torch
 
-from tapp_core.cluster import parse_cluster
-from tapp_core.models import build_traced_model
-from tapp_core.placement import even_shares, row_routes, split_ranges
-from tapp_core.plan import Plan, PlanError
+from tapp_core.model.graph import MODEL_INPUT
+from tapp_core.model.workload import RunSpec
+from tapp_core.model.zoo import build_traced_model
+from tapp_core.plan.placement import even_shares, row_routes, split_ranges
+from tapp_core.plan.plan import Plan, PlanError
+from tapp_core.plan.schedules import Action, Async, GPipe, OneFOneB, schedule_for
+from tapp_core.platform.cluster import parse_cluster
 from tapp_core.runtime.batches import IGNORED_LABEL, IteratorBatches, SyntheticBatches, pad_batch
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.jobs import MeasureJob, PlanSetup, PrepareJob, TrainJob
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, predicted_weights, stage_lr
 from tapp_core.runtime.pool import check_runnable, mpiexec_command
 from tapp_core.runtime.results import RankResult, assemble_measurement, assemble_reply, first_error
-from tapp_core.runtime.stage import MODEL_INPUT, StageError, StageFactory, split_stages
-from tapp_core.schedules import Action, Async, GPipe, OneFOneB, schedule_for
+from tapp_core.runtime.stage import StageError, StageFactory, split_stages
 
 
 def kinds(actions: list[Action]) -> str:
@@ -241,7 +243,7 @@ def test_measurement_takes_the_slowest_rank_per_step_and_medians_after_warmup() 
     assert m.step_times_s == [9.0, 1.5, 2.0, 3.0]
     assert m.step_time_s == 2.0
     assert m.stage_compute_s == [0.6, 0.8]
-    assert m.device_wait_s == {"d0": 0.2, "d1": 0.0}
+    assert m.communication_s == {"d0": 0.2, "d1": 0.0}
     assert m.communication_share == pytest.approx((0.2 / 2.0 + 0.0) / 2)
     assert m.loss == 1.0 and m.emulated and m.ok
 
@@ -263,10 +265,8 @@ def test_the_reported_error_is_the_root_cause_not_the_aborts() -> None:
 def test_each_job_type_gets_its_own_reply() -> None:
     setup = PlanSetup(
         plan=Plan("mlp", 8, 2, "gpipe", (0, 0, 0, 1, 1, 1), (("d0",), ("d1",))),
-        model="mlp",
-        seed=0,
+        spec=RunSpec.of("mlp", dataset="synthetic", optimizer=OptimizerConfig()),
         emulate=True,
-        optimizer=OptimizerConfig(),
     )
     prepared = assemble_reply(PrepareJob(id=3, model="mlp", seed=0, timeout_s=1), [rank(0, -1, setup_s=0.5)])
     assert (prepared.id, prepared.error, prepared.setup_s, prepared.measurement) == (3, None, 0.5, None)
@@ -283,16 +283,7 @@ def test_each_job_type_gets_its_own_reply() -> None:
     assert uncollected.parameters == {}
 
     epoch = {"train_loss": 1.5, "time_s": 2.0, "correct": 3, "samples": 4, "test_loss_sum": 2.0}
-    train = TrainJob(
-        id=6,
-        timeout_s=1,
-        setup=setup,
-        dataset="synthetic",
-        data_dir=None,
-        epochs=1,
-        steps_per_epoch=None,
-        augment=False,
-    )
+    train = TrainJob(id=6, timeout_s=1, setup=setup)
     trained = assemble_reply(train, [rank(0, 0, epochs=[epoch]), rank(1, 1, epochs=[epoch])])
     assert trained.train is not None and trained.measurement is None
     assert trained.train.test_accuracy == 0.75 and trained.train.synthetic and trained.train.plan_id == setup.plan.id

@@ -14,10 +14,12 @@ from collections import Counter
 
 import pytest
 
-from tapp_core.costmodel import Estimate, estimate, simulated_programs
-from tapp_core.plan import Plan
-from tapp_core.program import BUCKET_BYTES, Route, ScheduleError, check_programs, plan_programs
-from tapp_core.schedules import SCHEDULES, Action, ActionKind, schedule_for
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.estimate import Estimate
+from tapp_core.cost.simulation import estimate, simulated_programs
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.program import BUCKET_BYTES, Route, ScheduleError, check_programs, plan_programs
+from tapp_core.plan.schedules import SCHEDULES, Action, ActionKind, schedule_for
 from tests.factories import library_from_edges, make_cluster
 
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 4), (4, 2), (4, 8), (5, 3)]
@@ -116,7 +118,7 @@ def pipeline(
         stage_devices=tuple(devices),
         staleness=staleness,
     )
-    return plan, estimate(plan, library, cluster)
+    return plan, estimate(plan, CostContext(library, cluster))
 
 
 def simulated_order(result: Estimate, device: str, micro_batches: int) -> list[Action]:
@@ -251,7 +253,7 @@ def test_a_cyclic_wait_is_named() -> None:
 
 
 def test_buckets_follow_the_backward_and_hold_whole_layers() -> None:
-    from tapp_core.program import gradient_buckets
+    from tapp_core.plan.program import gradient_buckets
 
     sizes = [0, 10 * 2**20, 30 * 2**20, 5 * 2**20, 5 * 2**20]
     buckets = gradient_buckets([0, 1, 2, 3, 4], sizes)

@@ -8,22 +8,26 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from reports.numbers import ratio_interval, rounded, seconds, seconds_interval
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, single_stage_plan
-from tapp_core.races import RaceOptions, run_race
+from reports.numbers import ratio, ratio_interval, rounded, seconds, seconds_interval
+from tapp_core.measure.metrics import Measurement
+from tapp_core.measure.races import RaceOptions, run_race
+from tapp_core.measure.stats import proportion_interval
+from tapp_core.plan.plan import Plan, single_stage_plan
 from tasks.evaluate import Evaluation
 from tasks.summary import (
+    Accuracy,
     FinalRace,
     Links,
     PlanTime,
     Result,
     SearchStory,
+    accuracy_sentence,
     build_result,
     markdown,
     markdown_table,
     method_view,
     parent_metrics,
+    result_record,
     search_sentences,
     sentences,
     table_records,
@@ -43,7 +47,7 @@ def evaluation(
 ) -> Evaluation:
     plan = dataclasses.replace(single_stage_plan(LIBRARY, list(devices), planner=method), schedule=schedule)
     estimate: Any = SimpleNamespace(
-        step_time=step_time_s if not measured else step_time_s * 1.1, communication_share=0.25
+        step_time_s=step_time_s if not measured else step_time_s * 1.1, communication_share=0.25
     )
     measurement = Measurement(plan.id, step_time_s=step_time_s, communication_share=0.125)
     return Evaluation(method, f"run-{method}", plan, estimate, measurement if measured else None, 0.5)
@@ -63,7 +67,7 @@ def test_the_fastest_estimate_and_where_tapp_stands() -> None:
     assert [m.method for m in result.methods] == ["even", "tapp", "bsp"]
     assert result.verdict == (
         "Fastest: even, 0.2000 s per step (estimated by the cost model). TAPP: 0.3000 s, place 2 of 3. "
-        "BSP/TAPP: 2.00x. Failed: evaluation of oracle (see their runs)."
+        "BSP/TAPP: 2.00x (ratio of step times). Failed: evaluation of oracle (see their runs)."
     )
     assert result.best_group == ["even"]  # an estimate-only run has a best group too: the fastest estimate(s)
 
@@ -126,7 +130,7 @@ def raced_result() -> tuple[Result, SearchStory]:
     evaluations = {}
     for method in ("tapp", "single-cpu", "bsp", "pipetorch"):
         raced = next(p for p in race.plans if p.execution_id == plans[method].execution_id)
-        estimate: Any = SimpleNamespace(step_time=0.18, communication_share=0.0)
+        estimate: Any = SimpleNamespace(step_time_s=0.18, communication_share=0.0)
         evaluations[method] = Evaluation(
             method, f"run-{method}", plans[method], estimate, race.measurement(raced.id), 1.5
         )
@@ -157,20 +161,26 @@ def test_the_views_of_one_result_carry_the_same_numbers() -> None:
 
     assert plain[0] == result.verdict and f"**{result.verdict}**" in text
     speedup = ratio_interval(result.speedup.median, result.speedup.low, result.speedup.high)
-    assert f"BSP/TAPP: {speedup}." in result.verdict
-    assert metrics["speedup_bsp_over_tapp"] == float(speedup.split("x")[0])
+    of_medians = ratio(result.speedup.of_step_times)
+    assert f"BSP/TAPP: {speedup} (median of per-round ratios; ratio of the medians {of_medians})." in result.verdict
+    paired = "speedup_bsp_over_tapp_median_of_round_ratios"
+    assert metrics[paired] == float(speedup.split("x")[0])
+    assert metrics["speedup_bsp_over_tapp_ratio_of_step_times"] == float(of_medians.rstrip("x"))
     low, high = re.findall(r"\[(\S+), (\S+)\]", speedup)[0]
-    assert (metrics["speedup_bsp_over_tapp_low"], metrics["speedup_bsp_over_tapp_high"]) == (float(low), float(high))
+    assert (metrics[f"{paired}_low"], metrics[f"{paired}_high"]) == (float(low), float(high))
     bsp_row = next(r for r in records if r["method"] == "bsp")
-    assert bsp_row["vs_tapp"] == metrics["speedup_bsp_over_tapp"]  # "vs TAPP" is the paired speedup too
+    assert bsp_row["vs_tapp"] == metrics[paired]  # "vs TAPP" is the paired speedup too, and says so
+    assert bsp_row["vs_tapp_is"] == "median of per-round ratios"
+    assert (bsp_row["vs_tapp_low"], bsp_row["vs_tapp_high"]) == (float(low), float(high))
     assert f"| {speedup.split(' ')[0]} |" in markdown_table(result)
+    assert "| vs TAPP (median of per-round ratios) |" in markdown_table(result)
 
     for method in result.methods:
         shown = seconds_interval(method.step_time_s, method.low_s, method.high_s)
         assert shown in text and shown in terminal
         row = next(r for r in records if r["method"] == method.method)
         assert row["step time (s)"] == shown and row["step_time_s"] == rounded(method.step_time_s)
-        assert metrics[f"{method.method}_step_time_s"] == float(shown.split(" ")[0])
+        assert metrics[f"{method.method}_measured_step_time_s"] == float(shown.split(" ")[0])
         name, note = method_view(result, method)
         assert name == f"{method.method} {shown} s" and result.verdict in note
 
@@ -182,10 +192,14 @@ def test_the_views_of_one_result_carry_the_same_numbers() -> None:
         assert f"{seconds(story.best_simulated.step_time_s)} s estimated" in view  # type: ignore[union-attr]
         assert "TAPP's search took 33.1 s: 33 rounds, 30 on the cost model and 3 measured" in view
         assert "TAPP's answer: do not split" in view and "estimated at 0.2474 s" in view
-    assert metrics["search_best_measured_step_time_s"] == 0.3052 and metrics["tapp_search_s"] == 33.14
-    assert (metrics["search_best_measured_step_time_low_s"], metrics["search_best_measured_step_time_high_s"]) == (
-        0.2013,
-        0.3481,
+    assert metrics["search_sampling_best_measured_step_time_s"] == 0.3052 and metrics["tapp_search_s"] == 33.14
+    assert metrics["search_sampling_best_measured_rounds"] == 4 and metrics["search_measured_rounds"] == 3
+    assert (
+        metrics["search_sampling_best_measured_step_time_low_s"],
+        metrics["search_sampling_best_measured_step_time_high_s"],
+    ) == (0.2013, 0.3481)
+    assert not any(
+        name.endswith("_step_time_s") and "measured" not in name and "estimated" not in name for name in metrics
     )
 
 
@@ -196,7 +210,9 @@ def test_raced_methods_inside_the_noise_are_a_best_group_not_a_winner() -> None:
     assert result.verdict.startswith("Best group: tapp = single-cpu and pipetorch, medians 0.1949–0.1985 s per step")
     assert "within the noise of each other (raced): no winner among them." in result.verdict
     lines = markdown_table(result).splitlines()
-    assert lines[0].startswith("| method | step time (s) | source | best group | vs TAPP |")
+    assert lines[0].startswith(
+        "| method | step time (s) | source | best group | vs TAPP (median of per-round ratios) |"
+    )
     assert all(line.replace("\\|", "").count("|") == 9 for line in lines)  # no cell splits the table
     single = result.method("single-cpu")
     assert single is not None and single.same_as == "tapp" and single.measured  # TAPP's came first
@@ -222,3 +238,51 @@ def test_the_search_in_sentences() -> None:
     )
     split = dataclasses.replace(story, chosen=PlanTime("p2", "2 stages on cpu0 → cpu1", 2, 0.15))
     assert search_sentences(split)[-1].startswith("TAPP's answer: split, 2 stages on cpu0 → cpu1, estimated 0.1500 s")
+
+
+def test_the_accuracy_is_in_the_description_the_metrics_and_the_sentences() -> None:
+    accuracy = [
+        Accuracy("tapp", proportion_interval(0.49, 1000), 6400),
+        Accuracy("single-cpu", proportion_interval(0.653, 1000), 6400),
+        Accuracy("bsp", proportion_interval(0.653, 1000), 6400, trained_as="single-cpu"),
+    ]
+    result = build_result("m", estimated(("tapp", 0.2), ("single-cpu", 0.3), ("bsp", 0.25)), LINKS, accuracy=accuracy)
+    sentence = accuracy_sentence(result)
+    assert sentence.startswith("Test accuracy after 6,400 training images each (95% Wilson interval over 1,000")
+    assert "tapp 49.0 % [45.9, 52.1]" in sentence and "bsp 65.3 % [62.3, 68.2] (single-cpu's training)" in sentence
+    assert sentence in markdown(result) and sentence in sentences(result)
+    metrics = parent_metrics(result)
+    assert metrics["tapp_test_accuracy"] == 0.49 and abs(metrics["tapp_test_accuracy_low"] - 0.459) < 1e-3
+    assert metrics["bsp_test_accuracy_high"] > 0.65
+    untrained = build_result("m", estimated(("tapp", 0.2)), LINKS)
+    assert accuracy_sentence(untrained) == "" and not any("accuracy" in k for k in parent_metrics(untrained))
+    assert result_record(untrained)["accuracy"] == []
+    stored = result_record(result)["accuracy"]
+    assert isinstance(stored, list) and stored[2] == {
+        "method": "bsp",
+        "test_accuracy": 0.653,
+        "low": rounded(accuracy[2].accuracy.low),
+        "high": rounded(accuracy[2].accuracy.high),
+        "interval": "Wilson 95%",
+        "test_samples": 1000,
+        "train_samples": 6400,
+        "trained_as": "single-cpu",
+    }
+
+
+def test_the_stored_result_is_plain_json_with_the_numbers_every_view_shows() -> None:
+    """``result.json`` (what the report reads) holds the table's rows and the speedup as shown, each ratio saying
+    which it is, and reads back as strict JSON (no NaN)."""
+    import json
+
+    result, _ = raced_result()
+    record = json.loads(json.dumps(result_record(result), allow_nan=False))
+    assert record["verdict"] == result.verdict and record["vs_tapp_is"] == "median of per-round ratios"
+    assert [r["method"] for r in record["methods"]] == [m.method for m in result.methods]
+    shown = {r["method"]: r for r in table_records(result)}
+    for row in record["methods"]:
+        assert row["step time (s)"] == shown[row["method"]]["step time (s)"]
+        assert row["vs_tapp"] == shown[row["method"]]["vs_tapp"]
+    speedup = record["speedup_bsp_over_tapp"]
+    assert speedup["median"] == parent_metrics(result)["speedup_bsp_over_tapp_median_of_round_ratios"]
+    assert speedup["is"] == "median of per-round ratios"

@@ -11,17 +11,18 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.server import free_port
+from reports import schema
 from reports.numbers import rounded
-from tapp_core import schema
-from tapp_core.cluster import load_cluster, parse_cluster
-from tapp_core.costs import DEFAULT_CALIBRATION
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, PlanError, same_execution, single_stage_plan
+from tapp_core.cost.context import CostContext
+from tapp_core.measure.metrics import Measurement
+from tapp_core.measure.races import run_race
+from tapp_core.plan.plan import Plan, PlanError, same_execution, single_stage_plan
 from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
-from tapp_core.profiler import profile_model
-from tapp_core.races import run_race
+from tapp_core.platform.cluster import load_cluster, parse_cluster
+from tapp_core.profile.library import LayerLibrary
+from tapp_core.profile.profiler import profile_model
+from tapp_core.runtime import WorkerPool
 from tasks.config import ExperimentConfig
 from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, plan_method, race_methods
 from tasks.measure import RuntimeSettings
@@ -104,17 +105,17 @@ def test_layer_library_is_logged_and_reads_back(
 
 def test_evaluation_logs_plan_and_estimate(tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary) -> None:
     tags = experiment_tags()
-    planned = plan_method.fn("pipetorch", tiny_library, tiny_config())
+    planned = plan_method.fn("pipetorch", CostContext(tiny_library, tiny_config().target), tiny_config())
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
         result = evaluate_method.fn(planned, parent.ref, tags)
 
     stored = MlflowClient().get_run(result.run_id)
     assert stored.info.status == "FINISHED"
     assert stored.data.tags[schema.STEP_TIME_SOURCE] == "estimated"
-    assert result.estimate.step_time == result.step_time_s
+    assert result.estimate.step_time_s == result.step_time_s
     assert stored.data.metrics[schema.STEP_TIME] == rounded(result.step_time_s)  # as every view shows it
     assert stored.data.metrics[schema.STEP_TIME_MS] == rounded(1000 * rounded(result.step_time_s))
-    assert stored.data.metrics[schema.ESTIMATED_STEP_TIME] == result.estimate.step_time  # every digit
+    assert stored.data.metrics[schema.ESTIMATED_STEP_TIME] == result.estimate.step_time_s  # every digit
     assert stored.data.params["plan_id"] == result.plan.id
     plan_file = MlflowClient().download_artifacts(result.run_id, schema.PLAN_ARTIFACT)
     assert json.loads(Path(plan_file).read_text())["id"] == result.plan.id
@@ -125,7 +126,7 @@ def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
 ) -> None:
     tags = experiment_tags()
     bad = single_stage_plan(tiny_library, ["nowhere"], batch_size=16)  # a device the cluster does not have
-    planned = plan_method.fn("tapp", tiny_library, tiny_config(), plan=bad)
+    planned = plan_method.fn("tapp", CostContext(tiny_library, tiny_config().target), tiny_config(), plan=bad)
     assert not planned.ok and isinstance(planned.failure, PlanError)
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent, pytest.raises(PlanError):
         evaluate_method.fn(planned, parent.ref, tags)
@@ -139,11 +140,14 @@ def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
 
 def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> None:
     cluster = load_cluster("local")
-    single_cpu = baseline_plan("single-cpu", tiny_library, cluster, 16, seed=0)
+    single_cpu = baseline_plan("single-cpu", CostContext(tiny_library, cluster), 16, seed=0)
     assert single_cpu.stage_devices == (("cpu0",),) and single_cpu.planner == "single-cpu"
     with pytest.raises(PlannerError, match="no cuda device of cluster 'local'"):
-        baseline_plan("single-gpu", tiny_library, cluster, 16, seed=0)
+        baseline_plan("single-gpu", CostContext(tiny_library, cluster), 16, seed=0)
+    # tapp-rl, TAPP's RL alone, is planned and estimated beside the default methods (raced only where methods names
+    # it); an experiment given its own methods evaluates those
     assert tiny_config(methods=("tapp", "bsp")).evaluated_methods == ("tapp", "bsp")
+    assert tiny_config().evaluated_methods[-1] == "tapp-rl"
 
 
 def test_single_gpu_joins_the_paper_methods_when_the_cluster_has_a_gpu() -> None:
@@ -164,12 +168,12 @@ def test_methods_whose_plans_run_the_same_are_raced_once_and_share_its_figure(
     """The oracle's plan is SingleCPU's; TAPP's is SingleCPU's under another schedule label (one stage, one
     micro-batch: it runs the same). ``race_methods`` races one of them."""
     tags = experiment_tags()
-    single = plan_method.fn("single-cpu", tiny_library, tiny_config())
+    single = plan_method.fn("single-cpu", CostContext(tiny_library, tiny_config().target), tiny_config())
     oracle = dataclasses.replace(single, method="oracle", plan=dataclasses.replace(single.plan, planner="oracle"))
     relabelled = dataclasses.replace(single.plan, planner="tapp", schedule="1f1b")
     tapp = dataclasses.replace(single, method="tapp", plan=relabelled)
     assert relabelled.id != single.plan.id and same_execution(relabelled, single.plan)
-    bsp = plan_method.fn("bsp", tiny_library, tiny_config())
+    bsp = plan_method.fn("bsp", CostContext(tiny_library, tiny_config().target), tiny_config())
     raced: list[list[str]] = []
 
     def race_plans(plans: list[Plan], *args: object, **kwargs: object) -> object:
@@ -179,7 +183,8 @@ def test_methods_whose_plans_run_the_same_are_raced_once_and_share_its_figure(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("tasks.evaluate.race_plans", race_plans)
-        _, race = race_methods([single, oracle, tapp, bsp], tiny_config().target, "tiny_cnn", RuntimeSettings())
+        unstarted = WorkerPool(tiny_config().target)  # the race is the stand-in's: no worker starts
+        _, race = race_methods([single, oracle, tapp, bsp], unstarted, "tiny_cnn", RuntimeSettings())
     assert raced == [[single.plan.id, bsp.plan.id]] and race is not None
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
         results = [
@@ -210,13 +215,28 @@ class FixedRounds:
 
 def test_the_flow_s_search_budget_is_the_planner_s_options_with_named_ones_overridden() -> None:
     library, cluster = chain_library(), small_cluster()
-    config = SearchBudget(rounds=5, samples_per_round=3).config(library, cluster, 64, 7, DEFAULT_CALIBRATION)
-    planner_s = TappPlanner(batch_size=64, seed=7).config(library, cluster, None)
-    rounds = 5 + SearchOptions.measured_rounds
-    assert config == dataclasses.replace(planner_s, reward="hybrid", rounds=rounds, samples_per_round=3)
-    simulated = SearchBudget(measured_rounds=0).config(library, cluster, 64, 7, DEFAULT_CALIBRATION)
-    assert (simulated.reward, simulated.rounds) == ("simulated", SearchBudget.rounds)
-    with pytest.raises(PlannerError, match=r"search rounds \(0\) must be at least 1"):
-        SearchBudget(rounds=0)
+    budget = SearchBudget(SearchOptions(reward="hybrid", rounds=6, samples_per_round=3))
+    config = budget.planner(64, 7).config(CostContext(library, cluster), None)
+    planner_s = TappPlanner(batch_size=64, seed=7).config(CostContext(library, cluster), None)
+    assert config == dataclasses.replace(planner_s, reward="hybrid", rounds=6, samples_per_round=3)
+    assert budget.options.simulated_rounds == 6 - SearchOptions.measured_rounds
+    simulated = SearchBudget(SearchOptions(rounds=5)).planner(64, 7).config(CostContext(library, cluster), None)
+    assert (simulated.reward, simulated.rounds) == ("simulated", 5)
+    with pytest.raises(PlannerError, match=r"the search's rounds on the cost model \(0\) must be at least 1"):
+        SearchBudget(SearchOptions(reward="hybrid", rounds=1, measured_rounds=1))
     with pytest.raises(PlannerError, match="measured_per_round must be at least 1, got 0"):
-        SearchBudget(measured_per_round=0)
+        SearchBudget(SearchOptions(measured_per_round=0))
+
+
+def test_the_race_says_how_many_rounds_each_plan_ran() -> None:
+    """Plans that leave a race early ran fewer rounds than the race: the line says "up to", never one count for all."""
+    from types import SimpleNamespace
+
+    from tasks.measure import rounds_text
+
+    def race(*rounds: int) -> SimpleNamespace:
+        measured = [SimpleNamespace(rounds=n, ok=True) for n in rounds]
+        return SimpleNamespace(measurements=measured, rounds=max(rounds))
+
+    assert rounds_text(race(7, 7)) == "7 rounds each"  # type: ignore[arg-type]
+    assert rounds_text(race(5, 7, 5)) == "up to 7 rounds per plan (5–7)"  # type: ignore[arg-type]

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tapp_core.cluster import Cluster
-from tapp_core.detect import measure_cluster_links
-from tapp_core.plan import Plan
+from tapp_core.plan.plan import Plan
+from tapp_core.platform.cluster import Cluster
+from tapp_core.platform.testbed import down, missing, system, up
+from tapp_core.platform.testbed.bed import restart_sshd
+from tapp_core.platform.testbed.cgroups import Cgroups
 from tapp_core.runtime import PoolError, WorkerPool
-from tapp_core.testbed import down, missing, system, up
-from tapp_core.testbed.bed import restart_sshd
-from tapp_core.testbed.cgroups import Cgroups
+from tapp_core.runtime.detect import measure_cluster_links
 from tests.test_runtime_faulty_models import FAULT_LAYER_STAGES
 
 pytestmark = [

@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.cli.testbed import parse_cores
-from tapp_core import testbed
-from tapp_core.cluster import load_cluster, parse_cluster
-from tapp_core.testbed import plan_testbed, system
-from tapp_core.testbed.cgroups import Cgroups
-from tapp_core.testbed.layout import PERIOD_US, host_groups, real_cluster
-from tapp_core.testbed.shaping import shaping_commands
+from tapp_core.platform import testbed
+from tapp_core.platform.cluster import load_cluster, parse_cluster
+from tapp_core.platform.testbed import plan_testbed, system
+from tapp_core.platform.testbed.cgroups import Cgroups
+from tapp_core.platform.testbed.layout import PERIOD_US, host_groups, real_cluster
+from tapp_core.platform.testbed.shaping import shaping_commands
 
 
 def test_every_device_of_hetero4_is_a_host_with_its_quota_and_its_links() -> None:
@@ -61,6 +61,7 @@ def test_devices_naming_one_host_share_it() -> None:
     layout = plan_testbed(cluster, [0, 1, 2, 3])
     assert [h.devices for h in layout.hosts] == [("a", "c"), ("b",)]
     assert layout.hosts[0].quota_cpus == pytest.approx(2) and layout.hosts[1].quota_cpus == pytest.approx(0.5)
+    assert [h.memory_bytes for h in layout.hosts] == [2 * 2**30, 2**30]  # its devices' memory together
     assert layout.host_of("c").address == "10.213.0.10"
     assert any("loopback, not shaped" in note for note in layout.notes)
 
@@ -160,12 +161,44 @@ def test_cgroup_v2_groups_write_cpu_max(tmp_path: Path) -> None:
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids")
     (root / "cgroup.subtree_control").write_text("")
     found = Cgroups.find(mounts(tmp_path, f"cgroup2 {root} cgroup2 rw 0 0\n"))
-    assert found == Cgroups(2, root, root)
+    assert found == Cgroups(2, root, root, root)
     (root / "g").mkdir()
     (root / "g" / "cpu.max").touch()
     found.make("g", 5000, 10000, None)
     assert (root / "g" / "cpu.max").read_text() == "5000 10000"
     assert (root / "cgroup.subtree_control").read_text() == "+cpu"
+    assert found.memory_limit("g") is None
+
+
+def test_cgroup_v2_groups_write_memory_max(tmp_path: Path) -> None:
+    root = tmp_path / "unified"
+    (root / "g").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory")
+    for name in ("cgroup.subtree_control", "g/cpu.max", "g/memory.max", "g/memory.swap.max"):
+        (root / name).touch()
+    found = Cgroups.find(mounts(tmp_path, f"cgroup2 {root} cgroup2 rw 0 0\n"))
+    assert found is not None
+    found.make("g", None, 10000, None, 3 * 2**30)
+    assert (root / "g" / "memory.max").read_text() == str(3 * 2**30)
+    assert (root / "g" / "memory.swap.max").read_text() == "0"
+    assert found.memory_limit("g") == 3 * 2**30
+
+
+def test_cgroup_v1_memory_is_a_hierarchy_of_its_own(tmp_path: Path) -> None:
+    cpu, memory = tmp_path / "cpu", tmp_path / "memory"
+    for folder in (cpu / "g", memory / "g"):
+        folder.mkdir(parents=True)
+    for name in ("cpu/cpu.cfs_quota_us", "cpu/g/cpu.cfs_quota_us", "cpu/g/cpu.cfs_period_us"):
+        (tmp_path / name).touch()
+    (memory / "g" / "memory.limit_in_bytes").write_text("9223372036854771712")
+    found = Cgroups.find(mounts(tmp_path, f"cgroup {cpu} cgroup rw,cpu 0 0\ncgroup {memory} cgroup rw,memory 0 0\n"))
+    assert found == Cgroups(1, cpu, None, memory)
+    assert found.memory_limit("g") is None  # the kernel's "no limit"
+    (memory / "g" / "memory.limit_in_bytes").write_text("")  # the kernel's file takes a write whole; this one appends
+    assert found.make("g", 2500, 10000, None, 2**30) == [cpu / "g", memory / "g"]
+    assert (memory / "g" / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert found.memory_limit("g") == 2**30
+    assert found.procs_files("g") == [cpu / "g" / "cgroup.procs", memory / "g" / "cgroup.procs"]
 
 
 def test_no_cpu_controller_is_none(tmp_path: Path) -> None:

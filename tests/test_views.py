@@ -24,13 +24,15 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.server import send_pending_logs_and_events
-from reports.folders import MARKER
-from tapp_core import schema
+from reports import runs, schema
+from reports.report_folders import MARKER
 from tasks.tracking import NOTE_TAG
 
 METHODS = ("tapp", "single-cpu", "bsp", "pipetorch")
 LABELS = {"tapp": "TAPP", "single-cpu": "SingleCPU", "bsp": "BSP", "pipetorch": "Pipe-Torch"}
-SPEEDUP = re.compile(r"BSP/TAPP: (\S+)x(?: \[(\S+), (\S+)\])?\.")
+SPEEDUP = re.compile(
+    r"BSP/TAPP: (\S+)x(?: \[(\S+), (\S+)\])? \((median of per-round ratios|ratio of step times)[^)]*\)\."
+)
 
 
 @dataclass
@@ -129,18 +131,20 @@ def test_every_view_shows_the_same_verdict_speedup_and_step_times(seen: dict[str
         assert verdict in run.data.tags[NOTE_TAG]  # each method run's description
 
     # The speedup, to the digits shown: the verdict, the parent's metrics, the report's CSV, Prefect's table.
-    median, low, high = SPEEDUP.search(verdict).groups()  # type: ignore[union-attr]
+    median, low, high, kind = SPEEDUP.search(verdict).groups()  # type: ignore[union-attr]
     metrics = views.parent.data.metrics
-    assert metrics[schema.SPEEDUP] == shown_float(median)
+    speedup = schema.SPEEDUP_PAIRED if mode == "measured" else schema.SPEEDUP_OF_STEP_TIMES
+    assert kind == (schema.RATIO_PAIRED if mode == "measured" else schema.RATIO_OF_STEP_TIMES)
+    assert metrics[speedup] == shown_float(median)
     csv = pd.read_csv(views.report / "step_time.csv")
     assert csv.loc[0, "speedup BSP/TAPP"] == shown_float(median)
     table = json.loads(views.artifacts["tapp-evaluation"].data)
     assert next(r for r in table if r["method"] == "bsp")["vs_tapp"] == shown_float(median)
     if mode == "measured":
-        assert (metrics[f"{schema.SPEEDUP}_low"], metrics[f"{schema.SPEEDUP}_high"]) == (float(low), float(high))
+        assert (metrics[f"{speedup}_low"], metrics[f"{speedup}_high"]) == (float(low), float(high))
         assert (csv.loc[0, "speedup BSP/TAPP low"], csv.loc[0, "speedup BSP/TAPP high"]) == (float(low), float(high))
     else:
-        assert low is None and f"{schema.SPEEDUP}_low" not in metrics
+        assert low is None and schema.SPEEDUP_PAIRED not in metrics
 
     # Each method's step time (and interval): the terminal's table, the description's, Prefect's table, the
     # method run's metrics and name, the parent's metrics, the report's CSV.
@@ -153,7 +157,7 @@ def test_every_view_shows_the_same_verdict_speedup_and_step_times(seen: dict[str
         run = views.methods[method]
         median_text, *interval = shown.replace("[", "").replace("]", "").replace(",", "").split()
         assert run.data.metrics[schema.STEP_TIME] == float(median_text) == row["step_time_s"]
-        assert metrics[f"{method}_step_time_s"] == float(median_text) == csv.loc[0, LABELS[method]]
+        assert metrics[f"{method}_{row['source']}_step_time_s"] == float(median_text) == csv.loc[0, LABELS[method]]
         assert run.info.run_name.startswith(f"{method} {shown} s")
         assert run.data.tags[schema.BEST_GROUP] == str(row["best_group"]).lower()
         if mode == "measured":
@@ -190,11 +194,56 @@ def test_every_view_tells_the_search_the_same(seen: dict[str, Seen], mode: str) 
     if mode == "measured":
         by_runtime = next(s for s in said if s.startswith("Its best plan measured while sampling"))
         median, low, high = re.search(r", (\S+) \[(\S+), (\S+)\] s measured over", by_runtime).groups()  # type: ignore[union-attr]
-        for metrics, prefix in ((views.parent.data.metrics, "search_"), (views.sampling.data.metrics, "")):
+        for metrics, prefix in ((views.parent.data.metrics, "search_sampling_"), (views.sampling.data.metrics, "")):
             assert metrics[f"{prefix}best_measured_step_time_s"] == float(median)
             assert metrics[f"{prefix}best_measured_step_time_low_s"] == float(low)
             assert metrics[f"{prefix}best_measured_step_time_high_s"] == float(high)
-        assert "The final race of " in views.note and any(s.startswith("The final race of ") for s in views.logs)
+        final = "The search's final race of "  # the search's own race, not the evaluation race of the headline
+        assert final in views.note and any(s.startswith(final) for s in views.logs)
+
+
+def test_tapp_has_one_step_time_in_every_view_each_named_by_its_source(
+    seen: dict[str, Seen], mlflow_store: str
+) -> None:
+    """The measured run: TAPP's headline step time is the evaluation race's, the same in the terminal, the parent's
+    description and metrics, its evaluation run, Prefect's table, the stored result and the report; every step-time
+    metric's name says whether it was measured or estimated, and the search's own figures are named as the
+    search's."""
+    views = seen["measured"]
+    table = json.loads(views.artifacts["tapp-evaluation"].data)
+    tapp = next(r for r in table if r["method"] == "tapp")
+    shown, median = str(tapp["step time (s)"]), float(tapp["step_time_s"])
+    assert tapp["source"] == "measured"
+    run, parent = views.methods["tapp"], views.parent.data.metrics
+    figures = {
+        "terminal": next(line for line in views.terminal.splitlines() if line.startswith("| tapp |")),
+        "description": next(line for line in views.note.splitlines() if line.startswith("| tapp |")),
+        "report": next(
+            line for line in (views.report / "step_time.md").read_text().splitlines() if line.startswith("| tiny_cnn |")
+        ),
+    }
+    for view, line in figures.items():
+        assert shown in line.replace("**", ""), view
+    assert run.data.metrics[schema.STEP_TIME] == parent["tapp_measured_step_time_s"] == median
+    assert run.data.tags[schema.STEP_TIME_SOURCE] == "measured" and run.info.run_name.startswith(f"tapp {shown} s")
+    assert pd.read_csv(views.report / "step_time.csv").loc[0, "TAPP"] == median
+    result = runs.stored_result(MlflowClient(mlflow_store), views.parent.info.run_id)
+    assert result is not None
+    stored = next(r for r in result["methods"] if r["method"] == "tapp")
+    assert stored["step_time_s"] == median and stored["step time (s)"] == shown
+    assert parent["evaluation_race_rounds"] >= tapp_rounds(run) >= 1
+    for metrics in (parent, views.sampling.data.metrics):
+        for name in (n for n in metrics if "step_time" in n and not n.startswith("speedup_")):  # a step time
+            assert "measured" in name or "estimated" in name, name
+    assert not any(n.startswith("best_") and "step_time" in n for n in parent)  # the search's start with search_
+    places = {method: int(r.data.metrics[schema.PLACE]) for method, r in views.methods.items()}
+    assert sorted(places, key=places.__getitem__) == [r["method"] for r in table]  # the runs view's order
+    # Prefect's log: TAPP's lines, without a "Finished in state Completed()" per task (the flow run's own stays).
+    assert sum(m.startswith("Finished in state Completed") for m in views.logs) <= 1
+
+
+def tapp_rounds(run: Any) -> int:
+    return int(run.data.metrics[schema.RACE_ROUNDS])
 
 
 def test_two_experiments_keep_their_reports(seen: dict[str, Seen], mlflow_store: str, tmp_path: Path) -> None:

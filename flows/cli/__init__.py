@@ -68,6 +68,7 @@ for _command in (
     planning.simulate,
     runtime.measure,
     runtime.train,
+    runtime.export,
     hardware.calibrate,
     experiments.run,
     experiments.sweep,

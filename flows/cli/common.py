@@ -13,15 +13,16 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperOption
 
 from tapp_core.errors import TappError
-from tapp_core.schedules import SCHEDULES
+from tapp_core.plan.schedules import SCHEDULES
 from tasks.config import ExperimentSettings
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from tapp_core.cluster import Cluster
-    from tapp_core.library import LayerLibrary
-    from tapp_core.plan import Plan
+    from tapp_core.model.workload import Workload
+    from tapp_core.plan.plan import Plan
+    from tapp_core.platform.cluster import Cluster
+    from tapp_core.profile.library import LayerLibrary
 
 console = Console()
 error_console = Console(stderr=True)
@@ -32,7 +33,7 @@ DEFAULT_BATCH = 64
 DEFAULT_PLAN = Path("plan.json")
 DEFAULT_STEPS = ExperimentSettings.model_fields["steps"].default
 """Timed steps per plan and race round, after the warm-up (``tapp measure``, ``tapp run``): plans are measured in
-races of interleaved rounds (``tapp_core.races``); the experiments' default (``tasks.config``)."""
+races of interleaved rounds (``tapp_core.measure.races``); the experiments' default (``tasks.config``)."""
 DEFAULT_WARMUP = ExperimentSettings.model_fields["warmup"].default
 
 ModelOpt = Annotated[
@@ -43,6 +44,25 @@ ModelOpt = Annotated[
         help="alexnet | vgg16 | inception_v3 | vit | mlp | tiny_cnn | tiny_branchy | tiny_vit | module:callable | file.py:callable",
     ),
 ]
+PlanModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="the plan's model: give it when the plan names a file elsewhere (default: the model the plan names)",
+    ),
+]
+
+
+def model_of_plan(model: str | None, plan_file: Path) -> str:
+    """``--model`` where given, else the model that the plan in ``plan_file`` names."""
+    if model is not None:
+        return model
+    from tapp_core.plan.plan import Plan
+
+    return Plan.load(plan_file).model
+
+
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (deployments/clusters) or YAML file")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="mini-batch size (samples per step)")]
 LibraryOpt = Annotated[
@@ -52,6 +72,15 @@ LibraryOpt = Annotated[
     ),
 ]
 PlanFileOpt = Annotated[Path, typer.Option("--plan", "-p", help="plan JSON (tapp plan --out)")]
+NoCalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-calibrate",
+        help="use the ideal cost model unless a calibration is given (--calibration, or tapp calibrate's beside the "
+        "cluster file), rather than measuring the cluster's on first use (seconds, once: it is kept for later "
+        "runs); TAPP_NO_CALIBRATE=1 does this for every command",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option(help="random seed: the planners' sampling, the weights and the data order")]
 EmulateOpt = Annotated[
     bool | None,
@@ -65,6 +94,21 @@ TrackingUriOpt = Annotated[
 ]
 StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per plan and race round, after the warm-up")]
 WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps per plan and race round, not counted")]
+CheckpointDirOpt = Annotated[
+    Path | None,
+    typer.Option("--checkpoint-dir", help="write checkpoints here (and, at the end, the trained model.safetensors)"),
+]
+CheckpointEveryOpt = Annotated[
+    int, typer.Option("--checkpoint-every", min=0, help="write a checkpoint every this many steps (0: at the end)")
+]
+ElasticOpt = Annotated[
+    bool,
+    typer.Option(
+        "--elastic",
+        help="re-plan on the devices left when one dies, and move to a new plan when one slows, through the "
+        "checkpoints (needs --checkpoint-dir and --checkpoint-every)",
+    ),
+]
 DataDirOpt = Annotated[
     Path | None,
     typer.Option("--data-dir", help="CIFAR-10 folder (holding cifar-10-batches-py); default $TAPP_DATA_DIR, else none"),
@@ -110,11 +154,11 @@ def comma_list(text: str | None) -> tuple[str, ...] | None:
 
 
 def chosen_dataset(dataset: str | None, data_dir: Path | None) -> str:
-    """``--dataset``, else the real data found (``tapp_core.data.find_dataset``: CIFAR-10 in ``--data-dir`` or
+    """``--dataset``, else the real data found (``tapp_core.model.data.find_dataset``: CIFAR-10 in ``--data-dir`` or
     ``$TAPP_DATA_DIR``, else the Debian package's Fashion-MNIST), else synthetic data."""
     if dataset:
         return dataset
-    from tapp_core.data import find_dataset
+    from tapp_core.model.data import find_dataset
 
     found = find_dataset(data_dir)
     return found[0] if found is not None else "synthetic"
@@ -188,8 +232,8 @@ def print_markdown(text: str) -> None:
 def cluster_library(model: str, batch_size: int, library: Path | None, cluster: Cluster) -> LayerLibrary:
     """The libraries to cost ``cluster`` with: the given folder (one library, or one per kind as ``tapp profile
     --cluster`` writes them), else the profile cache's library of each kind of the cluster this host has."""
-    from tapp_core.library import load_libraries
-    from tapp_core.profile_cache import ProfileCache
+    from tapp_core.profile.cache import ProfileCache
+    from tapp_core.profile.library import load_libraries
 
     if library is not None:
         loaded = load_libraries(library)
@@ -203,13 +247,13 @@ def cluster_library(model: str, batch_size: int, library: Path | None, cluster: 
 def read_plan(model: str, plan_file: Path, schedule: str | None = None) -> Plan:
     """The plan in ``plan_file``, which must be for ``model``; with ``schedule`` (``--schedule``) in place of its
     own."""
-    from tapp_core.plan import Plan
+    from tapp_core.plan.plan import Plan
 
     chosen = Plan.load(plan_file)
     if chosen.model != model:
         raise TappError(f"plan {plan_file} is for model {chosen.model!r}, not {model!r}")
     if schedule is not None and schedule != chosen.schedule:  # checked as a plan's schedule is; a new id
-        from tapp_core.schedules import BOUNDED
+        from tapp_core.plan.schedules import BOUNDED
 
         data = {k: v for k, v in chosen.to_dict().items() if k != "id"}
         if schedule not in BOUNDED:
@@ -221,6 +265,22 @@ def read_plan(model: str, plan_file: Path, schedule: str | None = None) -> Plan:
 def load_plan(model: str, plan_file: Path, cluster: str, schedule: str | None = None) -> tuple[Plan, Cluster]:
     """The plan in ``plan_file`` (which must be for ``model``; ``schedule`` in place of its own if given) and the
     cluster named ``cluster``."""
-    from tapp_core.cluster import load_cluster
+    from tapp_core.platform.cluster import load_cluster
 
     return read_plan(model, plan_file, schedule), load_cluster(cluster)
+
+
+def checked_workload(model: str, run: bool = True) -> Workload:
+    """The workload of ``model`` (``workload_of``: what its file declares, or the default), checked before any
+    work: its inputs against the model's forward, and with ``run`` the model and loss on two samples. A model
+    whose inputs TAPP cannot infer is a ``WorkloadError`` (one line, exit 2) saying what to give."""
+    from tapp_core.model.workload import check_inputs, check_workload, workload_of
+
+    workload = workload_of(model)
+    (check_workload if run else check_inputs)(workload)
+    return workload
+
+
+def print_workload(workload: Workload) -> None:
+    """The line that names the workload, first of a command's output."""
+    console.print(f"workload {workload.describe()}", markup=False, highlight=False, soft_wrap=True)

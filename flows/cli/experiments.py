@@ -19,11 +19,15 @@ from flows.cli.common import (
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
     BatchOpt,
+    CheckpointDirOpt,
+    CheckpointEveryOpt,
     ClusterOpt,
     DataDirOpt,
     DatasetOpt,
+    ElasticOpt,
     ExperimentOpt,
     ModelOpt,
+    NoCalibrateOpt,
     ScheduleOpt,
     SchedulesOpt,
     SeedOpt,
@@ -37,7 +41,7 @@ from flows.cli.common import (
     print_markdown,
     progress_bars,
 )
-from tapp_core import schema
+from reports import schema
 from tapp_core.errors import TappError
 from tapp_core.planners.base import PLANNER_NAMES
 from tasks.config import DEFAULT_MEASURED_ROUNDS, ExperimentConfig, ExperimentSettings, SweepConfig
@@ -77,14 +81,24 @@ MethodsOpt = Annotated[
 EstimateOnlyOpt = Annotated[
     bool, typer.Option("--estimate-only", help="no MPI runtime: cost-model step times, and no training")
 ]
-TrainSecondsOpt = Annotated[
-    float,
+TrainSamplesOpt = Annotated[
+    int,
     typer.Option(
         min=0,
-        help="seconds of training per method: the TAPP paper's methods' plans are trained on the real data for this "
-        "long (steps = seconds / the plan's step time), their test accuracy measured along the way (0: no training)",
+        help="training images per method, the same for every method: the TAPP paper's methods' plans are trained on "
+        "the real data, their test accuracy measured along the way (0: no training)",
     ),
 ]
+TrainSecondsOpt = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="a time budget per method instead of --train-samples (steps = seconds / the plan's step time: a faster "
+        "plan trains more images; 0: no training)",
+    ),
+]
+TrainOptimizerOpt = Annotated[str, typer.Option(help="the training's optimiser: adamw | sgd")]
+TrainLrOpt = Annotated[float | None, typer.Option(help="its learning rate (default: adamw 1e-3, sgd 0.01)")]
 TrainEpochsOpt = Annotated[int | None, typer.Option(min=1, help="train whole epochs instead of --train-seconds")]
 TestSamplesOpt = Annotated[
     int, typer.Option(min=0, help="test images each accuracy is measured on (0: the whole test set)")
@@ -135,14 +149,21 @@ def _settings(
     samples_per_round: SamplesOpt = _FIELDS["samples_per_round"].default,
     measured_rounds: MeasuredRoundsOpt = None,
     estimate_only: EstimateOnlyOpt = False,
+    no_calibrate: NoCalibrateOpt = False,
     steps: StepsOpt = DEFAULT_STEPS,
     warmup: WarmupOpt = DEFAULT_WARMUP,
     data_dir: DataDirOpt = None,
     dataset: DatasetOpt = None,
-    train_seconds: TrainSecondsOpt = _FIELDS["train_seconds"].default,
+    train_samples: TrainSamplesOpt = _FIELDS["train_samples"].default,
+    train_seconds: TrainSecondsOpt = None,
     train_epochs: TrainEpochsOpt = None,
+    train_optimizer: TrainOptimizerOpt = _FIELDS["train_optimizer"].default,
+    train_lr: TrainLrOpt = None,
     test_samples: TestSamplesOpt = _FIELDS["test_samples"].default,
     seed: SeedOpt = 0,
+    checkpoint_dir: CheckpointDirOpt = None,
+    checkpoint_every: CheckpointEveryOpt = 0,
+    elastic: ElasticOpt = False,
 ) -> dict[str, object]:
     """The experiment settings' options (``tasks.config.ExperimentSettings``), as the configuration's values."""
     values: dict[str, object] = {
@@ -154,14 +175,21 @@ def _settings(
         "samples_per_round": samples_per_round,
         "measured_rounds": measured_rounds,
         "measure": not estimate_only,
+        "calibrate": False if no_calibrate else None,
         "steps": steps,
         "warmup": warmup,
         "dataset": dataset,
         "data_dir": str(data_dir) if data_dir is not None else None,
+        "train_samples": train_samples,
         "train_seconds": train_seconds,
         "train_epochs": train_epochs,
+        "train_optimizer": train_optimizer,
+        "train_lr": train_lr,
         "test_samples": test_samples or None,
         "seed": seed,
+        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
+        "checkpoint_every": checkpoint_every or None,
+        "elastic": elastic or None,
     }
     return {k: v for k, v in values.items() if v is not None}  # left out: the configuration's default
 
@@ -169,6 +197,7 @@ def _settings(
 OPTION_NAMES = {
     "search_rounds": "--rounds",
     "measure": "--estimate-only",
+    "calibrate": "--no-calibrate",
     "models": "--model",
     "model": "--model",
     "clusters": "--cluster",
@@ -233,7 +262,7 @@ def run(
     paper's methods' plans for the accuracy table, report (Prefect + MLflow)."""
     _quiet_prefect_server()
     from flows.server import prefect_api, sigterm_exits
-    from reports.folders import check_report_folder
+    from reports.report_folders import check_report_folder
     from tapp_core.paths import check_output_folder
 
     if out is not None:
@@ -309,11 +338,19 @@ def _open(uri: str) -> None:
 
 
 def _announce(config: ExperimentConfig, uri: str, experiment: str, resume: str | None) -> None:
+    from tapp_core.model.workload import check_workload, workload_of
+
+    workload = workload_of(config.model)
+    check_workload(workload)  # a model whose inputs TAPP cannot infer: one line saying what to give, exit 2
     target = config.target
     resuming = f"; resuming run {resume}" if resume else ""
-    trained = f"trained on {config.dataset}" if config.training else f"not trained: {config.training_skipped}"
+    trained = (
+        f"trained on {config.dataset} with {config.optimizer.describe()}"
+        if config.training
+        else f"not trained: {config.training_skipped}"
+    )
     console.print(
-        f"[bold]tapp_experiment[/]: {config.model} on {target.name} ({len(target.devices)} devices), batch "
+        f"[bold]tapp_experiment[/]: workload {workload.describe()} (the races' steps); on {target.name} ({len(target.devices)} devices), batch "
         f"{config.batch_size}; {trained}; MLflow store {uri}, experiment {experiment!r}{resuming}",
         highlight=False,
         soft_wrap=True,
@@ -431,7 +468,8 @@ def sweep(
         with _sweep_progress(verbose, configurations):
             state = _run_sweep(chosen if resume is None else None, experiment, out, uri, resume)
         failure = _failure(state)
-        for name in ("step_time.md", "computing_power.md", "batch_size.md", "paper_comparison.md", "accuracy.md"):
+        tables = ("step_time", "computing_power", "batch_size", "paper_comparison", "accuracy", "perplexity")
+        for name in (f"{table}.md" for table in tables):
             if (out / name).is_file():
                 print_markdown((out / name).read_text())
         console.print(f"Report:  {out}/ (tables as .md/.csv/.tex, figures as .png)", highlight=False)
@@ -527,8 +565,8 @@ def report(
     tracking_uri: TrackingUriOpt = None,
 ) -> None:
     """Rebuild the paper's tables (Markdown, CSV, LaTeX) and figures (PNG) from an MLflow experiment alone."""
-    from reports.folders import check_report_folder, experiment_report_folder
     from reports.paper import write_report
+    from reports.report_folders import check_report_folder, experiment_report_folder
     from tapp_core.paths import check_output_folder
     from tasks.tracking import check_tracking, open_store
 
@@ -610,7 +648,7 @@ def _print_links(uri: str, experiment: str, flow_run: str | None) -> None:
 
 
 def _print_report(result: ExperimentResult | None, out: Path | None) -> None:
-    """The accuracy table when plans were trained, then the report's folder and what it holds: the tables that have
+    """The accuracy table (a language model's: the perplexity table) when plans were trained, then the report's folder and what it holds: the tables that have
     rows (a table with none, such as the accuracy of an experiment that trained nothing, is not listed) and the
     figures."""
     if result is not None:
@@ -621,8 +659,9 @@ def _print_report(result: ExperimentResult | None, out: Path | None) -> None:
         return
     tables = sorted({f.stem for f in files if f.suffix == ".csv" and len(f.read_text().splitlines()) > 1})
     figures = [f.name for f in files if f.suffix == ".png"]
-    if "accuracy" in tables and (folder / "accuracy.md").is_file():
-        print_markdown((folder / "accuracy.md").read_text())
+    for quality in ("accuracy", "perplexity"):
+        if quality in tables and (folder / f"{quality}.md").is_file():
+            print_markdown((folder / f"{quality}.md").read_text())
     console.print(
         f"Report:  {folder}/ (tables {', '.join(tables) or 'none'} as .md/.csv/.tex; figures {', '.join(figures) or 'none'})",
         highlight=False,

@@ -41,9 +41,9 @@ def calibrate(
     scale per device kind, and, where the ranks want more threads than the host has cores, how much they slow each
     other computing at once. `tapp run`, `tapp plan` and `tapp simulate` then use it for this cluster."""
     from flows.cli.common import cluster_library
-    from tapp_core.calibrate import calibrate as measure_calibration
-    from tapp_core.calibration import calibration_path
-    from tapp_core.cluster import load_cluster
+    from tapp_core.cost.calibration import calibration_path
+    from tapp_core.platform.cluster import load_cluster
+    from tapp_core.runtime.calibrator import calibrate as measure_calibration
 
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)
@@ -78,7 +78,7 @@ def detect(
 
     With `--cluster C`: measure the links between C's devices where they run (a testbed's hosts, other machines)
     and write C with those links, comparing each pair with C's."""
-    from tapp_core.detect import summary, write_detected_cluster, write_measured_links
+    from tapp_core.runtime.detect import summary, write_detected_cluster, write_measured_links
 
     if cluster is not None:
         with console.status(f"measuring the links of {cluster} where its devices run"):

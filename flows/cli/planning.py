@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,30 +20,37 @@ from flows.cli.common import (
     ClusterOpt,
     LibraryOpt,
     ModelOpt,
+    NoCalibrateOpt,
     PlanFileOpt,
+    PlanModelOpt,
     ScheduleOpt,
     SchedulesOpt,
     SeedOpt,
     StalenessOpt,
+    checked_workload,
     cluster_library,
     comma_list,
     console,
+    error_console,
     load_plan,
+    model_of_plan,
+    print_workload,
     progress_bars,
 )
 from tapp_core.errors import TappError
-from tapp_core.metrics import step_kind
+from tapp_core.measure.metrics import step_kind
 from tapp_core.planners.base import PLANNER_NAMES
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from tapp_core.cluster import Cluster
-    from tapp_core.costmodel import Estimate
-    from tapp_core.costs import Calibration
-    from tapp_core.library import LayerLibrary
-    from tapp_core.plan import Plan
-    from tapp_core.planners import SearchProgress
+    from tapp_core.cost.calibration import Calibration
+    from tapp_core.cost.context import CostContext
+    from tapp_core.cost.estimate import Estimate
+    from tapp_core.plan.plan import Plan
+    from tapp_core.planners import Planner, SearchProgress
+    from tapp_core.platform.cluster import Cluster
+    from tapp_core.profile.library import LayerLibrary
 
 CHECKPOINT_FILE = "search.pt"
 """The file a TAPP search saves itself to in ``--checkpoint DIR``."""
@@ -67,18 +76,20 @@ def profile(
     """Trace a model and build its layer libraries: per-layer times, FLOPs, parameter and activation bytes. One
     library per device kind of the cluster that this host has (also stored in the profile cache, where `tapp plan`,
     `simulate` and `run` find them), or of the one kind --device / --threads name."""
-    from tapp_core.library import save_libraries
     from tapp_core.paths import check_output_folder
+    from tapp_core.profile.library import save_libraries
 
     check_output_folder(out, "--out")
+    workload = checked_workload(model, run=False)  # the profile runs it: a failure there says what it was given
     if device is None and threads is None:
         library = _profile_cluster(model, batch_size, cluster, repeats)
     else:
-        from tapp_core.profiler import profile_model
+        from tapp_core.profile.profiler import profile_model
 
         chosen = device or "cpu"
         with console.status(f"profiling {model} at batch {batch_size} on {chosen}"):
-            library = profile_model(model, batch_size, device=chosen, threads=threads, repeats=repeats)
+            library = profile_model(workload, batch_size, device=chosen, threads=threads, repeats=repeats)
+    print_workload(workload)
     for kind, lib in library.kind_libraries.items():
         ratio = lib.layer_time_sum_s / lib.whole_model_s
         console.print(
@@ -92,9 +103,9 @@ def profile(
 
 def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) -> LayerLibrary:
     """Every kind of ``cluster`` that this host has, profiled afresh and stored in the profile cache."""
-    from tapp_core.cluster import load_cluster
-    from tapp_core.kinds import cluster_kinds
-    from tapp_core.profile_cache import ProfileCache, local_kinds
+    from tapp_core.platform.cluster import load_cluster
+    from tapp_core.platform.kinds import cluster_kinds
+    from tapp_core.profile.cache import ProfileCache, local_kinds
 
     target = load_cluster(cluster)
     here = local_kinds(target)
@@ -107,12 +118,23 @@ def _profile_cluster(model: str, batch_size: int, cluster: str, repeats: int) ->
         return ProfileCache().cluster_libraries(model, batch_size, target, repeats=repeats, fresh=True)
 
 
-def calibration_for(cluster: str, target: Cluster, library: LayerLibrary, path: Path | None) -> Calibration:
-    """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file, checked against
-    this machine and ``library``; the ideal one when there is none."""
-    from tapp_core.calibration import cluster_calibration
+def calibration_for(
+    cluster: str, target: Cluster, library: LayerLibrary, path: Path | None, no_calibrate: bool
+) -> Calibration:
+    """The calibration at ``path``, else the one ``tapp calibrate`` wrote beside the cluster file or a first use
+    kept, checked against this machine and ``library``; where there is none, measured now and kept
+    (``calibration_on_first_use``, its lines on stderr), unless ``no_calibrate`` or ``TAPP_NO_CALIBRATE=1``: then
+    the ideal one."""
+    from tapp_core.cost.calibration import calibrate_by_default, cluster_calibration
 
-    return cluster_calibration(cluster, target, library, path)
+    calibrate = calibrate_by_default() and not no_calibrate
+    if path is None and calibrate:
+        from tapp_core.runtime.calibrator import calibration_on_first_use
+
+        found = calibration_on_first_use(cluster, target, library, lambda line: error_console.print(line))
+    else:
+        found = cluster_calibration(cluster, target, library, path, kept=calibrate)
+    return found
 
 
 def plan(
@@ -139,6 +161,7 @@ def plan(
     staleness: StalenessOpt = None,
     seed: SeedOpt = 0,
     calibration: CalibrationOpt = None,
+    no_calibrate: NoCalibrateOpt = False,
     checkpoint: Annotated[
         Path | None,
         typer.Option(help=f"tapp: folder where the search saves itself after every round ({CHECKPOINT_FILE})"),
@@ -152,29 +175,48 @@ def plan(
     ] = False,
 ) -> None:
     """Find a plan for a model on a cluster and write it as JSON."""
-    from tapp_core.cluster import load_cluster
-    from tapp_core.costmodel import estimate
+    from tapp_core.cost.calibration import calibration_phrase
+    from tapp_core.cost.checks import validate
+    from tapp_core.cost.context import CostContext
+    from tapp_core.cost.simulation import estimate
     from tapp_core.paths import check_output_file
-    from tapp_core.plan import validate
+    from tapp_core.platform.cluster import load_cluster
 
     check_output_file(out, "--out")
     options: dict[str, object] = {"reward": reward, "seed": seed, "batch_size": batch_size, "rounds": rounds}
     options |= schedule_options(planner, schedule, comma_list(schedules), staleness)
     options.update(_checkpoint_options(planner, checkpoint, resume, rounds))
+    _built_planner(planner, **{k: v for k, v in options.items() if v is not None})
     target = load_cluster(cluster)
     layers = cluster_library(model, batch_size, library, target)
-    fitted = calibration_for(cluster, target, layers, calibration)
-    options["calibration"] = fitted
-    found = _run_planner(planner, layers, target, budget, **{k: v for k, v in options.items() if v is not None})
-    validate(found, layers, target)
+    context = CostContext(layers, target, calibration_for(cluster, target, layers, calibration, no_calibrate))
+    with _measurer(planner, reward, target) as measurer:
+        options["measurer"] = measurer
+        found = _run_planner(planner, context, budget, **{k: v for k, v in options.items() if v is not None})
+    validate(found, context)
     found.save(out)
-    predicted = estimate(found, layers, target, fitted)
-    console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
+    predicted = estimate(found, context)
+    console.print(
+        f"calibration: {calibration_phrase(context.calibration, not no_calibrate)}", highlight=False, soft_wrap=True
+    )
     console.print(
         f"{planner} plan {found.id}: {found.describe(layers)}; estimated {step_kind(found.pipeline_schedule)} "
-        f"{predicted.step_time:.4f} s"
+        f"{predicted.step_time_s:.4f} s"
     )
     console.print(f"wrote {out}")
+
+
+@contextlib.contextmanager
+def _measurer(planner: str, reward: str, cluster: Cluster) -> Iterator[object | None]:
+    """The worker pool that measures TAPP's samples where its reward is measured or hybrid (none otherwise)."""
+    if planner != "tapp" or reward == "simulated":
+        yield None
+        return
+    from tapp_core.runtime.pool import WorkerPool
+    from tapp_core.runtime.pool_race import PoolRounds
+
+    with WorkerPool(cluster) as pool:
+        yield PoolRounds(pool)
 
 
 def _checkpoint_options(planner: str, checkpoint: Path | None, resume: bool, rounds: int | None) -> dict[str, object]:
@@ -217,8 +259,9 @@ def schedule_options(
     return {k: getattr(checked, k) for k in given}
 
 
-def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int | None, **options: object) -> Plan:
-    """Build planner ``name`` with the options it accepts and run it under a progress bar over search rounds."""
+def _built_planner(name: str, **options: object) -> Planner:
+    """Planner ``name`` built with the options it accepts; an unknown planner or a bad option is a ``TappError``.
+    Built once before any profiling or calibration, so that bad input costs nothing."""
     from tapp_core.errors import TappError
     from tapp_core.planners import get_planner, planner_options
 
@@ -226,7 +269,12 @@ def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int
     for option in ("rounds", "schedules", "staleness"):
         if option in options and option not in accepted:
             raise TappError(f"--{option} is not an option of planner {name!r}")
-    planner = get_planner(name, **{k: v for k, v in options.items() if k in accepted})
+    return get_planner(name, **{k: v for k, v in options.items() if k in accepted})
+
+
+def _run_planner(name: str, context: CostContext, budget: int | None, **options: object) -> Plan:
+    """Build planner ``name`` with the options it accepts and run it under a progress bar over search rounds."""
+    planner = _built_planner(name, **options)
     with progress_bars() as progress:
         bars: list[TaskID] = []  # added on the first report, so constructive planners show no empty bar
 
@@ -238,11 +286,11 @@ def _run_planner(name: str, library: LayerLibrary, cluster: Cluster, budget: int
                 status += f", reward {update.reward:.3f}, entropy {update.entropy:.2f} ({update.phase})"
             progress.update(bars[0], completed=update.round, total=update.total_rounds, status=status)
 
-        return planner.plan(library, cluster, budget=budget, progress=report)
+        return planner.plan(context, budget=budget, progress=report)
 
 
 def simulate(
-    model: ModelOpt = DEFAULT_MODEL,
+    model: PlanModelOpt = None,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_file: PlanFileOpt = DEFAULT_PLAN,
     schedule: ScheduleOpt = None,
@@ -250,24 +298,30 @@ def simulate(
     gantt: Annotated[Path | None, typer.Option(help="draw the timeline of one step to this PNG")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
     calibration: CalibrationOpt = None,
+    no_calibrate: NoCalibrateOpt = False,
 ) -> None:
     """Predict a plan's step time, per-device compute / communication / idle and peak memory."""
-    from tapp_core.costmodel import estimate
+    from tapp_core.cost.calibration import calibration_phrase
+    from tapp_core.cost.checks import validate
+    from tapp_core.cost.context import CostContext
+    from tapp_core.cost.simulation import estimate
     from tapp_core.paths import check_output_file
-    from tapp_core.plan import validate
 
     if gantt is not None:
         check_output_file(gantt, "--gantt")
+    model = model_of_plan(model, plan_file)
     chosen, target = load_plan(model, plan_file, cluster, schedule)
     layers = cluster_library(model, chosen.batch_size, library, target)
-    validate(chosen, layers, target)
-    fitted = calibration_for(cluster, target, layers, calibration)
-    predicted = estimate(chosen, layers, target, fitted)
+    context = CostContext(layers, target, calibration_for(cluster, target, layers, calibration, no_calibrate))
+    validate(chosen, context)
+    predicted = estimate(chosen, context)
     if as_json:
         console.print_json(json.dumps(predicted.to_dict(include_timeline=False), default=float))
     else:
-        console.print(f"calibration: {fitted.note or 'ideal (none measured for this cluster: tapp calibrate)'}")
-        _print_estimate(chosen, predicted, layers)
+        console.print(
+            f"calibration: {calibration_phrase(context.calibration, not no_calibrate)}", highlight=False, soft_wrap=True
+        )
+        _print_estimate(chosen, predicted, layers, target)
     if gantt is not None:
         from reports.figures import gantt as draw_gantt
 
@@ -275,23 +329,24 @@ def simulate(
         console.print(f"wrote {gantt}")
 
 
-def _print_estimate(chosen: Plan, predicted: Estimate, layers: LayerLibrary) -> None:
+def _print_estimate(chosen: Plan, predicted: Estimate, layers: LayerLibrary, target: Cluster) -> None:
     console.print(
         f"plan {chosen.id}: {chosen.describe(layers)}; estimated {step_kind(chosen.pipeline_schedule)} "
-        f"[bold]{predicted.step_time:.4f} s[/], communication share {predicted.communication_share:.1%}"
+        f"[bold]{predicted.step_time_s:.4f} s[/], communication share {predicted.communication_share:.1%}"
     )
-    table = Table("device", "stage", "share", "compute s", "communication s", "idle s", "peak memory MiB")
+    table = Table("device", "stage", "share", "compute s", "communication s", "idle s", "peak memory MiB", "memory MiB")
     stage_of = {d: s for s, devices in enumerate(chosen.stage_devices) for d in devices}
-    for device in predicted.compute:
+    for device in predicted.compute_s:
         stage = stage_of[device]
         share = chosen.shares(stage)[chosen.stage_devices[stage].index(device)]
         table.add_row(
             device,
             str(stage),
             f"{share:.3g}",
-            f"{predicted.compute[device]:.4f}",
-            f"{predicted.communication[device]:.4f}",
-            f"{predicted.idle[device]:.4f}",
-            f"{predicted.peak_memory.get(device, 0) / 2**20:.1f}",
+            f"{predicted.compute_s[device]:.4f}",
+            f"{predicted.communication_s[device]:.4f}",
+            f"{predicted.idle_s[device]:.4f}",
+            f"{predicted.peak_memory_bytes.get(device, 0) / 2**20:.1f}",
+            f"{target.device(device).memory / 2**20:.0f}",
         )
     console.print(table)

@@ -20,36 +20,43 @@ import typer
 
 from flows.cli.common import (
     DEFAULT_CLUSTER,
-    DEFAULT_MODEL,
     DEFAULT_PLAN,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
+    CheckpointDirOpt,
+    CheckpointEveryOpt,
     ClusterOpt,
     DataDirOpt,
     DatasetOpt,
+    ElasticOpt,
     EmulateOpt,
     LibraryOpt,
-    ModelOpt,
     PlanFileOpt,
+    PlanModelOpt,
     ScheduleOpt,
     SeedOpt,
     StepsOpt,
     WarmupOpt,
+    checked_workload,
     chosen_dataset,
     cluster_library,
     console,
     error_console,
     fail,
+    model_of_plan,
     print_markdown,
     read_plan,
 )
 from tapp_core.errors import TappError
 
 if TYPE_CHECKING:
-    from tapp_core.cluster import Cluster
-    from tapp_core.library import LayerLibrary
-    from tapp_core.plan import Plan
-    from tapp_core.races import RaceResult
+    from tapp_core.measure.races import RaceResult
+    from tapp_core.model.checkpoint_options import CheckpointOptions
+    from tapp_core.model.workload import RunSpec, Workload
+    from tapp_core.plan.plan import Plan
+    from tapp_core.platform.cluster import Cluster
+    from tapp_core.profile.library import LayerLibrary
+    from tapp_core.runtime.results import TrainResult
 
 
 AllowOversubscribeOpt = Annotated[
@@ -60,6 +67,43 @@ AllowOversubscribeOpt = Annotated[
         "(also TAPP_ALLOW_OVERSUBSCRIBE=1)",
     ),
 ]
+
+ResumeTrainingOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        help="go on from this checkpoint (or a folder of them: its newest complete one), under this plan; "
+        "its seed orders the data",
+    ),
+]
+
+
+def print_training(result: TrainResult, workload: Workload, dataset: str) -> None:
+    """Per epoch the training loss and the test's quality (a language model's test loss and perplexity, else the
+    test accuracy), then the last."""
+    from tapp_core.model.workload import perplexity
+
+    first = result.epochs - len(result.epoch_losses) + 1  # a resumed training starts at its checkpoint's epoch
+    epochs = zip(
+        result.epoch_losses, result.epoch_test_accuracy, result.epoch_test_loss, result.epoch_times_s, strict=False
+    )
+    for epoch, (loss, accuracy, test_loss, seconds) in enumerate(epochs, start=first):
+        tested = (
+            f"test loss {test_loss:.4f}, test perplexity {perplexity(test_loss):.2f}"
+            if workload.language_model
+            else f"test accuracy {accuracy:.2%}"
+        )
+        console.print(f"epoch {epoch}: train loss {loss:.4f}, {tested}, {seconds:.1f} s")
+    if workload.language_model:
+        console.print(
+            f"test perplexity {result.test_perplexity:.2f} (test loss {result.test_loss:.4f} nats per token) "
+            f"on {result.test_samples} predicted tokens of {dataset}"
+        )
+        return
+    # Synthetic images are noise around class patterns; a workload's own synthetic targets may follow a rule.
+    note = " (synthetic data: accuracy means nothing)" if dataset == "synthetic" and workload.targets == "drawn" else ""
+    counted = "samples" if not workload.target.shape and workload.targets == "drawn" else "predicted positions"
+    console.print(f"test accuracy {result.test_accuracy:.2%} on {result.test_samples} {counted}{note}")
 
 
 def _plans_to_run(
@@ -74,9 +118,10 @@ def _plans_to_run(
     devices against the cluster, its structure and schedule against the traced model (``check_before_launch``), and
     its memory against the layer library (the given folder, else the profile cache's, profiled now if missing;
     loaded once per batch size)."""
-    from tapp_core.cluster import load_cluster
-    from tapp_core.hosts import OVERSUBSCRIBE_VARIABLE
-    from tapp_core.plan import validate
+    from tapp_core.cost.checks import validate
+    from tapp_core.cost.context import CostContext
+    from tapp_core.platform.cluster import load_cluster
+    from tapp_core.platform.hosts import OVERSUBSCRIBE_VARIABLE
     from tapp_core.runtime import check_before_launch
 
     target = load_cluster(cluster)
@@ -90,7 +135,7 @@ def _plans_to_run(
         check_before_launch(chosen, target, model)
         if chosen.batch_size not in libraries:
             libraries[chosen.batch_size] = cluster_library(model, chosen.batch_size, library, target)
-        validate(chosen, libraries[chosen.batch_size], target)
+        validate(chosen, CostContext(libraries[chosen.batch_size], target))
         plans.append(chosen)
     if allow_oversubscribe:
         os.environ[OVERSUBSCRIBE_VARIABLE] = "1"  # read by the pool this command starts
@@ -109,7 +154,7 @@ PlanFilesOpt = Annotated[
 
 
 def measure(
-    model: ModelOpt = DEFAULT_MODEL,
+    model: PlanModelOpt = None,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_files: PlanFilesOpt = None,
     schedule: ScheduleOpt = None,
@@ -134,6 +179,7 @@ def measure(
         raise TappError(f"--timeout must be a positive number of seconds, got {timeout}")
     choice = RaceChoice(steps, warmup, min_rounds, max_rounds, budget, timeout)
     files = plan_files or [DEFAULT_PLAN]
+    model = model_of_plan(model, files[0])
     if len(files) > 1:
         _race(model, cluster, files, library, seed, emulate, choice, json_out, allow_oversubscribe, schedule)
         return
@@ -168,9 +214,9 @@ def _run_race(
     on_round: Callable[[int, RaceResult], None] | None = None,
 ) -> RaceResult:
     """Race ``plans`` (checked by ``_plans_to_run``) on a pool of the devices they use."""
-    from tapp_core.races import RaceOptions, RoundSteps
+    from tapp_core.measure.races import RaceOptions, RoundSteps
     from tapp_core.runtime import WorkerPool
-    from tapp_core.runtime.race import race
+    from tapp_core.runtime.pool_race import race
 
     options = RaceOptions(choice.min_rounds, choice.max_rounds, choice.budget_s, seed=seed)  # RaceError: exit 2
     steps = RoundSteps(choice.steps, choice.warmup, choice.timeout_s, seed)
@@ -252,7 +298,7 @@ def race_table(result: RaceResult, names: dict[str, str]) -> str:
 
 
 def train(
-    model: ModelOpt = DEFAULT_MODEL,
+    model: PlanModelOpt = None,
     cluster: ClusterOpt = DEFAULT_CLUSTER,
     plan_file: PlanFileOpt = DEFAULT_PLAN,
     data_dir: DataDirOpt = None,
@@ -264,34 +310,103 @@ def train(
     seed: SeedOpt = 0,
     emulate: EmulateOpt = None,
     allow_oversubscribe: AllowOversubscribeOpt = False,
+    checkpoint_dir: CheckpointDirOpt = None,
+    checkpoint_every: CheckpointEveryOpt = 0,
+    resume: ResumeTrainingOpt = None,
+    elastic: ElasticOpt = False,
 ) -> None:
-    """Train a plan for real on MPI workers and report test accuracy."""
-    from tapp_core.data import check_dataset
-    from tapp_core.runtime import train as run_train
+    """Train a plan for real on MPI workers and report test accuracy; with --checkpoint-dir, write checkpoints and,
+    at the end, the whole trained model (model.safetensors) there. With --elastic, a device that dies or slows
+    makes TAPP plan again and go on from the last checkpoint."""
+    import dataclasses
 
+    from tapp_core.model.workload import RunSpec, check_workload_data
+
+    model = model_of_plan(model, plan_file)
+    workload = checked_workload(model)
+    if elastic and (checkpoint_dir is None or checkpoint_every <= 0):
+        raise TappError("--elastic needs checkpoints: give --checkpoint-dir and --checkpoint-every (steps)")
+    checkpoints = checkpoint_options(checkpoint_dir, checkpoint_every, resume)
+    if checkpoints is not None:  # a checkpoint that cannot be resumed fails here, before the data and plan checks
+        from tapp_core.runtime.checkpoint import prepare_checkpoints
+
+        checkpoints, _ = prepare_checkpoints(checkpoints, workload, read_plan(model, plan_file).batch_size)
     directory = str(data_dir) if data_dir is not None else None
-    dataset = chosen_dataset(dataset, data_dir)
+    dataset = chosen_dataset(dataset, data_dir) if workload.images else dataset or workload.data
     with error_console.status(f"checking the {dataset} data"):
-        check_dataset(dataset, directory)  # every file, before any rank starts: bad data fails here, in one line
+        # every file, before any rank starts: bad data fails here, in one line
+        check_workload_data(dataclasses.replace(workload, data=dataset), directory)
+    spec = RunSpec(
+        workload=dataclasses.replace(workload, data=dataset),
+        seed=seed,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        data_dir=directory,
+        augment=augment,
+        checkpoints=checkpoints,
+    )
     [chosen], target = _plans_to_run(model, [plan_file], cluster, library, allow_oversubscribe)
     with error_console.status(f"training plan {chosen.id} on {target.name} for {epochs} epoch(s) ({_ranks(chosen)})"):
-        result = run_train(
-            chosen,
-            target,
-            model,
-            dataset=dataset,
-            data_dir=directory,
-            epochs=epochs,
-            seed=seed,
-            emulate=emulate,
-            steps_per_epoch=steps_per_epoch,
-            augment=augment,
-        )
+        result = _train_plan(chosen, target, spec, emulate, elastic, library)
     if not result.ok:
         raise fail(f"training plan {chosen.id} failed: {result.error}")
-    for epoch, (loss, accuracy, seconds) in enumerate(
-        zip(result.epoch_losses, result.epoch_test_accuracy, result.epoch_times_s, strict=False), start=1
-    ):
-        console.print(f"epoch {epoch}: train loss {loss:.4f}, test accuracy {accuracy:.2%}, {seconds:.1f} s")
-    note = " (synthetic data: accuracy means nothing)" if dataset == "synthetic" else ""
-    console.print(f"test accuracy {result.test_accuracy:.2%} on {result.test_samples} samples{note}")
+    print_training(result, workload, dataset)
+    if checkpoints is not None and checkpoints.folder is not None:
+        from tapp_core.runtime.checkpoint import MODEL_FILE
+
+        console.print(
+            f"checkpoints in {checkpoints.folder}; the trained model: {Path(checkpoints.folder) / MODEL_FILE}"
+        )
+
+
+def _train_plan(
+    chosen: Plan, target: Cluster, spec: RunSpec, emulate: bool | None, elastic: bool, library: Path | None
+) -> TrainResult:
+    """Train ``chosen`` as ``spec`` says; ``elastic``: re-planned (costed from ``library``, as ``--library`` gives
+    it) when a device dies or slows, each event printed."""
+    from tapp_core.runtime import train as run_train
+
+    if not elastic:
+        return run_train(chosen, target, spec, emulate=emulate)
+    from tapp_core.cost.calibration import cluster_calibration
+    from tapp_core.cost.context import CostContext
+    from tapp_core.runtime.elastic import ElasticOptions
+    from tasks.elastic import train_elastically
+
+    layers = cluster_library(chosen.model, chosen.batch_size, library, target)
+    context = CostContext(layers, target, cluster_calibration(target, target, layers), spec.workload.optimizer)
+    done = train_elastically(chosen, spec, context, None, options=ElasticOptions(emulate=emulate))
+    for event in done.events:
+        console.print(f"elastic: {event.message}", highlight=False)
+    lost = sum(event.steps_lost for event in done.events)
+    console.print(f"elastic: {done.steps_done} of {done.total_steps} steps on {len(done.spans)} plan(s), {lost} lost")
+    return done.result
+
+
+def checkpoint_options(folder: Path | None, every: int, resume: Path | None) -> CheckpointOptions | None:
+    """The training's checkpoint options (None: neither written nor resumed); a resumed training writes its
+    checkpoints beside the one it resumes unless given a folder."""
+    if folder is None and resume is None:
+        if every:
+            raise TappError("--checkpoint-every needs --checkpoint-dir")
+        return None
+    from tapp_core.model.checkpoint_options import CheckpointOptions
+
+    return CheckpointOptions(
+        str(folder) if folder is not None else None, every, str(resume) if resume is not None else None
+    )
+
+
+def export(
+    checkpoint: Annotated[Path, typer.Option(help="a checkpoint (step-* folder) or a folder of them (its newest)")],
+    out: Annotated[Path, typer.Option(help="the safetensors file to write")],
+) -> None:
+    """Write a training checkpoint's whole model, under the model's own parameter names, as one safetensors file."""
+    from tapp_core.paths import check_output_file
+    from tapp_core.runtime.checkpoint import Checkpoint, export_model
+
+    check_output_file(out, "--out")
+    opened = Checkpoint.open(checkpoint)
+    path = export_model(opened, out)
+    step = opened.position()[0]
+    console.print(f"model {opened.model} after step {step} ({opened.folder}) written to {path}")

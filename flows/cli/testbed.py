@@ -1,4 +1,4 @@
-"""``tapp testbed up`` and ``tapp testbed down``: a real cluster of several hosts on this one (``tapp_core.testbed``)."""
+"""``tapp testbed up`` and ``tapp testbed down``: a real cluster of several hosts on this one (``tapp_core.platform.testbed``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def testbed_up(
 ) -> None:
     """Make the cluster's hosts here and write its real cluster file (`emulated: false`, every device on its host):
     then `tapp measure`, `tapp calibrate`, `tapp run`... with `--cluster FILE` run on them."""
-    from tapp_core.testbed import up
+    from tapp_core.platform.testbed import up
 
     up(
         cluster,
@@ -61,7 +61,7 @@ def testbed_up(
 @reports_user_errors
 def testbed_down(name: NameOpt = "tapptb", state: StateOpt = None) -> None:
     """End every process of the testbed's hosts and remove its namespaces, links, control groups and state."""
-    from tapp_core.testbed import down
+    from tapp_core.platform.testbed import down
 
     if not down(name, state, log=lambda line: console.print(line, highlight=False)):
         console.print(f"no testbed named {name!r} is up")
@@ -69,7 +69,7 @@ def testbed_down(name: NameOpt = "tapptb", state: StateOpt = None) -> None:
 
 def parse_cores(text: str | None) -> list[int] | None:
     """``0-3,6`` as [0, 1, 2, 3, 6]; None for none given."""
-    from tapp_core.testbed import TestbedError
+    from tapp_core.platform.testbed import TestbedError
 
     if text is None:
         return None

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.library import LayerLibrary
-from tapp_core.planners.costs import LayerCosts
+from tapp_core.planners.stage_costs import LayerCosts
+from tapp_core.profile.library import LayerLibrary
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 AutoDDL describes a parallelisation scheme with OneFlow's SBP layouts and searches it by coordinate descent over
 an analytical cost model. Here the scheme is a contiguous pipeline plan whose stages may run on groups of devices,
-each layer of a group with a signature (``tapp_core.placement``: ``data``, or a Linear's or Conv2d's ``col`` and
-``row`` splits), and the model is ``tapp_core.costmodel``. The coordinates are Pipeline CD's
+each layer of a group with a signature (``tapp_core.plan.placement``: ``data``, or a Linear's or Conv2d's ``col`` and
+``row`` splits), and the model is ``tapp_core.cost.simulation``. The coordinates are Pipeline CD's
 (``pipeline_cd.Descent``: stage boundaries, device groups, replication, the number of stages, micro-batches) and:
 
 - each split-capable layer's signature on a group of several devices;
@@ -11,7 +11,8 @@ each layer of a group with a signature (``tapp_core.placement``: ``data``, or a 
   Megatron's pairs; the heaviest layer and its neighbour as a pair; Megatron's attention and MLP splits, found by the
   layout pass), because one layer's split alone rarely pays;
 - a left-over device added to a stage together with a pattern (a replica that only pays once the layers split);
-- the group's shares: equal, or in proportion to the devices' speeds (their kinds' libraries and speeds).
+- the group's shares: equal, or in proportion to the devices' speeds (their kinds' libraries and speeds);
+- each stage's activation recomputation, on or off (``Plan.recompute``: memory for a forward more).
 
 The search runs Pipeline CD's descent to its end (from a split balanced to the devices' speeds), then sweeps every
 coordinate above from there, and again from every device running the whole model (data parallel, shares by
@@ -24,16 +25,16 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.placement import SIGNATURES
-from tapp_core.plan import Plan
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.placement import SIGNATURES
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import ProgressCallback
-from tapp_core.planners.costs import relative_speeds, speed_shares
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.moves import Groups, unused_devices, with_group
 from tapp_core.planners.patterns import PATTERNS, pattern_signatures, with_signatures
 from tapp_core.planners.pipeline_cd import Descent, PipelineCdPlanner, Point
+from tapp_core.planners.stage_costs import relative_speeds, speed_shares
+from tapp_core.profile.library import LayerLibrary
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,14 @@ class SbpPoint(Point):
     """(layer, signature) of the layers that run other than ``data`` (kept only on groups of several devices)."""
     proportional: bool = True
     """Groups share their work in proportion to their devices' speeds (else equally)."""
+    recompute: tuple[int, ...] = ()
+    """The stages that recompute their activations (``Plan.recompute``; none whose layers run split)."""
 
 
 class SbpDescent(Descent):
     def __init__(self, planner: PipelineCdPlanner, library: LayerLibrary, evaluator: PlanEvaluator, batch: int):
         super().__init__(planner, library, evaluator, batch)
-        self.speeds = relative_speeds(library, evaluator.cluster)
+        self.speeds = relative_speeds(evaluator.context)
         self.splittable = [x.index for x in library.layers if x.op in SIGNATURES]
         self.weight = {x.index: x.param_bytes for x in library.layers}
 
@@ -63,12 +66,14 @@ class SbpDescent(Descent):
         shares: tuple[tuple[float, ...], ...] = ()
         if point.proportional and grouped:
             shares = tuple(speed_shares(self.speeds, group) for group in point.groups)
-        return dataclasses.replace(plan, signatures=signatures, stage_shares=shares)
+        split = {plan.stage_of_layer[x] for x, _ in signatures}
+        recompute = tuple(s for s in point.recompute if s < plan.n_stages and s not in split)
+        return dataclasses.replace(plan, signatures=signatures, stage_shares=shares, recompute=recompute)
 
     def coordinates(self, point: Point) -> list[Iterator[Point]]:
         assert isinstance(point, SbpPoint)
         out = super().coordinates(point)
-        out += [self._grown(point), self._patterns(point), self._shares(point)]
+        out += [self._grown(point), self._patterns(point), self._shares(point), self._recompute(point)]
         out += [self._layer(point, x) for x in self._grouped_splittable(point)]
         return out
 
@@ -85,6 +90,11 @@ class SbpDescent(Descent):
 
     def _shares(self, p: SbpPoint) -> Iterator[Point]:
         yield dataclasses.replace(p, proportional=not p.proportional)
+
+    def _recompute(self, p: SbpPoint) -> Iterator[Point]:
+        for stage in range(len(p.groups)):
+            turned = set(p.recompute) ^ {stage}
+            yield dataclasses.replace(p, recompute=tuple(sorted(turned)))
 
     def _patterns(self, p: SbpPoint) -> Iterator[Point]:
         stages = self._stage_of(p)
@@ -119,13 +129,12 @@ class AutoDdlPlanner(PipelineCdPlanner):
 
     name = "autoddl"
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        evaluator = PlanEvaluator(library, cluster, self.calibration, budget=budget)
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
+        evaluator = PlanEvaluator(context, budget=budget)
         batch = self.resolved_batch_size(library)
         pipeline = Descent(self, library, evaluator, batch)
-        reached, first = self.descend(pipeline, self._start(library, cluster, pipeline), progress)
+        reached, first = self.descend(pipeline, self._start(context, pipeline), progress)
         split = SbpDescent(self, library, evaluator, batch)
         sweeps = first
         for start in (

@@ -1,5 +1,6 @@
-"""What every planner is: ``plan(library, cluster, budget) -> Plan``, its shared options, and the registry.
+"""What every planner is: ``plan(context, budget) -> Plan``, its shared options, and the registry.
 
+``context`` is the run's ``tapp_core.cost.context.CostContext`` (library, cluster, calibration).
 A planner is a small dataclass whose fields are its options; ``get_planner(name, **options)`` builds one by
 name and rejects an option it does not have with a message listing those it has. ``budget`` is the most
 reward evaluations (cost-model estimates or runtime measurements) a searching planner may spend; constructive
@@ -16,56 +17,144 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from tapp_core.cluster import Cluster
-from tapp_core.costmodel import estimate
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
-from tapp_core.schedules import SCHEDULES, UnknownScheduleError, parse_schedule_spec, schedule_spec
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import SCHEDULES, UnknownScheduleError, parse_schedule_spec, schedule_spec
+from tapp_core.profile.library import LayerLibrary
+
+
+@dataclass(frozen=True)
+class Space:
+    """What a method searches: the schedules it chooses among by default, and whether its plans may have several
+    stages (a pipeline), replicated stages, split layers (operator parallelism) and uneven shares of a group's work;
+    ``exhaustive``: it proves the optimum over that space under the cost model."""
+
+    schedules: tuple[str, ...] = ("1f1b",)
+    stages: bool = True
+    replicas: bool = True
+    split_layers: bool = False
+    uneven_shares: bool = False
+    exhaustive: bool = False
+
+    def describe(self) -> str:
+        """The space in words: "optimal over pipelines of replicated stages (1f1b, async) without split layers"."""
+        kind = "pipelines" if self.stages else "one stage" if self.replicas else "one device"
+        kind += " of replicated stages" if self.replicas and self.stages else ""
+        kind += " replicated on several devices" if self.replicas and not self.stages else ""
+        parts = [f"{kind} ({', '.join(self.schedules)})"]
+        with_ = [w for w, on in (("split layers", self.split_layers), ("uneven shares", self.uneven_shares)) if on]
+        without = [
+            w for w, on in (("split layers", self.split_layers), ("uneven shares", self.uneven_shares)) if not on
+        ]
+        parts += [f"with {' and '.join(with_)}"] if with_ else []
+        parts += [f"without {' or '.join(without)}"] if without else []
+        return ("optimal over " if self.exhaustive else "searches ") + " ".join(parts)
+
+    def holds(self, plan: Plan) -> bool:
+        """Whether ``plan`` lies in this space."""
+        replicated = any(len(group) > 1 for group in plan.stage_devices)
+        uneven = any(len(set(shares)) > 1 for shares in plan.stage_shares)
+        return (
+            plan.schedule.partition(":")[0] in self.schedules
+            and (self.stages or plan.n_stages == 1)
+            and (self.replicas or not replicated)
+            and (self.split_layers or not plan.signatures)
+            and (self.uneven_shares or not uneven)
+        )
 
 
 @dataclass(frozen=True)
 class Method:
     """A planner as the experiments name it: its name (``tapp plan --planner``, ``tapp run --methods``, MLflow's
-    ``method`` tag), the label the report gives it (the paper's, where the paper has one) and what it is."""
+    ``method`` tag), the label the report gives it (the paper's, where the paper has one), what it is and what it
+    searches (``space``)."""
 
     name: str
     target: str
     """``module:Class`` under tapp_core.planners, imported on first use: the DP planners never pay for torch's
-    import and no planner module imports another's."""
+    import."""
     label: str
     description: str
+    space: Space = Space()
+    builds_on: tuple[str, ...] = ()
+    """The planners whose modules this one's import (its own sub-package's, for TAPP): a planner module imports
+    another planner's only where this declares it (``tests/test_import_graph.py`` checks both ways)."""
+
+
+_ONE_DEVICE = Space(stages=False, replicas=False)
+_TAPP_SPACE = Space(("1f1b", "async"), split_layers=True, uneven_shares=True)
+_TAPP_BUILDS_ON = ("bsp", "even", "pipedream", "autoddl", "oracle")
+"""TAPP's sub-package: the warm start's planners, the polish's cuts (tapp-rl shares the module, not their use)."""
 
 
 _METHODS: tuple[Method, ...] = (
-    Method("tapp", "tapp.planner:TappPlanner", "TAPP", "the reinforcement-learning search of the TAPP paper"),
+    Method(
+        "tapp",
+        "tapp.planner:TappPlanner",
+        "TAPP",
+        "the reinforcement-learning search of the TAPP paper",
+        _TAPP_SPACE,
+        builds_on=_TAPP_BUILDS_ON,
+    ),
+    Method(
+        "tapp-rl",
+        "tapp.planner:TappRlPlanner",
+        "TAPP (RL alone)",
+        "TAPP's reinforcement learning alone: no warm start from the other planners' plans, no polish",
+        _TAPP_SPACE,
+        builds_on=_TAPP_BUILDS_ON,
+    ),
     Method(
         "single-cpu",
         "single:SingleCpuPlanner",
         "SingleCPU",
         "the whole model on the fastest CPU whose memory holds it",
+        _ONE_DEVICE,
     ),
     Method(
         "single-gpu",
         "single:SingleGpuPlanner",
         "SingleGPU",
         "the whole model on the fastest GPU whose memory holds it",
+        _ONE_DEVICE,
     ),
-    Method("bsp", "bsp:BspPlanner", "BSP", "synchronous data parallelism over the devices that divide the batch"),
-    Method("even", "even:EvenPlanner", "Even split", "GPipe-style split of the layers by count and time"),
+    Method(
+        "bsp",
+        "bsp:BspPlanner",
+        "BSP",
+        "synchronous data parallelism over the devices that divide the batch",
+        Space(stages=False),
+    ),
+    Method(
+        "even",
+        "even:EvenPlanner",
+        "Even split",
+        "GPipe-style split of the layers by count and time",
+        Space(replicas=False),
+    ),
     Method(
         "pipetorch",
         "pipetorch:PipeTorchPlanner",
         "Pipe-Torch",
         "Pipe-Torch's dynamic programming over device speeds and links",
+        Space(replicas=False),
     ),
-    Method("pipedream", "pipedream:PipeDreamPlanner", "PipeDream/APapo", "the antichain DP of PipeDream and APapo"),
+    Method(
+        "pipedream",
+        "pipedream:PipeDreamPlanner",
+        "PipeDream/APapo",
+        "the antichain DP of PipeDream and APapo",
+        Space(("async",)),
+    ),
     Method(
         "autoddl",
         "autoddl:AutoDdlPlanner",
         "AutoDDL",
         "coordinate descent over the cost model, with operator parallelism (SBP layouts) inside stages",
+        Space(split_layers=True, uneven_shares=True),
+        builds_on=("pipeline-cd",),  # its descent, with layouts added
     ),
     Method(
         "pipeline-cd",
@@ -78,8 +167,11 @@ _METHODS: tuple[Method, ...] = (
         "oracle:OraclePlanner",
         "Oracle",
         "exhaustive search: the optimum under the cost model, on small graphs",
+        Space(("1f1b", "async"), exhaustive=True),
     ),
-    Method("single", "single:SinglePlanner", "Single", "the whole model on the fastest device of any kind"),
+    Method(
+        "single", "single:SinglePlanner", "Single", "the whole model on the fastest device of any kind", _ONE_DEVICE
+    ),
 )
 _REGISTRY: dict[str, Method] = {method.name: method for method in _METHODS}
 OLD_NAMES: tuple[str, ...] = ("single",)
@@ -89,10 +181,21 @@ PAPER_METHODS: tuple[str, ...] = ("single-cpu", "pipetorch", "bsp", "tapp")
 """The TAPP paper's comparison, in its table's column order: SingleCPU, Pipe-Torch, BSP, TAPP."""
 
 
+def registered_methods() -> tuple[Method, ...]:
+    """Every method of the registry, the old names' included."""
+    return _METHODS
+
+
 def method_label(name: str) -> str:
     """The report's label of method ``name`` (the name itself for one the registry does not know)."""
     found = _REGISTRY.get(name)
     return found.label if found is not None else name
+
+
+def method_space(name: str) -> Space | None:
+    """What method ``name`` searches (None for one the registry does not know)."""
+    found = _REGISTRY.get(name)
+    return found.space if found is not None else None
 
 
 def method_description(name: str) -> str:
@@ -139,8 +242,7 @@ class Planner(Protocol):
 
     def plan(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         budget: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Plan: ...
@@ -162,10 +264,9 @@ class PlannerBase:
     """The schedules a searching planner may choose among (each its best plan; the fastest wins); None: just
     ``schedule``."""
     staleness: int | None = None
-    """The staleness bound of the asynchronous schedule (``tapp_core.schedules``); None: the pipeline's depth."""
+    """The staleness bound of the asynchronous schedule (``tapp_core.plan.schedules``); None: the pipeline's depth."""
     seed: int = 0
     progress: ProgressCallback | None = field(default=None, repr=False)
-    calibration: Calibration = DEFAULT_CALIBRATION
 
     searches_schedules: ClassVar[bool] = False
     """Whether ``_plan`` chooses among ``schedule_specs`` itself; otherwise ``plan`` runs it once per schedule."""
@@ -192,8 +293,7 @@ class PlannerBase:
 
     def plan(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         budget: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Plan:
@@ -201,38 +301,34 @@ class PlannerBase:
         if budget is not None and budget <= 0:
             raise PlannerError(f"budget must be a positive number of reward evaluations, got {budget}")
         started = time.perf_counter()
-        found = self._plan_each_schedule(library, cluster, budget, progress or self.progress)
+        found = self._plan_each_schedule(context, budget, progress or self.progress)
         wall = time.perf_counter() - started
-        predicted = estimate(found, library, cluster, self.calibration).step_time
+        predicted = estimate(found, context).step_time_s
         notes = {"search_wall_s": wall, "evaluations": 0, **found.notes, "estimated_step_time_s": predicted}
         return dataclasses.replace(found, planner=self.name, notes=notes)
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
         raise NotImplementedError
 
-    def _plan_each_schedule(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
+    def _plan_each_schedule(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
         """``_plan``, once per schedule unless the planner chooses among them itself (each with its share of the
         budget); the plan the cost model finds fastest, with every schedule's estimate in its notes."""
         names = self.schedules or (self.schedule,)
         if len(names) == 1 or self.searches_schedules:
-            return self._plan(library, cluster, budget, progress)
+            return self._plan(context, budget, progress)
         share = None if budget is None else max(1, budget // len(names))
         found: dict[str, tuple[float, Plan]] = {}
         for name in names:
             one = dataclasses.replace(self, schedule=name, schedules=None)
-            plan = one._plan(library, cluster, share, progress)
-            found[name] = (estimate(plan, library, cluster, self.calibration).step_time, plan)
+            plan = one._plan(context, share, progress)
+            found[name] = (estimate(plan, context).step_time_s, plan)
         best = min(found, key=lambda name: found[name][0])
         notes = {**found[best][1].notes, "schedule_estimates_s": {name: t for name, (t, _) in found.items()}}
         return dataclasses.replace(found[best][1], notes=notes)
 
     @property
     def schedule_spec(self) -> str:
-        """``schedule`` with the staleness bound where it takes one (``tapp_core.schedules.schedule_spec``)."""
+        """``schedule`` with the staleness bound where it takes one (``tapp_core.plan.schedules.schedule_spec``)."""
         return schedule_spec(self.schedule, self.staleness)
 
     @property

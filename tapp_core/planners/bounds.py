@@ -14,8 +14,8 @@ chains. When stage ``s`` consumes the output of the layer just before it (and so
 
 Chain terms use a stage's fastest replica and only the one tensor the layer before the cut sends (latency plus
 its bytes over the link); a stage's own work uses its slowest replica. Transfers are otherwise left out, so
-every term can only under-estimate the simulation in ``tapp_core.costmodel``. Each replica's work is costed from
-its own kind's library (``costs.DeviceCosts``), so a group's replicas are taken per library.
+every term can only under-estimate the simulation in ``tapp_core.cost.simulation``. Each replica's work is costed from
+its own kind's library (``stage_costs.DeviceCosts``), so a group's replicas are taken per library.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import Calibration, allreduce_s, compute_s, device_transfer_s, transfer_s, update_s
-from tapp_core.library import LayerLibrary
-from tapp_core.planners.costs import DeviceCosts, LayerCosts
-from tapp_core.schedules import PipelineSchedule, parse_schedule_spec, schedule_for
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.formulas import allreduce_s, compute_s, device_transfer_s, transfer_s, update_s
+from tapp_core.plan.schedules import PipelineSchedule, parse_schedule_spec, schedule_for
+from tapp_core.planners.stage_costs import DeviceCosts, LayerCosts
+from tapp_core.profile.library import LayerLibrary
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def device_group(costs: DeviceCosts, devices: Sequence[str], samples: int) -> De
     """The group of ``devices`` as replicas of a stage, at micro-batches of ``samples`` samples."""
     devices = tuple(devices)
     terms = costs.terms
-    cluster, calibration = costs.cluster, costs.calibration
+    cluster, calibration = costs.context.cluster, costs.context.calibration
     parts: dict[tuple[int, str], list[str]] = {}
     for d in devices:
         parts.setdefault((id(terms[d].library), terms[d].kind), []).append(d)
@@ -100,10 +100,10 @@ def _kind_part(costs: DeviceCosts, devices: list[str]) -> KindPart:
 def _least_ratio(costs: DeviceCosts, device: str, samples: int) -> float:
     """The least ratio, layer by layer, of ``device``'s library's work to the reference library's (1 for the
     reference itself)."""
-    if costs.terms[device].library is costs.library:
+    if costs.terms[device].library is costs.context.library:
         return 1.0
     own = np.diff(costs.layer_costs(device, samples).work_prefix)
-    reference = np.diff(LayerCosts.from_library(costs.library, samples).work_prefix)
+    reference = np.diff(LayerCosts.from_library(costs.context.library, samples).work_prefix)
     timed = reference > 0
     return float(np.min(own[timed] / reference[timed])) if timed.any() else 1.0
 
@@ -115,7 +115,7 @@ class PartTerms:
     forward: float
     backward: float
     reduce: float
-    """The replicas' gradient reductions (which may overlap the backward, ``tapp_core.program``)."""
+    """The replicas' gradient reductions (which may overlap the backward, ``tapp_core.plan.program``)."""
     tail: float
     """The update."""
 
@@ -146,16 +146,15 @@ class StepTimeBound:
 
     def __init__(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
-        calibration: Calibration,
+        context: CostContext,
         schedule: str,
         micro_batches: int,
         batch_size: int | None = None,
     ) -> None:
         # Costed at the micro-batch size: exact for one replica, a lower bound for several (see costs).
+        library, cluster, calibration = context.library, context.cluster, context.calibration
         self.samples = max(1, (batch_size or library.batch_size) // micro_batches)
-        self.device_costs = DeviceCosts(library, cluster, calibration)
+        self.device_costs = DeviceCosts(context)
         self.costs = LayerCosts.from_library(library, self.samples)
         """The reference library's prefix sums (positions, traffic, and the work the oracle prunes with)."""
         self.cluster = cluster
@@ -200,7 +199,7 @@ class StepTimeBound:
         )
 
     def _library_costs(self, library: LayerLibrary) -> LayerCosts:
-        if library is self.device_costs.library:
+        if library is self.device_costs.context.library:
             return self.costs
         device = next(d for d, t in self.device_costs.terms.items() if t.library is library)
         return self.device_costs.layer_costs(device, self.samples)

@@ -1,10 +1,16 @@
 """Step times of candidate plans on the cost model, memoised by plan id, with the best plan kept.
 
+Each plan is estimated once: the evaluator keeps the terms of every estimate it made (``StepTerms``: the step
+time, and per device compute, communication and memory), which what reports a search's plans after it
+(``tasks.search.sampled_plans``) reuses. It keeps no ``Estimate``: one holds its whole simulation until its timeline
+is read, some 70 KiB for AlexNet on 4 devices, and a search makes thousands.
+
 A plan the cost model or ``validate`` rejects (memory exceeded, a replica count that does not divide the
 micro-batch...) costs ``inf``: searches treat it as the worst possible plan rather than crashing. Searches
 estimate thousands of candidates, so the checks that can fail for a structurally sound candidate (memory,
 replica counts) are screened in one vectorised pass, and the full ``validate`` runs on every plan that would
-become the best, so the best plan is always fully validated.
+become the best, so the best plan is always fully validated. Every candidate is first put to the runtime's rule
+(``tapp_core.plan.rule.check_runs``): a plan the runtime would refuse is never costed.
 """
 
 from __future__ import annotations
@@ -13,41 +19,74 @@ import math
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.costmodel import estimate
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, check_memory, device_memory_bytes, validate
+from tapp_core.cost.checks import check_memory, validate
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.simulation import estimate
+from tapp_core.measure.step import StepTerms
+from tapp_core.plan.plan import (
+    InputCounter,
+    Plan,
+    PlanError,
+    device_memory_terms,
+    held_activation_bytes,
+    model_trace_bytes,
+)
+from tapp_core.plan.rule import ModelFacts, check_runs
+from tapp_core.plan.ties import tied_copy_bytes
 
 
 class MemoryScreen:
     """``validate``'s group and memory checks (``check_groups``, ``check_memory``) as one yes or no, with the stage
     sums vectorised over layers."""
 
-    def __init__(self, library: LayerLibrary, cluster: Cluster) -> None:
-        self.library, self.cluster = library, cluster
+    def __init__(self, context: CostContext) -> None:
+        self.context = context
+        library, cluster = context.library, context.cluster
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
-        self.activations = np.array([layer.activation_bytes for layer in library.layers], dtype=np.float64)
+        self.activations = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
         self.memory = {d.name: d.memory for d in cluster.devices}
+        self.shared = library.shared
+        self.inputs = InputCounter(library)
+        self.optimizer_state = context.optimizer_state
+        self.trace = model_trace_bytes(library)
 
     def fits(self, plan: Plan) -> bool:
         if plan.signatures:  # split weights: each device holds its share (the full count, layer by layer)
             if any(len(devices) > plan.micro_batch_size for devices in plan.stage_devices):
                 return False
             try:
-                check_memory(plan, self.library, self.cluster)
+                check_memory(plan, self.context)
             except PlanError:
                 return False
             return True
         stages = np.asarray(plan.stage_of_layer)
         params = np.bincount(stages, self.params, plan.n_stages)
+        if self.shared:
+            params += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, self.shared)
         activations = np.bincount(stages, self.activations, plan.n_stages)
+        largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
+        np.maximum.at(largest, stages, self.params)
+        np.maximum.at(widest, stages, self.activations)
+        inputs = self.inputs.per_stage(plan.stage_of_layer, plan.n_stages)
         for stage, devices in enumerate(plan.stage_devices):
             if len(devices) > plan.micro_batch_size:
                 return False
+            held = float(params[stage])
             for device, (start, stop) in zip(devices, plan.rows(stage), strict=True):
-                need = device_memory_bytes(plan, stage, stop - start, float(params[stage]), float(activations[stage]))
-                if need > self.memory.get(device, 0):
+                terms = device_memory_terms(
+                    plan,
+                    stage,
+                    stop - start,
+                    held,
+                    float(activations[stage]),
+                    float(inputs[stage]),
+                    float(largest[stage]),
+                    held,
+                    float(widest[stage]),
+                    self.optimizer_state,
+                    self.trace,
+                )
+                if sum(terms.values()) > self.memory.get(device, 0):
                     return False
         return True
 
@@ -55,26 +94,24 @@ class MemoryScreen:
 class PlanEvaluator:
     def __init__(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
-        calibration: Calibration = DEFAULT_CALIBRATION,
+        context: CostContext,
         budget: int | None = None,
         lazy_validation: bool = False,
     ) -> None:
-        self.library = library
-        self.cluster = cluster
-        self.calibration = calibration
+        self.context = context
         self.budget = budget
         self.lazy_validation = lazy_validation
         """Check memory only for plans that would be the new best: for searches that use nothing but the best
         (the oracle); a slower plan's cached time may then belong to a plan that does not fit."""
-        self.screen = MemoryScreen(library, cluster)
+        self.screen = MemoryScreen(context)
+        self.model = ModelFacts.of_library(context.library)
         self.evaluations = 0
         """Distinct plans evaluated (cache hits are free)."""
         self.failures = 0
         self.best_plan: Plan | None = None
         self.best_time = math.inf
         self._cache: dict[str, float] = {}
+        self._terms: dict[str, StepTerms] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -90,11 +127,12 @@ class PlanEvaluator:
             return cached
         self.evaluations += 1
         try:
+            check_runs(plan, self.model)
             if not self.lazy_validation and not self.screen.fits(plan):
                 raise PlanError("does not fit")
-            value = estimate(plan, self.library, self.cluster, self.calibration).step_time
+            value = self.terms(plan).step_time_s
             if value < self.best_time:
-                validate(plan, self.library, self.cluster)
+                validate(plan, self.context)
         except PlanError:
             self.failures += 1
             value = math.inf
@@ -102,6 +140,14 @@ class PlanEvaluator:
         if value < self.best_time:
             self.best_time, self.best_plan = value, plan
         return value
+
+    def terms(self, plan: Plan) -> StepTerms:
+        """The terms of the cost model's estimate of ``plan`` (its ``PlanError`` if it has none), estimated once per
+        plan."""
+        found = self._terms.get(plan.id)
+        if found is None:
+            found = self._terms[plan.id] = estimate(plan, self.context).terms
+        return found
 
     def export_cache(self) -> dict[str, float]:
         return dict(self._cache)

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.errors import TappError
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
@@ -63,9 +64,8 @@ class EvenPlanner(PlannerBase):
         if self.stages is not None and self.stages <= 0:
             raise PlannerError(f"even planner: stages must be positive, got {self.stages}")
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
         n_stages = min(self.stages or len(cluster.devices), len(cluster.devices), len(library.layers))
         if self.by == "time":
             weights = [layer.forward_s + layer.backward_s for layer in library.layers]
@@ -73,7 +73,7 @@ class EvenPlanner(PlannerBase):
             weights = [1.0] * len(library.layers)
         cuts = min_max_partition(weights, n_stages)
         devices = [[d] for d in cluster.device_names[:n_stages]]
-        evaluator = PlanEvaluator(library, cluster, self.calibration)
+        evaluator = PlanEvaluator(context)
         candidates = [
             contiguous_plan(library, cuts, devices, m, self.schedule_spec, self.resolved_batch_size(library))
             for m in self.micro_batch_choices(library)
@@ -81,6 +81,16 @@ class EvenPlanner(PlannerBase):
         plan, step_time = evaluator.best(candidates)
         if step_time == float("inf"):
             raise PlannerError(
-                f"the even split of {library.model} over {n_stages} devices of {cluster.name!r} does not fit in memory"
+                f"the even split of {library.model} over {n_stages} devices of {cluster.name!r} cannot run: "
+                f"{_refusal(candidates[0], context)}"
             )
         return dataclasses.replace(plan, notes={"evaluations": evaluator.evaluations, "by": self.by})
+
+
+def _refusal(plan: Plan, context: CostContext) -> str:
+    """Why ``plan`` cannot run (``validate``'s reason: the runtime's rule, the devices or the memory)."""
+    try:
+        validate(plan, context)
+    except TappError as exc:
+        return str(exc)
+    return "no micro-batch count fits"

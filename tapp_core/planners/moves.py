@@ -4,20 +4,22 @@
 A contiguous plan is a cut list (see ``space``) with one device group per stage, in pipeline order. The moves
 here are the ones both searches make: a stage boundary moved between its neighbours, two stages' device groups
 exchanged, one stage's group changed (a device added to it, say), and the moves that shrink a plan (a replica
-dropped, two neighbouring stages merged). Each search chooses which positions and devices to try, and in which
-order; the moves only one search makes stay with it.
+dropped, two neighbouring stages merged), and a stage's activation recomputation turned on or off (memory traded
+for a forward more). Each search chooses which positions and devices to try, and in which order; the moves only
+one search makes stay with it.
 
-Devices of one class (``planners.costs.device_classes``: interchangeable, no estimate tells them apart) are tried
+Devices of one class (``planners.stage_costs.device_classes``: interchangeable, no estimate tells them apart) are tried
 once where a ``class_of`` mapping is given: a move to another device of the same class gives the same plan up to
 names, so large clusters of a few kinds of device cost a few moves, not one per device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from tapp_core.plan import Plan
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.space import stages_from_cuts
 
 Groups = tuple[tuple[str, ...], ...]
@@ -107,6 +109,16 @@ def merged_neighbours(plan: Plan) -> Iterator[Plan]:
         for group in merged:
             devices = (*groups[:j], group, *groups[j + 2 :])
             yield plan.regrouped(stage_of_layer=stages, stage_devices=devices)
+
+
+def recompute_toggled(plan: Plan) -> Iterator[Plan]:
+    """The plan with one stage's activation recomputation turned on or off, stage by stage (a stage whose layers
+    run split signatures cannot recompute: it is left as it is)."""
+    for stage in range(plan.n_stages):
+        if plan.recomputes(stage):
+            yield dataclasses.replace(plan, recompute=tuple(s for s in plan.recompute if s != stage))
+        elif not plan.runs_split(stage):
+            yield dataclasses.replace(plan, recompute=(*plan.recompute, stage))
 
 
 def collapsed(plan: Plan, devices: Sequence[str]) -> Iterator[Plan]:

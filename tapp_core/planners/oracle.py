@@ -2,7 +2,8 @@
 
 The space is every *contiguous* plan (stages are ranges of the topological order, which is always monotone
 over the DAG), with any number of stages, any ordered choice of disjoint device groups (a group of several
-devices is a replicated stage), and every micro-batch choice, for the given schedule. By default a stage may
+devices is a replicated stage), and every micro-batch choice, for each of its schedules (1f1b and async unless
+told otherwise: the faster optimum is kept). By default a stage may
 end at any of the ``n - 1`` positions; ``clean_cuts_only`` and ``max_blocks`` coarsen the graph (cut only
 where one tensor crosses; then merge the lightest neighbouring blocks), and the plan's notes say how many
 positions were searched. Plans that differ only by swapping interchangeable devices are tried once.
@@ -13,6 +14,12 @@ only grows) and abandoned once it reaches the incumbent, and a plan is only esti
 below the incumbent. Every plan of the space is therefore either estimated or proved no better
 (``proved_optimal`` in the notes; False only when a budget or time limit cut the search short). The incumbent
 starts from a balanced cut of every device grouping, which only speeds the proof up.
+
+Activation recomputation (``Plan.recompute``) is searched exactly at no cost in plans: each plan of the space
+recomputes on exactly the stages whose devices could not hold their activations otherwise
+(``checks.recomputing_where_needed``), the fastest of its variants that fits, since a stage's memory depends on
+its own choice alone and recomputing only adds time. The step-time bound of a plan without recomputation bounds
+its variants with it too.
 
 ``time_limit_s`` covers the whole search: the enumeration of device groupings (fewest stages first, for at most a
 quarter of the limit), their starting incumbents (estimated until half the time left, so that the branch and bound
@@ -38,17 +45,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.cost.checks import recomputing_where_needed
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
 from tapp_core.planners.bounds import Chain, StepTimeBound
-from tapp_core.planners.costs import device_classes, relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import balanced_cuts, coarse_cut_positions, contiguous_plan
+from tapp_core.planners.stage_costs import device_classes, relative_speeds
+from tapp_core.platform.cluster import Cluster
+from tapp_core.profile.library import LayerLibrary
 
 LEAVES_OUT = "split layers (operator parallelism) and unequal shares: groups run data parallel with equal shares"
+
+DEFAULT_SCHEDULES = ("1f1b", "async")
+"""The oracle's schedules unless told: the bound holds for the asynchronous one too, whose steady-state step lasts
+at least its busiest worker's work (``bounds.StepTimeBound``), so the branch and bound stays exact there."""
 
 MAX_DEVICES = 16
 """The oracle refuses larger clusters: it enumerates every ordered grouping of the devices."""
@@ -173,7 +185,7 @@ class _Search:
                     self.pruned += 1
                     continue
                 plan = contiguous_plan(self.library, cuts, self._grouping, m, self.schedule, self.batch)
-                self.evaluator.step_time(plan)
+                self.evaluator.step_time(recomputing_where_needed(plan, self.evaluator.context))
             else:
                 out = bound.transfer(groups[s], groups[s + 1], stop)
                 self._descend(s + 1, stop, [*cuts, stop], value, bound.next_chain(here, terms, out))
@@ -192,16 +204,22 @@ class OraclePlanner(PlannerBase):
     time_limit_s: float | None = None
     """Stop (unproved) after this long; None: no limit."""
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
+    def __post_init__(self) -> None:
+        """Neither ``schedule`` nor ``schedules`` given: both pipelines (``DEFAULT_SCHEDULES``), each proved on its
+        own, the faster kept (``PlannerBase``)."""
+        if self.schedules is None and self.schedule == PlannerBase.schedule:
+            self.schedules = DEFAULT_SCHEDULES
+        super().__post_init__()
+
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
         started = time.perf_counter()
         deadline = started + self.time_limit_s if self.time_limit_s else math.inf
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
-        bound_of = {m: StepTimeBound(library, cluster, self.calibration, self.schedule_spec, m, batch) for m in choices}
+        bound_of = {m: StepTimeBound(context, self.schedule_spec, m, batch) for m in choices}
         positions = coarse_cut_positions(bound_of[choices[0]].costs, self.max_blocks, self.clean_cuts_only)
-        evaluator = PlanEvaluator(library, cluster, self.calibration, lazy_validation=True)
+        evaluator = PlanEvaluator(context, lazy_validation=True)
         quarter = started + (deadline - started) / 4
         most_replicas = self.max_replicas or len(cluster.devices)
         groupings, groupings_cut = searchable_groupings(cluster, most_replicas, len(positions) + 1, quarter)
@@ -254,9 +272,9 @@ class OraclePlanner(PlannerBase):
         """A balanced cut of every grouping and micro-batch count, estimated in the groupings' order until
         ``deadline`` (at least the first grouping): the starting incumbent, and the order in which the branch and
         bound visits groupings (most promising first)."""
-        cluster = evaluator.cluster
+        context = evaluator.context
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
-        speeds = relative_speeds(library, cluster)
+        speeds = relative_speeds(context)
         out: list[tuple[float, tuple[tuple[str, ...], ...], int]] = []
         for grouping in groupings:
             if out and time.perf_counter() > deadline:
@@ -265,18 +283,16 @@ class OraclePlanner(PlannerBase):
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
                 plan = contiguous_plan(library, cuts, grouping, m, self.schedule_spec, batch)
-                out.append((evaluator.step_time(plan), grouping, m))
+                out.append((evaluator.step_time(recomputing_where_needed(plan, context)), grouping, m))
         return out
 
 
 def best_cuts(
-    library: LayerLibrary,
-    cluster: Cluster,
+    context: CostContext,
     grouping: Sequence[Sequence[str]],
     micro_batches: int,
     schedule: str,
     batch_size: int,
-    calibration: Calibration = DEFAULT_CALIBRATION,
     below_s: float = math.inf,
     deadline: float = math.inf,
     budget: int | None = None,
@@ -287,10 +303,11 @@ def best_cuts(
     ``max_blocks`` coarsens the cut positions as the oracle's option does (None: every position). Stops at
     ``deadline`` (``time.perf_counter()``) or after ``budget`` estimates with the best found so far. For a local
     search that has found a good grouping and wants its best cuts."""
+    library = context.library
     groups = tuple(tuple(group) for group in grouping)
-    evaluator = PlanEvaluator(library, cluster, calibration, lazy_validation=True)
+    evaluator = PlanEvaluator(context, lazy_validation=True)
     evaluator.best_time = below_s
-    bound = StepTimeBound(library, cluster, calibration, schedule, micro_batches, batch_size)
+    bound = StepTimeBound(context, schedule, micro_batches, batch_size)
     positions = coarse_cut_positions(bound.costs, max_blocks)
     if len(groups) > len(positions) + 1:
         return None, 0

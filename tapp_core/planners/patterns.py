@@ -10,7 +10,7 @@ Conv2d: ``placement.SIGNATURES``) in order:
 ``heaviest``  the layer with the most weights row-split and the split-capable layer before it column-split (or,
               when it is the first, it and the next as a pair), the others data parallel;
 ``megatron``  every layer that reads a feature split carried without a collective from column-split layers (the
-              layout pass of ``tapp_core.placement``: through attention's heads, or an activation) row-split, and
+              layout pass of ``tapp_core.plan.placement``: through attention's heads, or an activation) row-split, and
               those column-split, the others data parallel: a Transformer's attention (q, k, v col, the projection
               row) and MLP (fc1 col, fc2 row), whatever the layers between.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tapp_core.library import LayerLibrary
-from tapp_core.placement import COLUMN, DATA, MODEL_INPUT, ROW, SIGNATURES, LayerSpec, Split, feature_dim, stage_layouts
+from tapp_core.model.graph import MODEL_INPUT, LayerSpec
+from tapp_core.plan.placement import COLUMN, DATA, ROW, SIGNATURES, Split, feature_dim, stage_layouts
+from tapp_core.profile.library import LayerLibrary
 
 PATTERNS: tuple[str, ...] = ("data", "col", "pairs", "heaviest", "megatron")
 

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import allreduce_s
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.formulas import allreduce_s
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import parse_schedule_spec
 from tapp_core.planners.antichain import DownSets, down_sets
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import DeviceCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
-from tapp_core.schedules import parse_schedule_spec
+from tapp_core.planners.stage_costs import DeviceCosts, device_classes
+from tapp_core.platform.cluster import Cluster
+from tapp_core.profile.library import LayerLibrary
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,9 @@ class _OrderDP:
     ) -> None:
         self.states = states
         self.costs = costs
-        self.cluster = costs.cluster
+        self.cluster = costs.context.cluster
         self.order = order
-        self.calibration = planner.calibration
+        self.calibration = costs.context.calibration
         self.batch = batch
         self.replicas = replicas
         self._work: dict[int, np.ndarray] = {}
@@ -104,7 +105,7 @@ class _OrderDP:
         library = id(self.costs.terms[device].library)
         found = self._work.get(library)
         if found is None:
-            if self.costs.terms[device].library is self.costs.library:
+            if self.costs.terms[device].library is self.costs.context.library:
                 work = self.states.work
             else:
                 work = self.states.work_in(self.costs.layer_costs(device))
@@ -157,19 +158,18 @@ class PipeDreamPlanner(PlannerBase):
     """How many of the best DP partitions are costed with every micro-batch choice."""
     max_down_sets_per_block: int = 512
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
         states = down_sets(library, self.max_down_sets_per_block)
         batch = self.resolved_batch_size(library)
         choices = self.micro_batch_choices(library)
         replicas = {r for r in range(1, len(cluster.devices) + 1) if any((batch // m) % r == 0 for m in choices)}
-        costs = DeviceCosts(library, cluster, self.calibration)
+        costs = DeviceCosts(context)
         solutions = []
         for order in class_orders(cluster):
             solutions += _OrderDP(states, costs, order, self, batch, replicas).solve()
         solutions.sort(key=lambda s: s.bottleneck)
-        evaluator = PlanEvaluator(library, cluster, self.calibration)
+        evaluator = PlanEvaluator(context)
         tried: set[tuple[tuple[int, tuple[str, ...]], ...]] = set()
         for solution in solutions:
             if len(tried) >= self.candidates and evaluator.best_plan is not None:

@@ -2,13 +2,13 @@
 stages.
 
 AutoDDL pairs an analytical performance model with a customised coordinate descent over parallelisation
-schemes. Here the model is ``tapp_core.costmodel`` and the scheme is a contiguous pipeline plan of data-parallel
+schemes. Here the model is ``tapp_core.cost.simulation`` and the scheme is a contiguous pipeline plan of data-parallel
 stages (``tapp_core.planners.autoddl`` adds operator parallelism: split layers), whose coordinates are: every stage boundary (any position between its neighbours), the device group of every stage
 (swap two stages' groups, or exchange one device for another), replication (add a left-over device to a
 stage, or drop a replica), the number of stages (merge two neighbours, or split a stage onto a left-over
 device), and the micro-batch count. Each coordinate in turn is set to its best value with the others held;
 sweeps repeat until one changes nothing (or the budget runs out). The start is a split balanced to the
-devices' relative speeds (``costs.relative_speeds``: their kinds' libraries and speeds), fastest device first.
+devices' relative speeds (``stage_costs.relative_speeds``: their kinds' libraries and speeds), fastest device first.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
-from tapp_core.planners.costs import relative_speeds
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.moves import (
     Groups,
@@ -33,6 +31,8 @@ from tapp_core.planners.moves import (
     with_group,
 )
 from tapp_core.planners.space import balanced_cuts, contiguous_plan
+from tapp_core.planners.stage_costs import relative_speeds
+from tapp_core.profile.library import LayerLibrary
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Descent:
         self.schedule = planner.schedule_spec
         self.batch = batch
         self.choices = planner.micro_batch_choices(library)
-        self.devices = evaluator.cluster.device_names
+        self.devices = evaluator.context.cluster.device_names
         self.n = len(library.layers)
 
     def point(self, cuts: tuple[int, ...], groups: Groups, micro_batches: int) -> Point:
@@ -141,12 +141,11 @@ class PipelineCdPlanner(PlannerBase):
 
     max_sweeps: int = 50
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        evaluator = PlanEvaluator(library, cluster, self.calibration, budget=budget)
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library = context.library
+        evaluator = PlanEvaluator(context, budget=budget)
         descent = Descent(self, library, evaluator, self.resolved_batch_size(library))
-        _, sweeps = self.descend(descent, self._start(library, cluster, descent), progress)
+        _, sweeps = self.descend(descent, self._start(context, descent), progress)
         return self.found(evaluator, {"sweeps": sweeps})
 
     def descend(self, descent: Descent, point: Point, progress: ProgressCallback | None) -> tuple[Point, int]:
@@ -172,12 +171,13 @@ class PipelineCdPlanner(PlannerBase):
         """The best plan the search estimated, with its notes."""
         if evaluator.best_plan is None:
             raise PlannerError(
-                f"{self.name} found no plan of {evaluator.library.model} that fits cluster {evaluator.cluster.name!r}"
+                f"{self.name} found no plan of {evaluator.context.library.model} that fits cluster {evaluator.context.cluster.name!r}"
             )
         return dataclasses.replace(evaluator.best_plan, notes={"evaluations": evaluator.evaluations, **notes})
 
-    def _start(self, library: LayerLibrary, cluster: Cluster, descent: Descent) -> Point:
-        speeds = relative_speeds(library, cluster)
+    def _start(self, context: CostContext, descent: Descent) -> Point:
+        library, cluster = context.library, context.cluster
+        speeds = relative_speeds(context)
         ranked = sorted(cluster.device_names, key=lambda d: -speeds[d])[: len(library.layers)]
         weights = [layer.forward_s + layer.backward_s for layer in library.layers]
         cuts = tuple(balanced_cuts(weights, [speeds[d] for d in ranked]))

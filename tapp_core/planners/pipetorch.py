@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import DeviceCosts, device_classes
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
+from tapp_core.planners.stage_costs import DeviceCosts, device_classes
+from tapp_core.platform.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class _OrderTree:
         self.samples = samples
         self.cluster = cluster
         self.classes = device_classes(cluster)
-        self.calibration = planner.calibration
+        self.calibration = costs.context.calibration
         reference = costs.layer_costs(cluster.device_names[0], samples)
         n = reference.n_layers
         self.earlier = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)
@@ -105,11 +105,10 @@ class PipeTorchPlanner(PlannerBase):
     candidates: int = 3
     """How many of the best DP partitions of each micro-batch choice are costed."""
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        evaluator = PlanEvaluator(library, cluster, self.calibration)
-        costs = DeviceCosts(library, cluster, self.calibration)
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
+        evaluator = PlanEvaluator(context)
+        costs = DeviceCosts(context)
         batch = self.resolved_batch_size(library)
         orders = 0
         # Layer times depend on the micro-batch size (fixed costs per call), so each choice gets its own DP.

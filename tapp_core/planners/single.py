@@ -1,7 +1,7 @@
 """Single-device training on the fastest device whose memory holds the whole model: of one kind (``single-cpu``,
 ``single-gpu``, the methods the experiments compare), or of any kind, a GPU first (``single``, the old name).
 
-Fastest: a GPU before a CPU, then by relative speed (``costs.relative_speeds``: the device's kind's library and
+Fastest: a GPU before a CPU, then by relative speed (``stage_costs.relative_speeds``: the device's kind's library and
 its speed), then by threads."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan, PlanError, single_stage_plan, validate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.plan import Plan, PlanError, single_stage_plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
-from tapp_core.planners.costs import relative_speeds
+from tapp_core.planners.stage_costs import relative_speeds
 
 
 @dataclass
@@ -22,17 +22,16 @@ class SinglePlanner(PlannerBase):
     kind: ClassVar[str | None] = None
     """The device kind to choose from (``cpu``, ``cuda``); None: any, a GPU first."""
 
-    def _plan(
-        self, library: LayerLibrary, cluster: Cluster, budget: int | None, progress: ProgressCallback | None
-    ) -> Plan:
-        speeds = relative_speeds(library, cluster)
+    def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
+        library, cluster = context.library, context.cluster
+        speeds = relative_speeds(context)
         candidates = [d for d in cluster.devices if self.kind is None or d.kind == self.kind]
         ranked = sorted(candidates, key=lambda d: (d.kind != "cuda", -speeds[d.name], -d.threads))
         problems = []
         for device in ranked:
             plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))
             try:
-                validate(plan, library, cluster)
+                validate(plan, context)
             except PlanError as exc:
                 problems.append(str(exc))
                 continue

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts
-from tapp_core.schedules import parse_schedule_spec
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import parse_schedule_spec
+from tapp_core.planners.stage_costs import LayerCosts
+from tapp_core.profile.library import LayerLibrary
 
 
 def stages_from_cuts(n_layers: int, cuts: Sequence[int]) -> tuple[int, ...]:

@@ -10,8 +10,9 @@ from typing import Protocol
 
 import torch
 
-from tapp_core import gpu
-from tapp_core.models import INPUT_SHAPE
+from tapp_core.model.workload import TensorSpec, Workload
+from tapp_core.model.zoo import INPUT_SHAPE
+from tapp_core.platform import gpu
 
 IGNORED_LABEL = -1
 """Label of padding samples: ignored by the loss and by accuracy."""
@@ -19,30 +20,34 @@ IGNORED_LABEL = -1
 
 class BatchSource(Protocol):
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mini-batch of ``step``: inputs (B, ...) float32 and labels (B,) int64, on the CPU."""
+        """The mini-batch of ``step``: the workload's feed (B, ...) and its targets (B, ...), on the CPU."""
         ...
 
 
 class SyntheticBatches:
-    """Random inputs and labels, a pure function of (seed, step): for timing and for correctness tests."""
+    """Random inputs and targets of a workload (``Workload.batch``; without one, images of ``input_shape`` and
+    labels of ``num_classes`` classes), a pure function of (seed, step): for timing and for correctness tests."""
 
     def __init__(
-        self, batch_size: int, seed: int = 0, input_shape: Sequence[int] = INPUT_SHAPE, num_classes: int = 10
+        self,
+        batch_size: int,
+        seed: int = 0,
+        input_shape: Sequence[int] = INPUT_SHAPE,
+        num_classes: int = 10,
+        workload: Workload | None = None,
     ) -> None:
         self.batch_size = batch_size
         self.seed = seed
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
-
+        self.workload = workload or Workload(
+            "synthetic", inputs=(TensorSpec(tuple(input_shape)),), target=TensorSpec((), "int64", high=num_classes)
+        )
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Every micro-batch of a step asks; the few steps in flight stay cached.
         if step not in self._cache:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-            x = torch.randn(self.batch_size, *self.input_shape, generator=generator)
-            y = torch.randint(0, self.num_classes, (self.batch_size,), generator=generator)
-            self._cache[step] = (x, y)
+            self._cache[step] = self.workload.batch(self.batch_size, generator)
             self._cache.pop(step - 8, None)
         return self._cache[step]
 
@@ -133,5 +138,5 @@ def pad_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[torch.
     if missing <= 0:
         return x, y
     x = torch.cat([x, x.new_zeros(missing, *x.shape[1:])])
-    y = torch.cat([y, y.new_full((missing,), IGNORED_LABEL)])
+    y = torch.cat([y, y.new_full((missing, *y.shape[1:]), IGNORED_LABEL)])
     return x, y

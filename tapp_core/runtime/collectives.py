@@ -1,4 +1,4 @@
-"""Layout changes among the devices of a stage (``tapp_core.placement``), forward and backward, over MPI.
+"""Layout changes among the devices of a stage (``tapp_core.plan.placement``), forward and backward, over MPI.
 
 A ``LayoutChange`` module sits in a sharded stage's fx graph (``runtime.sharding``) where the layout pass put a
 ``Change``. Its forward runs the collective of ``placement.conversion(source, target)`` on the tensor, its backward
@@ -9,7 +9,7 @@ counts, Ialltoallv) along any dimension, each device's part given by ``Held.rang
 
 Every collective is nonblocking and its wait polls (``Transport.wait_collective``), so another rank's abort and
 the plan's deadline still end it; on an emulated cluster it also waits out its emulated link time
-(``Emulation.collective_time``: ``costs.collective_s`` with the ideal calibration, over the links among the group,
+(``Emulation.collective_time``: ``formulas.collective_s`` with the ideal calibration, over the links among the group,
 as the cost model charges it). On an emulated slow device, the compute before each collective is slowed down
 before the collective starts (``Segments``): a slow device holds its group up at every change, as the cost model's
 coupled group runs each segment between two changes at its slowest device's pace.
@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from tapp_core.placement import LOCAL_COLLECTIVES, Collective, Layout, Split, conversion, dual
+from tapp_core.plan.placement import LOCAL_COLLECTIVES, Collective, Layout, Split, conversion, dual
 from tapp_core.runtime.emulation import Emulation, cpu_now, now
 from tapp_core.runtime.transport import Transport
 

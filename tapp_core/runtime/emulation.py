@@ -1,9 +1,9 @@
-"""Emulated heterogeneity on one host: compute slowdown and link delay (a rank's threads and cores: ``tapp_core.hosts``).
+"""Emulated heterogeneity on one host: compute slowdown and link delay (a rank's threads and cores: ``tapp_core.platform.hosts``).
 
 A device with ``slowdown`` k sleeps (k - 1) times the work it just did, so the compute it reports is k times the
 real one. The work is the compute's wall time or, where shorter, the CPU time the rank's process spent in it: the
 emulated devices of one host take turns on its cores, and a device of its own would not have waited for them. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
-behind each other, as on a real wire. Both link times are ``tapp_core.costs``' formulas, the cost model's, with the
+behind each other, as on a real wire. Both link times are ``tapp_core.cost.formulas``' formulas, the cost model's, with the
 ideal calibration (the emulation stands in for the hardware, not for the runtime's overheads). The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
 which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
 """
@@ -14,9 +14,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tapp_core.cluster import Cluster, Link
-from tapp_core.costs import DEFAULT_CALIBRATION, collective_s, ring_allreduce_s, transfer_s
-from tapp_core.placement import Collective
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION
+from tapp_core.cost.formulas import collective_s, ring_allreduce_s, transfer_s
+from tapp_core.plan.placement import Collective
+from tapp_core.platform.cluster import Cluster, Link
 
 
 def now() -> float:
@@ -90,7 +91,7 @@ class Emulation:
         self, collective: Collective, nbytes: int, shares: Sequence[float], ranks: Sequence[int]
     ) -> float:
         """A layout change's ``collective`` on a tensor of ``nbytes`` (whole) among the group of ``ranks`` with
-        ``shares``, over the slowest of the links among them (``costs.collective_s``, as the cost model charges
+        ``shares``, over the slowest of the links among them (``formulas.collective_s``, as the cost model charges
         it; 0 when disabled)."""
         if not self.enabled or len(ranks) < 2:
             return 0.0

@@ -1,4 +1,4 @@
-"""The engine: runs one device's program (``tapp_core.program``) over its stage, moving cut values with the transport.
+"""The engine: runs one device's program (``tapp_core.plan.program``) over its stage, moving cut values with the transport.
 
 The program is the list the cost model simulates: receives, forwards, sends, backwards, reductions and updates,
 in order. The engine posts each receive a window of actions ahead, so data lands while the stage computes; a send
@@ -20,6 +20,7 @@ its step time is the GPU's, not the host's.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,18 +28,20 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from tapp_core import gpu
-from tapp_core.plan import Plan
-from tapp_core.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
+from tapp_core.model.graph import MODEL_INPUT
+from tapp_core.model.workload import Workload
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
+from tapp_core.plan.schedules import FORWARD_ONLY, Action, PipelineSchedule
+from tapp_core.platform import gpu
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.collectives import Group, Segments
 from tapp_core.runtime.emulation import Emulation, cpu_now
-from tapp_core.runtime.gradients import StageGradients
+from tapp_core.runtime.gradients import StageGradients, TiedGradient
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss, predicted_weights
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
-from tapp_core.runtime.stage import MODEL_INPUT, CutValue, ModelGraph, Stage
+from tapp_core.runtime.stage import CutValue, ModelGraph, Stage, StageError
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
-from tapp_core.schedules import FORWARD_ONLY, Action, PipelineSchedule
 
 TAG_MICRO_BATCHES = 1024
 """Micro-batch numbers wrap in tags; MPI keeps messages of one tag between two ranks in order anyway."""
@@ -70,6 +73,9 @@ class RankRecord:
 
 @dataclass
 class EvalRecord:
+    """A test evaluation's sums over the predictions it scored (a sample's class, or each position's next token):
+    their loss, how many were right, how many there were."""
+
     loss_sum: float = 0.0
     correct: int = 0
     samples: int = 0
@@ -156,9 +162,14 @@ class StageEngine:
         emulation: Emulation,
         group_comm: MPI.Comm | None = None,
         layout_comm: MPI.Comm | None = None,
+        workload: Workload | None = None,
+        tie_comms: Mapping[tuple[int, ...], MPI.Comm] | None = None,
     ) -> None:
         """``group_comm``: the stage's devices, when it has several (for the gradient reductions); ``layout_comm``:
-        the same devices, for the layout changes of a stage whose layers run split signatures."""
+        the same devices, for the layout changes of a stage whose layers run split signatures; ``workload``: whose
+        loss the last stage takes (class cross-entropy if None); ``tie_comms``: per group of plan positions holding
+        a tied parameter this stage holds, their communicator (``rank.PlanCommunicators.join_ties``)."""
+        self.workload = workload
         self.stage = stage
         self.place = place
         self.plan = place.plan
@@ -188,8 +199,18 @@ class StageEngine:
         predict = None
         if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
             predict = functools.partial(predicted_weights, self.optimizer, self.params, delay)
+        local = {name: local for local, name in stage.parameter_names().items()}
+        ties = [
+            TiedGradient(
+                tie.index,
+                local[tie.name],
+                (tie_comms or {})[tie.devices],
+                [place.pool_ranks[p] for p in tie.devices if p != place.position],
+            )
+            for tie in template.ties
+        ]
         self.gradients = StageGradients(
-            self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict
+            self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict, ties=ties
         )
         self.clock = ComputeClock(stage.device, emulation, self.group.segments if self.group is not None else None)
         self._pin = stage.device.type == "cuda"
@@ -197,6 +218,7 @@ class StageEngine:
         self._stage_at = [s for s, devices in enumerate(self.plan.stage_devices) for _ in devices]
         """The stage of every position in the plan's device order."""
         self._values = {v.layer: v for v in (*stage.inputs, *stage.outputs)}
+        check_routes(template, stage)
         self._step_loss: dict[int, torch.Tensor] = {}
         self._lookahead = 4 * (self.plan.micro_batches + self.plan.n_stages) + 8
         self._in_flight: dict[int, _InFlight] = {}
@@ -204,7 +226,8 @@ class StageEngine:
         """Per direction and micro-batch: the tensors the sends after the last compute action take rows of."""
 
     def _programs(self, steps: int, schedule: PipelineSchedule | None = None) -> tuple[DeviceProgram, ...]:
-        return plan_programs(self.plan, self.graph.edges, self.graph.param_bytes, steps, schedule, self.graph.specs)
+        graph = self.graph
+        return plan_programs(self.plan, graph.edges, graph.param_bytes, steps, schedule, graph.specs, graph.shared)
 
     def _shard(self, members: list[int], layout_comm: MPI.Comm | None) -> None:
         """Make the stage this device's part of its sharded stage (``runtime.sharding``)."""
@@ -280,6 +303,8 @@ class StageEngine:
                 self._send(action)
             elif kind == "reduce":
                 self.gradients.start_reduction(action.bucket)
+            elif kind == "tie":
+                self.gradients.start_tie(action.bucket)
             elif kind == "update":
                 compute += self._update() + self.clock.settle()
                 end = time.perf_counter()
@@ -400,18 +425,19 @@ class StageEngine:
 
         start = self.clock.start()
         params, version = self.gradients.weights_for_forward() if training else (None, 0)
-        outputs = self.stage.forward(inputs, params)
+        outputs = self.stage.forward(inputs, params, recompute=training and self.plan.recomputes(self.stage.index))
         loss = None
         if self.stage.is_last:
             labels = y.to(device)
-            loss = micro_batch_loss(outputs[0], labels, self.plan.batch_size)
+            loss = micro_batch_loss(outputs[0], labels, self.plan.batch_size, self.workload)
             if training:  # kept on the device until the step ends: reading it would wait for the GPU
                 so_far = self._step_loss.get(step)
                 self._step_loss[step] = loss.detach() if so_far is None else so_far + loss.detach()
             if evaluation is not None:
                 keep = labels != IGNORED_LABEL
-                evaluation.loss_sum += float(loss) * self.plan.batch_size
-                evaluation.correct += int((outputs[0].argmax(1) == labels)[keep].sum())
+                # The loss is the summed loss over (batch size x positions per sample): back to a sum, per position.
+                evaluation.loss_sum += float(loss) * self.plan.batch_size * math.prod(labels.shape[1:])
+                evaluation.correct += int((outputs[0].argmax(-1) == labels)[keep].sum())
                 evaluation.samples += int(keep.sum())
         compute = self.clock.stop(start)
         self._sending(FORWARD, micro_batch, {v.layer: out for v, out in zip(self.stage.outputs, outputs, strict=True)})
@@ -466,6 +492,25 @@ class StageEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.gradients.updated()
         return self.clock.stop(start)
+
+
+def check_routes(program: DeviceProgram, stage: Stage) -> None:
+    """``StageError`` unless the program receives exactly the cut values the stage takes and sends exactly those it
+    makes: both follow ``program.crossings``, and a difference is a defect found here rather than mid-run."""
+    routed = {
+        FORWARD: {layer for route in program.receives[FORWARD] for layer in route.values},
+        BACKWARD: {layer for route in program.sends[FORWARD] for layer in route.values},
+    }
+    held = {
+        FORWARD: {v.layer for v in stage.inputs if v.producer != MODEL_INPUT},
+        BACKWARD: {v.layer for v in stage.outputs if v.consumers},
+    }
+    for direction, what in ((FORWARD, "takes"), (BACKWARD, "makes")):
+        if routed[direction] != held[direction]:
+            raise StageError(
+                f"stage {stage.index} {what} the outputs of layers {sorted(held[direction])}, but its program routes "
+                f"{sorted(routed[direction])}"
+            )
 
 
 def _final_backwards(actions: Sequence[Action]) -> set[int]:

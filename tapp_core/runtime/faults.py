@@ -1,8 +1,9 @@
 """Where a worker pool's failure happened: the rank that Hydra saw end first, and the hosts that no longer answer.
 
 A failure reaches the pool as a closed link, an mpiexec that exited, or a job without an answer; none of these
-says where. After one, the pool asks two witnesses and puts what they say in the failed measurement's error:
+says where. After one, the pool asks its witnesses and puts what they say in the failed measurement's error:
 
+- the pool's own watch of its ranks on this machine (``rank_watch``): the one it saw end alone, first;
 - Hydra's report of the first rank that ended badly (``BAD TERMINATION ... PID p RUNNING AT h``, then its exit
   code or signal), matched to the pool's ranks by pid and host;
 - every host of the pool other than this one, asked over ssh (the cluster's command) whether it still answers,
@@ -15,9 +16,10 @@ import re
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tapp_core.cluster import Cluster
-from tapp_core.hosts import is_local_host
+from tapp_core.platform.cluster import Cluster
+from tapp_core.platform.hosts import is_local_host
 from tapp_core.runtime.jobs import RankInfo
 
 ANSWER_TIMEOUT_S = 8.0
@@ -32,20 +34,35 @@ def rank_name(cluster: Cluster, devices: Sequence[str], rank: int) -> str:
 
 def first_ended(log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str]) -> str | None:
     """The rank Hydra reported ending first, from the workers' ``log``; None when it reported none."""
-    found = _BAD_END.search(log)
-    if found is None:
-        return None
+    return _first_ended(log, ranks, cluster, devices)[0]
+
+
+def _first_ended(
+    log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str]
+) -> tuple[str | None, str | None]:
+    """``first_ended``'s line, and the device of that rank where it is one of the pool's. A rank killed by a signal
+    is preferred to one that exited: a rank whose peer was killed exits with an error of its own, and Hydra may
+    report it first."""
+    reports = list(_BAD_END.finditer(log))
+    if not reports:
+        return None, None
+    found = next((r for r in reports if r.group(3).upper().startswith("KILLED")), reports[0])
     pid, host, how = int(found.group(1)), found.group(2), found.group(3).strip().lower()
     for index, info in enumerate(ranks):
         device = cluster.device(devices[index])
         if info.pid == pid and (device.host == host or device.host is None):
-            return f"{rank_name(cluster, devices, index)} ended first ({how})"
-    return f"the rank with pid {pid} on host {host} ended first ({how})"
+            return f"{rank_name(cluster, devices, index)} ended first ({how})", device.name
+    return f"the rank with pid {pid} on host {host} ended first ({how})", None
 
 
 def unanswering(cluster: Cluster, devices: Sequence[str], timeout_s: float = ANSWER_TIMEOUT_S) -> list[str]:
     """The pool's hosts (other than this one) that do not answer over ssh within ``timeout_s``, each with its
     devices and what ssh said."""
+    return [line for line, _ in _unanswering(cluster, devices, timeout_s)]
+
+
+def _unanswering(cluster: Cluster, devices: Sequence[str], timeout_s: float) -> list[tuple[str, list[str]]]:
+    """``unanswering``'s lines, each with the devices of its host."""
     hosts: dict[str, list[str]] = {}
     for name in devices:
         host = cluster.device(name).host
@@ -69,12 +86,42 @@ def unanswering(cluster: Cluster, devices: Sequence[str], timeout_s: float = ANS
             said = f"no answer within {timeout_s:.0f} s"
         if process.returncode != 0:
             reason = " ".join(said.split()) or f"ssh exited with status {process.returncode}"
-            silent.append(f"host {host} ({', '.join(hosts[host])}) does not answer over ssh: {reason}")
+            silent.append((f"host {host} ({', '.join(hosts[host])}) does not answer over ssh: {reason}", hosts[host]))
     return silent
 
 
-def where(log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str]) -> str:
+@dataclass(frozen=True)
+class Fault:
+    """What the witnesses of a failure said: ``report``, lines to add to an error ("" when they said nothing), and
+    ``devices``, the pool's devices they named: the rank that ended first, and every device of a host that does
+    not answer."""
+
+    report: str = ""
+    devices: tuple[str, ...] = ()
+    noticed_at: float = 0.0
+    """When the pool noticed the failure (``time.monotonic``), before asking the witnesses."""
+
+
+def witness(
+    log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str], seen_first: int | None = None
+) -> Fault:
+    """Ask the witnesses (the module's doc) about a failure of the pool of ``devices``. ``seen_first``, the rank
+    the pool saw end alone before the others (``rank_watch``), is believed before Hydra's report."""
+    if seen_first is not None:
+        line: str | None = f"{rank_name(cluster, devices, seen_first)} ended first (seen ending by the pool)"
+        device: str | None = devices[seen_first]
+    else:
+        line, device = _first_ended(log, ranks, cluster, devices)
+    lines = [line] if line is not None else []
+    named = [device] if device is not None else []
+    for silent, held in _unanswering(cluster, devices, ANSWER_TIMEOUT_S):
+        lines.append(silent)
+        named += held
+    return Fault("".join(f"\n{line}" for line in lines), tuple(dict.fromkeys(named)))
+
+
+def where(
+    log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str], seen_first: int | None = None
+) -> str:
     """What the witnesses say, as lines to add to an error ("" when they say nothing)."""
-    lines = [line for line in (first_ended(log, ranks, cluster, devices),) if line is not None]
-    lines += unanswering(cluster, devices)
-    return "".join(f"\n{line}" for line in lines)
+    return witness(log, ranks, cluster, devices, seen_first).report

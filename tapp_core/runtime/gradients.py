@@ -7,11 +7,15 @@ compensation, ``runtime.optim``) the snapshot is the weights predicted where the
 step whose update comes next (a step's backwards all run before the next step's), so the update sums them.
 
 Reductions: on a stage of several devices, the gradients are summed across them bucket by bucket
-(``tapp_core.program.gradient_buckets``). A bucket's reduction starts as soon as the step's last backward has
+(``tapp_core.plan.program.gradient_buckets``). A bucket's reduction starts as soon as the step's last backward has
 produced every gradient in it (a hook on each parameter counts them), or at the program's ``reduce`` action at the
 latest; the update waits for all of them. Each bucket is one flat buffer kept from step to step (a fresh one of
 AlexNet's 89 MiB of gradients cost a 1-thread rank some 40 ms of page faults every step), and each parameter's
 gradient is a view of it until the update has used it.
+
+Ties: a tied parameter (one whose users are on several stages, ``tapp_core.plan.ties``) is in no bucket. At the
+program's ``tie`` action its gradient (this device's, not summed within the stage) starts summing among every device
+of every stage holding it; the update waits for that too, so every copy takes the same gradient.
 """
 
 from __future__ import annotations
@@ -23,8 +27,21 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from tapp_core.program import Bucket
+from tapp_core.plan.program import Bucket
 from tapp_core.runtime.transport import Reduction, Transport
+
+
+@dataclass
+class TiedGradient:
+    """Tie ``index`` of the plan: the stage module's parameter ``name``, summed over ``comm`` (every device holding
+    it; ``peers``: the others' ranks in the pool)."""
+
+    index: int
+    name: str
+    comm: MPI.Comm
+    peers: list[int]
+    flat: torch.Tensor | None = None
+    reduction: Reduction | None = None
 
 
 @dataclass
@@ -50,10 +67,12 @@ class StageGradients:
         peers: list[int],
         overlap: bool = True,
         predict: Callable[[], dict[str, torch.Tensor]] | None = None,
+        ties: Sequence[TiedGradient] = (),
     ) -> None:
         """``layer_of``: each parameter's layer (library index); ``comm``/``peers``: the stage's devices, when several;
         ``overlap``: start a bucket's reduction as soon as the last backward made it (else at the ``reduce``);
-        ``predict``: the weights a new snapshot takes (by name; the current weights, copied, when None)."""
+        ``predict``: the weights a new snapshot takes (by name; the current weights, copied, when None); ``ties``:
+        the stage's tied parameters, reduced by their ties instead of its buckets."""
         self.params = dict(params)
         self.stashes = stashes
         self.predict = predict
@@ -64,8 +83,11 @@ class StageGradients:
         """Updates applied so far."""
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._users: dict[int, int] = {}
+        self._ties = {tie.index: tie for tie in ties}
+        tied = {tie.name for tie in ties}
         self._buckets = [
-            _BucketState(tuple(sorted(n for n in self.params if layer_of[n] in bucket.layers))) for bucket in buckets
+            _BucketState(tuple(sorted(n for n in self.params if layer_of[n] in bucket.layers and n not in tied)))
+            for bucket in buckets
         ]
         self._bucket_of = {name: b for b, state in enumerate(self._buckets) for name in state.names}
         self._final = False
@@ -132,6 +154,18 @@ class StageGradients:
         torch.cat([g.reshape(-1) for g in parts], out=state.flat)
         state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
 
+    def start_tie(self, index: int) -> None:
+        """Start summing tie ``index``'s gradient among every device holding its parameter (once per step)."""
+        tie = self._ties[index]
+        if tie.reduction is not None:
+            return
+        grad = self._step_gradient(tie.name)
+        part = grad if grad is not None else torch.zeros_like(self.params[tie.name])
+        if tie.flat is None or tie.flat.numel() != part.numel():
+            tie.flat = torch.empty(part.numel(), dtype=part.dtype, device=part.device)
+        tie.flat.copy_(part.reshape(-1))
+        tie.reduction = self.transport.start_allreduce(tie.flat, tie.comm, tie.peers)
+
     def _step_gradient(self, name: str) -> torch.Tensor | None:
         """This step's gradient of parameter ``name``: the live parameter's and every snapshot's, summed (None: the
         step used it nowhere)."""
@@ -159,12 +193,24 @@ class StageGradients:
                 offset += param.numel()
                 reduced.add(name)
             state.reduction, state.ready = None, set()
+        reduced |= self._finish_ties()
         if self.stashes:
             with torch.no_grad():
                 for name, param in self.params.items():
                     if name not in reduced:
                         param.grad = self._step_gradient(name)
             self._clear_snapshot_gradients()
+
+    def _finish_ties(self) -> set[str]:
+        """Finish every tie's reduction (each on its own communicator) and give its parameter the sum."""
+        for index in self._ties:
+            self.start_tie(index)
+        for tie in self._ties.values():
+            assert tie.reduction is not None and tie.flat is not None
+            self.transport.finish_reductions([tie.reduction])
+            self.params[tie.name].grad = tie.flat.view_as(self.params[tie.name])
+            tie.reduction = None
+        return {tie.name for tie in self._ties.values()}
 
     def _clear_snapshot_gradients(self) -> None:
         for snapshot in self._snapshots.values():

@@ -12,17 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from tapp_core.cluster import Cluster
-from tapp_core.plan import Plan
-from tapp_core.runtime.optim import OptimizerConfig
+from tapp_core.model.workload import RunSpec, Workload
+from tapp_core.plan.plan import Plan
+from tapp_core.platform.cluster import Cluster
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareJob:
-    """Build and trace ``model`` on every rank, ahead of its first plan."""
+    """Build and trace ``model``'s workload on every rank, ahead of its first plan."""
 
     id: int
-    model: str
+    model: str | Workload
     seed: int
     timeout_s: float
 
@@ -32,12 +32,9 @@ class PlanSetup:
     """What every rank needs to set up its share of a plan, whatever the job then does with it."""
 
     plan: Plan
-    model: str
-    """The model to build: ``plan.model`` unless the caller named another (a registry name or ``module:callable``)."""
-    seed: int
-    """Seeds the model's initial weights and the order of the batches."""
+    spec: RunSpec
+    """The workload (its model: ``plan.model`` unless the caller named another), the seed and the training."""
     emulate: bool
-    optimizer: OptimizerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,18 +54,12 @@ class MeasureJob:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
-    """Train for ``epochs`` epochs on ``dataset`` and evaluate on its test set after each."""
+    """Train as ``setup.spec`` says (its epochs on its workload's data, writing and resuming its checkpoints) and
+    evaluate on the test set after each."""
 
     id: int
     timeout_s: float
     setup: PlanSetup
-    dataset: str
-    data_dir: str | None
-    epochs: int
-    steps_per_epoch: int | None
-    augment: bool
-    test_samples: int | None = None
-    """Evaluate on the test set's first this many images (None: all of them)."""
 
 
 @dataclass(frozen=True)

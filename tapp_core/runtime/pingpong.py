@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from tapp_core.cluster import Cluster, Device
-from tapp_core.hosts import PairLink, cuda_aware_mpi, fit_link
+from tapp_core.platform.cluster import Cluster, Device
+from tapp_core.platform.hosts import PairLink, cuda_aware_mpi, fit_link
 from tapp_core.runtime.rank import tool_rank
 from tapp_core.runtime.transport import poll
 

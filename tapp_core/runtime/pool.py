@@ -22,7 +22,7 @@ Nothing runs that should not, and nothing is left behind:
 - The folder. The pool's ``tapp-pool-*`` folder goes with ``close``; one left by a SIGKILL is removed by the next
   pool to start (``folders``).
 - The scale. A pool that would put more ranks on this host than it can hold is refused before anything starts
-  (``tapp_core.hosts``; ``allow_oversubscribe`` lifts that).
+  (``tapp_core.platform.hosts``; ``allow_oversubscribe`` lifts that).
 """
 
 from __future__ import annotations
@@ -46,17 +46,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import TypedDict, Unpack
+from typing import Any
 
 import torch
 
-from tapp_core.cluster import Cluster
 from tapp_core.errors import TappError
-from tapp_core.hosts import address_toward, is_local_host, overload, oversubscribe_allowed, pool_address
-from tapp_core.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement, run_length
-from tapp_core.plan import Plan, PlanError, check_devices, check_groups, check_shape, check_stages_used
+from tapp_core.measure.metrics import DEFAULT_WARMUP, MIN_STEPS, Measurement, run_length
+from tapp_core.model.workload import SYNTHETIC, RunSpec, Workload
+from tapp_core.paths import PROJECT_ROOT
+from tapp_core.plan.plan import Plan, PlanError, check_devices, check_groups, check_shape, check_stages_used
+from tapp_core.platform.cluster import Cluster
+from tapp_core.platform.hosts import address_toward, is_local_host, overload, oversubscribe_allowed, pool_address
 from tapp_core.runtime import faults
-from tapp_core.runtime.folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
+from tapp_core.runtime.checkpoint import prepare_checkpoints
 from tapp_core.runtime.guard import ProcessId, boot_id, set_parent_death_signal
 from tapp_core.runtime.jobs import (
     MeasureJob,
@@ -69,28 +71,17 @@ from tapp_core.runtime.jobs import (
     TrainJob,
     WorkJob,
 )
-from tapp_core.runtime.optim import OptimizerConfig
+from tapp_core.runtime.rank_watch import RankWatch
 from tapp_core.runtime.results import Reply, TrainResult
+from tapp_core.runtime.temp_folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
 from tapp_core.runtime.wire import KEY_VARIABLE, ConnectionClosed, Link, accept_rank, new_key
 
 DEFAULT_STEPS = DEFAULT_WARMUP + MIN_STEPS
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PORTS_VARIABLE = "TAPP_POOL_PORTS"
 HANDSHAKE_TIMEOUT_S = 10.0
 """How long one connection may take to prove the key (rank 0 answers in milliseconds)."""
 
 log = logging.getLogger(__name__)
-
-
-class StepOptions(TypedDict, total=False):
-    """``WorkerPool.run_steps``'s options, which ``measure`` passes on."""
-
-    steps: int
-    warmup: int
-    seed: int
-    emulate: bool | None
-    timeout_s: float
-    optimizer: OptimizerConfig | None
 
 
 class PoolError(TappError):
@@ -224,7 +215,7 @@ class WorkerPool:
 
     ``devices`` names the devices to start ranks for (default: all of the cluster's); plans may use those only.
     ``ports`` is the range to listen on (default: ``PORTS_VARIABLE``, else any free port); ``allow_oversubscribe``
-    starts more ranks on this host than ``tapp_core.hosts.overload`` deems it can hold (default: its variable).
+    starts more ranks on this host than ``tapp_core.platform.hosts.overload`` deems it can hold (default: its variable).
     """
 
     def __init__(
@@ -252,9 +243,12 @@ class WorkerPool:
         self.ports = ports if ports is not None else port_range(os.environ.get(PORTS_VARIABLE))
         self.allow_oversubscribe = allow_oversubscribe
         self.restarts = 0
+        self.last_fault: faults.Fault | None = None
+        """What the witnesses said of the last job that a rank's death or silence ended (``faults.witness``)."""
         self.ranks: tuple[RankInfo, ...] = ()
         """Every rank's process, in rank order (the pool's devices' order), once started."""
         self.rank_pids: list[int] = []
+        self._watch: RankWatch | None = None
         """The processes of the ranks that run on this machine (its kernel), once started."""
         self.port: int | None = None
         """The port the pool listens on while it starts (None otherwise)."""
@@ -355,6 +349,7 @@ class WorkerPool:
             raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
         self.ranks = hello.ranks
         self.rank_pids = [r.pid for r in hello.ranks if r.boot == boot_id()]
+        self._watch = RankWatch([r.pid if r.boot == boot_id() else None for r in hello.ranks], self._is_our_rank)
 
     def _listen(self) -> socket.socket:
         """A listening socket on ``bind_host``: any free port, or the first free one of ``ports``."""
@@ -432,6 +427,8 @@ class WorkerPool:
         if self._link is not None:
             self._link.close()
             self._link = None
+        if self._watch is not None:
+            self._watch.close()
         process, self._process = self._process, None
         if process is None:
             return
@@ -447,6 +444,10 @@ class WorkerPool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
+    def _seen_first(self) -> int | None:
+        """The rank this pool saw end alone, first, in its current job (``rank_watch``)."""
+        return self._watch.first if self._watch is not None else None
+
     def _is_our_rank(self, pid: int) -> bool:
         """Whether ``pid`` is still one of this pool's ranks (not a reused pid): its command names our token."""
         try:
@@ -458,7 +459,7 @@ class WorkerPool:
         if self._process is not None and self._process.poll() is not None:
             code = self._process.returncode
             self._kill()
-            place = faults.where(self._log_text(), self.ranks, self.cluster, self.devices)
+            place = faults.where(self._log_text(), self.ranks, self.cluster, self.devices, self._seen_first())
             raise PoolError(f"the worker pool exited with status {code} {when}{place}{self._log_tail()}")
 
     def _log_text(self) -> str:
@@ -479,14 +480,16 @@ class WorkerPool:
     # --- jobs -------------------------------------------------------------------------------------------------
 
     def _request(self, job: WorkJob) -> Reply:
-        """Send ``job`` and wait for its reply; a dead or hung pool is restarted and reported in ``error``."""
+        """Send ``job`` and wait for its reply; a dead or hung pool is restarted and reported in ``error``. A pool
+        whose MPI job ended since its last job is reported too, not started again in silence: a rank died between
+        jobs, and the caller (an elastic training) must learn which."""
+        running = f"preparing model {job.model}" if isinstance(job, PrepareJob) else f"running plan {job.setup.plan.id}"
+        if self._process is not None and not self.alive:
+            return Reply(id=job.id, error=self._restart_after(f"a worker rank died before {running}"))
         self.start()
         try:
             reply = self._exchange(job)
         except (ConnectionClosed, OSError) as exc:
-            running = (
-                f"preparing model {job.model}" if isinstance(job, PrepareJob) else f"running plan {job.setup.plan.id}"
-            )
             return Reply(id=job.id, error=self._restart_after(f"a worker rank died while {running} ({exc})"))
         if reply is None:
             no_answer = f"timeout: no answer within {job.timeout_s:.0f} s + {self.grace_s:.0f} s grace"
@@ -518,8 +521,11 @@ class WorkerPool:
     def _restart_after(self, what: str, exit_wait_s: float = 3.0) -> str:
         """Restart the pool after ``what`` went wrong in a job; the job's error: what, where it happened
         (``faults.where``), how mpiexec ended and the end of its log, and how the restart went."""
+        noticed = time.monotonic()
         report = self._exit_report(exit_wait_s)
-        message = what + faults.where(self._log_text(), self.ranks, self.cluster, self.devices) + report
+        fault = faults.witness(self._log_text(), self.ranks, self.cluster, self.devices, self._seen_first())
+        self.last_fault = replace(fault, noticed_at=noticed)
+        message = what + self.last_fault.report + report
         self._kill()
         try:
             self.restarts += 1
@@ -548,18 +554,19 @@ class WorkerPool:
             )
 
     def _setup(
-        self, plan: Plan, model: str | None, seed: int, emulate: bool | None, optimizer: OptimizerConfig | None
+        self, plan: Plan, model: str | Workload | RunSpec | None, emulate: bool | None, options: Mapping[str, Any]
     ) -> PlanSetup:
-        """The job's plan setup, with the defaults filled in (the plan's model, the cluster's emulation)."""
+        """The job's plan setup, with the defaults filled in (the plan's model, the cluster's emulation): ``model``
+        is a run spec, a workload or a model spec, and ``options`` replace the spec's by name
+        (``RunSpec.with_options``)."""
+        spec = model if isinstance(model, RunSpec) else RunSpec.of(model or plan.model)
         return PlanSetup(
             plan=plan,
-            model=model or plan.model,
-            seed=seed,
+            spec=spec.with_options(**options),
             emulate=self.cluster.emulated if emulate is None else emulate,
-            optimizer=optimizer or OptimizerConfig(),
         )
 
-    def prepare(self, model: str, seed: int = 0, timeout_s: float = 300.0) -> float:
+    def prepare(self, model: str | Workload, seed: int = 0, timeout_s: float = 300.0) -> float:
         """Build and trace ``model`` on every rank ahead of its first plan; returns the slowest rank's seconds.
 
         A search calls this once per model, so that no plan's measurement pays for building the model.
@@ -572,22 +579,22 @@ class WorkerPool:
     def run_steps(
         self,
         plan: Plan,
-        model: str | None = None,
+        model: str | Workload | RunSpec | None = None,
         *,
         steps: int = DEFAULT_STEPS,
         warmup: int = DEFAULT_WARMUP,
-        seed: int = 0,
         emulate: bool | None = None,
         timeout_s: float = 300.0,
-        optimizer: OptimizerConfig | None = None,
         collect_parameters: bool = False,
+        **options: Any,
     ) -> tuple[Measurement, dict[str, torch.Tensor]]:
-        """Train ``steps`` steps on synthetic batches (``SyntheticBatches(batch, seed)``) and measure them.
+        """Train ``steps`` steps on synthetic batches of the workload (``SyntheticBatches(batch, seed, workload)``)
+        and measure them. ``model`` and ``options`` (``seed``, ``optimizer``...) make the run spec (``_setup``).
 
         With ``collect_parameters`` the second item holds every parameter and buffer after the last step, under
         the model's own names; otherwise it is empty.
         """
-        setup = self._setup(plan, model, seed, emulate, optimizer)
+        setup = self._setup(plan, model, emulate, options)
         if steps <= warmup:
             error = f"{steps} steps leave none after {warmup} warm-up steps"
             return Measurement.failed(plan.id, error, setup.emulate), {}
@@ -610,7 +617,7 @@ class WorkerPool:
             return Measurement.failed(plan.id, reply.error or "no measurement came back", setup.emulate), {}
         return reply.measurement, reply.parameters
 
-    def measure(self, plan: Plan, model: str | None = None, **options: Unpack[StepOptions]) -> Measurement:
+    def measure(self, plan: Plan, model: str | Workload | RunSpec | None = None, **options: Any) -> Measurement:
         """Run ``steps`` training steps of ``plan`` and measure them (options as ``run_steps``'); never raises for a
         failing plan."""
         measurement, _ = self.run_steps(plan, model, **options)
@@ -619,39 +626,29 @@ class WorkerPool:
     def train(
         self,
         plan: Plan,
-        model: str | None = None,
+        model: str | Workload | RunSpec | None = None,
         *,
-        dataset: str = "cifar10",
-        data_dir: str | os.PathLike[str] | None = None,
-        epochs: int = 1,
-        seed: int = 0,
         emulate: bool | None = None,
         timeout_s: float = 24 * 3600.0,
-        optimizer: OptimizerConfig | None = None,
-        steps_per_epoch: int | None = None,
-        augment: bool = False,
-        test_samples: int | None = None,
+        **options: Any,
     ) -> TrainResult:
-        """Train for ``epochs`` epochs on real data and evaluate on the test set (its first ``test_samples`` images
-        if given) after each."""
-        setup = self._setup(plan, model, seed, emulate, optimizer)
-        failed = TrainResult(plan.id, plan.schedule, dataset, dataset == "synthetic", epochs, emulated=setup.emulate)
+        """Train as the run spec says (``model`` and ``options`` as ``run_steps``': ``dataset``, ``epochs``,
+        ``steps_per_epoch``, ``test_samples``, ``checkpoints``...) and evaluate on the test set after each epoch.
+        The spec's ``checkpoints``: write them, and resume from one (with its seed, which orders the data); a bad
+        one raises ``TrainingCheckpointError`` before any rank starts the job."""
+        setup = self._setup(plan, model, emulate, options)
+        if setup.spec.checkpoints is not None:
+            resolved, resumed_seed = prepare_checkpoints(setup.spec.checkpoints, setup.spec.workload, plan.batch_size)
+            setup = replace(setup, spec=setup.spec.with_options(seed=resumed_seed, checkpoints=resolved))
+        spec = setup.spec
+        synthetic = spec.workload.data == SYNTHETIC
+        failed = TrainResult(plan.id, plan.schedule, spec.workload.data, synthetic, spec.epochs, emulated=setup.emulate)
         try:
             self.check_plan(plan)
         except PlanError as exc:
             failed.error = str(exc)
             return failed
-        job = TrainJob(
-            id=next(self._job_ids),
-            timeout_s=timeout_s,
-            setup=setup,
-            dataset=dataset,
-            data_dir=str(data_dir) if data_dir is not None else None,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            augment=augment,
-            test_samples=test_samples,
-        )
+        job = TrainJob(id=next(self._job_ids), timeout_s=timeout_s, setup=setup)
         reply = self._request(job)
         if reply.train is None:
             failed.error = reply.error or "no training result came back"

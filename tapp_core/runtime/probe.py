@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from tapp_core.calibration import KindProbe, Line, PairProbe, ProbeResult, SharingProbe
-from tapp_core.cluster import Cluster
-from tapp_core.hosts import cuda_aware_mpi
-from tapp_core.kinds import device_kind
-from tapp_core.models.registry import INPUT_SHAPE, build_model
+from tapp_core.cost.calibration import KindProbe, Line, PairProbe, ProbeResult, SharingProbe
+from tapp_core.model.workload import build_workload_model, workload_of
+from tapp_core.platform.cluster import Cluster
+from tapp_core.platform.hosts import cuda_aware_mpi
+from tapp_core.platform.kinds import device_kind
 from tapp_core.runtime.emulation import Emulation
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer
 from tapp_core.runtime.rank import tool_rank
@@ -124,15 +124,15 @@ def probe_kinds(comm: MPI.Comm, cluster: Cluster, device: torch.device) -> list[
 
 
 def _training_step(model_spec: str, batch_size: int, device: torch.device) -> Callable[[], None]:
-    """One forward and backward of a batch of random inputs through the model, waited for."""
-    model = build_model(model_spec).to(device)
-    inputs = torch.randn(batch_size, *INPUT_SHAPE, device=device)
-    labels = torch.randint(0, 10, (batch_size,), device=device)
+    """One forward and backward of a batch of random inputs of the model's workload through it, waited for."""
+    workload = workload_of(model_spec)
+    model = build_workload_model(workload).to(device)
+    inputs, labels = (tensor.to(device) for tensor in workload.batch(batch_size))
     sync = _sync_of(device)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        torch.autograd.backward(torch.nn.functional.cross_entropy(model(inputs), labels))
+        torch.autograd.backward(workload.loss_of(model(inputs), labels, batch_size))
         sync()
 
     return step

@@ -7,24 +7,29 @@ that fails tells the others to abort; every rank answers with a RankResult all t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import gc
 import resource
 import statistics
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from mpi4py import MPI
 
-from tapp_core import gpu
-from tapp_core.cluster import Cluster, Device
-from tapp_core.data import InMemoryImages, batch_loader, open_dataset
-from tapp_core.graph import layer_nodes, trace_model
-from tapp_core.hosts import configure_threads
-from tapp_core.plan import Plan
+from tapp_core.model.data import ByteText, InMemoryImages, batch_loader
+from tapp_core.model.graph import layer_nodes, trace_model
+from tapp_core.model.workload import SyntheticSamples, Workload, open_workload_data
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.program import tied_reductions
+from tapp_core.platform import gpu
+from tapp_core.platform.cluster import Cluster, Device
+from tapp_core.platform.hosts import configure_threads
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
+from tapp_core.runtime.checkpointing import StageCheckpoints
 from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.engine import PlanPlace, StageEngine
 from tapp_core.runtime.jobs import MeasureJob, PlanJob, PrepareJob, TrainJob, WorkJob
@@ -66,24 +71,44 @@ def plan_stage(plan: Plan, position: int) -> tuple[int, int]:
     raise ValueError(f"the plan has no device at position {position}")
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> int:
+    """Start counting the peak anew; the memory in use now (the baseline a plan's own memory comes on top of).
+
+    On a CPU the baseline is the resident set: the interpreter, torch, MPI's buffers, the models the rank has
+    cached. The C allocator first gives back the memory freed by earlier plans (``malloc_trim``), which it would
+    otherwise keep and hand out again without the resident set growing: a plan's growth would then hide in it."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
+        return int(torch.cuda.memory_allocated(device))
+    release_freed_memory()
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the resident-set high-water mark
+    return _status_bytes("VmRSS:")
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed so far back to the system (``malloc_trim``): the C allocator otherwise keeps it
+    resident, and what is allocated next lands beside it rather than in it, so the resident set grows by both."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    return _status_bytes("VmHWM:") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status_bytes(field: str) -> int:
+    """A field of ``/proc/self/status`` in bytes (``VmRSS:``, ``VmHWM:``); 0 where there is none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return 0
 
 
 def classify(exc: BaseException) -> str:
@@ -136,6 +161,8 @@ class PlanCommunicators:
         self.pipeline: MPI.Intracomm | None = None
         self.replicas: MPI.Intracomm | None = None
         self.layouts: MPI.Intracomm | None = None
+        self.ties: dict[tuple[int, ...], MPI.Intracomm] = {}
+        """Per group of plan positions holding a tied parameter, with this rank among them: their communicator."""
 
     def wait(self, deadline: float) -> None:
         def past_deadline() -> None:
@@ -154,9 +181,17 @@ class PlanCommunicators:
                 self.layouts = self.replicas.Dup()
         return self.pipeline
 
+    def join_ties(self, place: PlanPlace, groups: Sequence[tuple[int, ...]]) -> None:
+        """Make the communicator of every tie group (plan positions) this rank is in: every member makes its groups
+        in the same order (sorted), each with a tag of its own."""
+        for tag, group in enumerate(sorted(set(groups))):
+            if place.position in group and group not in self.ties:
+                ranks = [place.pool_ranks[p] for p in group]
+                self.ties[group] = self.plan.Create_group(self.plan.Get_group().Incl(ranks), tag)
+
     def free(self) -> None:
         """Free them after a plan that ended well; a failed plan's may hold unmatched requests and are left to MPI."""
-        for comm in (self.layouts, self.replicas, self.pipeline, self.plan, self.header):
+        for comm in (*self.ties.values(), self.layouts, self.replicas, self.pipeline, self.plan, self.header):
             if comm is not None:
                 comm.Free()
 
@@ -211,16 +246,30 @@ class Rank:
                 return result
             result.stage, result.replica = plan_stage(plan, place.position)
             pipeline = comms.join(place, result.stage)
-            reset_peak_memory(self.device)
-            stage = self.factory.stage(
-                setup.model, setup.seed, plan.stage_of_layer, plan.n_stages, result.stage, self.device
-            )
+            workload, seed = setup.spec.workload, setup.spec.seed
+            graph = self.factory.graph(workload, seed)
+            comms.join_ties(place, [tie.devices for tie in tied_reductions(plan, graph.shared)])
+            result.baseline_memory_bytes = reset_peak_memory(self.device)
+            # The split runs the whole model on a few samples (``split_stages``): a transient in the peak, given back
+            # before the stage is built so that it does not stay resident under it (the memory model's "model trace").
+            self.factory.split(workload, seed, plan.stage_of_layer, plan.n_stages)
+            if self.device.type != "cuda":
+                release_freed_memory()
+            stage = self.factory.stage(workload, seed, plan.stage_of_layer, plan.n_stages, result.stage, self.device)
             emulation = Emulation.for_rank(self.cluster, list(self.devices), self.rank, setup.emulate)
             hosts = {self.cluster.device(d).host for d in plan.devices}
             transport = Transport(comms.plan, comms.header, pipeline, control, emulation, shared_clock=len(hosts) == 1)
-            graph = self.factory.graph(setup.model, setup.seed)
             engine = StageEngine(
-                stage, place, graph, transport, setup.optimizer, emulation, comms.replicas, comms.layouts
+                stage,
+                place,
+                graph,
+                transport,
+                workload.optimizer,
+                emulation,
+                comms.replicas,
+                comms.layouts,
+                workload,
+                tie_comms=comms.ties,
             )
             result.setup_s = now() - start
             if isinstance(job, MeasureJob):
@@ -262,8 +311,8 @@ class Rank:
             torch.cuda.empty_cache()
 
     def _measure(self, engine: StageEngine, job: MeasureJob, result: RankResult) -> None:
-        batch_size, seed = job.setup.plan.batch_size, job.setup.seed
-        batches = SyntheticBatches(batch_size, seed=seed, input_shape=self.factory.input_shape)
+        batch_size, spec = job.setup.plan.batch_size, job.setup.spec
+        batches = SyntheticBatches(batch_size, seed=spec.seed, workload=spec.workload)
         record = engine.train(job.steps, batches)
         result.step_s, result.compute_s, result.loss = record.step_s, record.compute_s, record.loss
         result.wait_s, result.blocked_s = record.wait_s, record.blocked_s
@@ -274,28 +323,49 @@ class Rank:
                 result.parameters = {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}
 
     def _train(self, engine: StageEngine, job: TrainJob, result: RankResult) -> None:
-        train_set = _dataset(job.dataset, job.data_dir, True, job.augment)
-        test_set = _dataset(job.dataset, job.data_dir, False, False).head(job.test_samples)
-        batch_size, seed = job.setup.plan.batch_size, job.setup.seed
-        for epoch in range(job.epochs):
+        spec = job.setup.spec
+        train_set = _dataset(spec.workload, spec.data_dir, True, spec.augment)
+        test_set = _dataset(spec.workload, spec.data_dir, False, False).head(spec.test_samples)
+        plan, seed = job.setup.plan, spec.seed
+        batch_size = plan.batch_size
+        meta = {"model": spec.workload.model, "seed": seed, "batch_size": batch_size, "plan": plan.id}
+        checkpoints = StageCheckpoints(engine, spec.checkpoints, meta)
+        position = checkpoints.restore()
+        complete = True
+        for epoch in range(position.epoch, spec.epochs):
+            if checkpoints.stopped:
+                complete = False
+                break
             loader = batch_loader(train_set, batch_size, seed=seed, epoch=epoch)
-            steps = len(loader) if job.steps_per_epoch is None else min(len(loader), job.steps_per_epoch)
-            record = engine.train(steps, IteratorBatches(loader, batch_size))
+            steps = len(loader) if spec.steps_per_epoch is None else min(len(loader), spec.steps_per_epoch)
+            start, state = (position.epoch_step, position.augment_state) if epoch == position.epoch else (0, None)
+            records = checkpoints.train_epoch(epoch, start, steps, loader.cursor(start, state))
+            for record in records:  # every step's times, for an elastic training's watch on slow devices
+                result.step_s += record.step_s
+                result.compute_s += record.compute_s
+            if checkpoints.stopped and start + sum(len(r.step_s) for r in records) < steps:
+                complete = False
+                break  # stopped inside the epoch: no evaluation before it ends
+            losses = [loss for record in records for loss in record.loss]
             test_loader = batch_loader(test_set, batch_size, seed=seed, shuffle=False, drop_last=False)
             evaluation = engine.evaluate(len(test_loader), IteratorBatches(test_loader, batch_size))
             result.epochs.append(
                 {
-                    "train_loss": statistics.fmean(record.loss) if record.loss else 0.0,
-                    "time_s": sum(record.step_s),
+                    "train_loss": statistics.fmean(losses) if losses else 0.0,
+                    "time_s": sum(s for record in records for s in record.step_s),
                     "correct": evaluation.correct,
                     "samples": evaluation.samples,
                     "test_loss_sum": evaluation.loss_sum,
                 }
             )
+        checkpoints.finish(complete=complete)
 
 
 @functools.lru_cache(maxsize=2)
-def _dataset(name: str, data_dir: str | None, train: bool, augment: bool) -> InMemoryImages:
+def _dataset(
+    workload: Workload, data_dir: str | None, train: bool, augment: bool
+) -> InMemoryImages | ByteText | SyntheticSamples:
     """A dataset read once per rank for the pool's life: an experiment trains several plans on the same data, and
-    reading and padding Fashion-MNIST's training set takes a second or two each time. Nothing changes it in use."""
-    return open_dataset(name, data_dir, train=train, augment=augment)
+    reading and padding Fashion-MNIST's training set takes a second or two each time. Nothing changes it in use
+    (``open_workload_data``: images, text as bytes, or synthetic samples of the workload's own inputs)."""
+    return open_workload_data(workload, data_dir, train, augment)

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from tapp_core.metrics import Measurement, communication_share, step_time, step_time_spread
+from tapp_core.measure.metrics import Measurement, step_time, step_time_spread
+from tapp_core.measure.step import communication_share
+from tapp_core.model.workload import SYNTHETIC, perplexity
 from tapp_core.runtime.jobs import MeasureJob, PrepareJob, WorkJob
 
 OUT_OF_MEMORY = "out of memory"
@@ -35,6 +37,9 @@ class RankResult:
     weight_ages: list[int] = field(default_factory=list)
     """Per backward, in order: the updates applied since its forward (``RankRecord.weight_ages``)."""
     peak_memory_bytes: int = 0
+    baseline_memory_bytes: int = 0
+    """The memory in use when the plan started, before its stage was built (``rank.reset_peak_memory``): part of
+    ``peak_memory_bytes``, not of the plan's own."""
     setup_s: float = 0.0
     parameters: dict[str, torch.Tensor] | None = None
     epochs: list[dict[str, float]] = field(default_factory=list)
@@ -82,7 +87,8 @@ def assemble_measurement(
         step_times_s=step_times,
         communication_share=communication_share(wait, median_step),
         stage_compute_s=compute_by_stage,
-        device_wait_s=wait,
+        compute_s={r.device: statistics.median(r.compute_s[warmup:n_steps]) for r in active},
+        communication_s=wait,
         peak_memory_bytes={r.device: r.peak_memory_bytes for r in active},
         loss=losses[-1] if losses else float("nan"),
         emulated=emulated,
@@ -92,13 +98,15 @@ def assemble_measurement(
             "warmup": warmup,
             "device_blocked_s": {r.device: statistics.median(r.blocked_s[warmup:n_steps]) for r in active},
             "weight_ages": {r.device: list(r.weight_ages) for r in active},
+            "baseline_memory_bytes": {r.device: r.baseline_memory_bytes for r in active},
         },
     )
 
 
 @dataclass
 class TrainResult:
-    """What ``train`` reports: test accuracy after the last epoch, and per-epoch loss and time."""
+    """What ``train`` reports: test accuracy and test loss after the last epoch (a language model's perplexity is
+    the exponential of its test loss, the mean cross-entropy per predicted token), and per-epoch loss and time."""
 
     plan_id: str
     schedule: str
@@ -111,15 +119,38 @@ class TrainResult:
     epoch_losses: list[float] = field(default_factory=list)
     epoch_times_s: list[float] = field(default_factory=list)
     epoch_test_accuracy: list[float] = field(default_factory=list)
+    epoch_test_loss: list[float] = field(default_factory=list)
     emulated: bool = False
     error: str | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    """Every step's time (its slowest device's), in order."""
+    device_compute_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per device of the plan: every step's compute seconds (forward, backward, update), in order."""
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def test_perplexity(self) -> float:
+        return perplexity(self.test_loss)
+
+    @property
+    def epoch_test_perplexity(self) -> list[float]:
+        return [perplexity(loss) for loss in self.epoch_test_loss]
+
+    def quality_text(self, language_model: bool) -> str:
+        """The trained model's quality in a few words: a language model's test perplexity, else its test accuracy."""
+        if language_model:
+            return f"test perplexity {self.test_perplexity:.2f}"
+        return f"test accuracy {self.test_accuracy:.1%}"
+
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {
+            **asdict(self),
+            "test_perplexity": self.test_perplexity,
+            "epoch_test_perplexity": self.epoch_test_perplexity,
+        }
 
 
 def assemble_training(
@@ -140,19 +171,23 @@ def assemble_training(
         result.error = error
         return result
     active = [r for r in results if r.status == "ok"]
+    steps = min((len(r.step_s) for r in active), default=0)
+    result.step_times_s = [max(r.step_s[k] for r in active) for k in range(steps)]
+    result.device_compute_s = {r.device: list(r.compute_s) for r in active}
     last = [r for r in active if r.stage == plan_stages - 1]
-    for epoch in range(epochs):
+    trained = min((len(r.epochs) for r in last), default=0)  # a resumed training starts at its checkpoint's epoch
+    for epoch in range(trained):
         correct = sum(r.epochs[epoch]["correct"] for r in last)
         samples = sum(r.epochs[epoch]["samples"] for r in last)
         result.epoch_losses.append(sum(r.epochs[epoch]["train_loss"] for r in last))
         result.epoch_times_s.append(max(r.epochs[epoch]["time_s"] for r in active))
         result.epoch_test_accuracy.append(correct / samples if samples else float("nan"))
-        if epoch == epochs - 1:
+        loss_sum = sum(r.epochs[epoch]["test_loss_sum"] for r in last)
+        result.epoch_test_loss.append(loss_sum / samples if samples else float("nan"))
+        if epoch == trained - 1:
             result.test_samples = int(samples)
             result.test_accuracy = result.epoch_test_accuracy[-1]
-            result.test_loss = (
-                sum(r.epochs[epoch]["test_loss_sum"] for r in last) / samples if samples else float("nan")
-            )
+            result.test_loss = result.epoch_test_loss[-1]
     return result
 
 
@@ -185,8 +220,9 @@ def assemble_reply(job: WorkJob, results: Sequence[RankResult]) -> Reply:
             for r in results:
                 parameters.update(r.parameters or {})
         return Reply(id=job.id, measurement=measurement, parameters=parameters)
-    synthetic = job.dataset == "synthetic"
+    spec = job.setup.spec
+    dataset = spec.workload.data
     train = assemble_training(
-        plan.id, plan.schedule, job.dataset, synthetic, job.epochs, results, emulated, plan.n_stages
+        plan.id, plan.schedule, dataset, dataset == SYNTHETIC, spec.epochs, results, emulated, plan.n_stages
     )
     return Reply(id=job.id, train=train)

@@ -1,4 +1,4 @@
-"""Sharded stages: a stage whose layers run split signatures (``tapp_core.placement``), as one device of its group
+"""Sharded stages: a stage whose layers run split signatures (``tapp_core.plan.placement``), as one device of its group
 holds and runs it.
 
 ``shard_stage`` takes a stage cut for one device (``runtime.stage``) and
@@ -31,14 +31,13 @@ import torch
 import torch.fx
 from torch import nn
 
-from tapp_core.placement import (
+from tapp_core.model.graph import MODEL_INPUT, LayerSpec
+from tapp_core.plan.placement import (
     BROADCAST,
     COLUMN,
-    MODEL_INPUT,
     OUTPUT,
     ROW,
     SAMPLES,
-    LayerSpec,
     Layout,
     PlacementError,
     Split,

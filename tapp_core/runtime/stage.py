@@ -1,6 +1,6 @@
 """Stages: one rank's share of the model, cut from the traced graph with torch.fx ``split_module``.
 
-The cut follows the plan's ``stage_of_layer`` over ``tapp_core.graph.layer_nodes``, the numbering the layer
+The cut follows the plan's ``stage_of_layer`` over ``tapp_core.model.graph.layer_nodes``, the numbering the layer
 library and every planner use. Between stages travel *cut values*: the tensors one stage produces and a later
 stage consumes. There may be several per cut, and a value may skip stages (stage 0 -> stage 2): it is then sent
 straight from its producer to each consumer. The model input is a cut value too, produced by nobody: every stage
@@ -9,33 +9,44 @@ that reads it takes it from the data, which is identical on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
-from collections.abc import Mapping, Sequence
+import operator
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 import torch
 import torch.fx
+import torch.utils.checkpoint
 from torch import nn
 from torch.fx.passes.split_module import split_module
 
 from tapp_core.errors import TappError
-from tapp_core.flops import tensors_in
-from tapp_core.graph import (
+from tapp_core.model.crossing import CUT_SAMPLES, CutFacts, Layout, cut_facts, is_plain, pack, unpack
+from tapp_core.model.flops import tensors_in
+from tapp_core.model.graph import (
+    MODEL_INPUT,
+    LayerSpec,
+    SharedParameter,
     layer_edges,
     layer_index,
     layer_nodes,
     layer_parameters,
     op_axes,
     op_type,
-    parameter_users,
+    shared_parameters,
 )
-from tapp_core.models import INPUT_SHAPE, build_traced_model
-from tapp_core.placement import MODEL_INPUT as MODEL_INPUT  # the producer of the model's input: the data source,
-from tapp_core.placement import LayerSpec  # read locally by every stage that needs it
-from tapp_core.plan import PlanError, check_edges, check_layers, check_stages_used
+from tapp_core.model.workload import TensorSpec, Workload, as_workload, build_traced_workload, example_input
+from tapp_core.model.zoo import INPUT_SHAPE
+from tapp_core.plan.plan import PlanError, check_edges, check_layers, check_stages_used
+from tapp_core.plan.rule import ModelFacts
+
+LAYER_META = "tapp_layer"
+"""The key of a traced node's ``meta`` holding its layer index (``graph.layer_index``), kept by every stage's copy."""
 
 
 class StageError(TappError):
@@ -50,7 +61,7 @@ class CutValue:
     name: str
     layer: int
     """The library index of the layer that computes it (``MODEL_INPUT`` for the model's input): how programs
-    (``tapp_core.program``) name it."""
+    (``tapp_core.plan.program``) name it."""
     producer: int
     consumers: tuple[int, ...]
     sample_shape: tuple[int, ...]
@@ -80,7 +91,8 @@ class PipelineGraph:
 
 
 def check_stage_assignment(graph_module: torch.fx.GraphModule, stage_of_layer: Sequence[int], n_stages: int) -> None:
-    """Raise ``StageError`` unless every layer has a stage, every stage a layer, and no edge runs backward."""
+    """Raise ``StageError`` unless every layer has a stage, every stage a layer, and no edge runs backward: what
+    cutting the stages needs (the whole rule of what the runtime runs is ``tapp_core.plan.rule.check_runs``)."""
     nodes = layer_nodes(graph_module)
     index = layer_index(graph_module)
     edges = [(index[node], index[user]) for node in nodes for user in node.users if user in index]
@@ -94,20 +106,13 @@ def check_stage_assignment(graph_module: torch.fx.GraphModule, stage_of_layer: S
         check_edges(stage_of_layer, edges, name)
     except PlanError as exc:
         raise StageError(str(exc)) from None
-    for param, layers in parameter_users(graph_module).items():
-        stages = sorted({stage_of_layer[i] for i in layers})
-        if len(stages) > 1:
-            raise StageError(
-                f"parameter {param!r} is used on stages {', '.join(map(str, stages))} (by "
-                f"{', '.join(name(i) for i in layers)}); a parameter lives on one stage: put those layers on one stage"
-            )
 
 
 def split_stages(
     graph_module: torch.fx.GraphModule,
     stage_of_layer: Sequence[int],
     n_stages: int,
-    input_shape: Sequence[int] = INPUT_SHAPE,
+    input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE,
 ) -> tuple[torch.fx.GraphModule, PipelineGraph]:
     """Cut ``graph_module`` into ``submod_0..submod_{n-1}`` and describe the values crossing the cuts.
 
@@ -115,22 +120,31 @@ def split_stages(
     so no running statistics change).
     """
     check_stage_assignment(graph_module, stage_of_layer, n_stages)
+    facts = _cut_facts(graph_module, input_shape)
     index = layer_index(graph_module)
-    split = split_module(graph_module, graph_module, lambda node: stage_of_layer[index[node]])
+    for node, i in index.items():  # copied into the stages with each node: how a stage's value names its layer
+        node.meta[LAYER_META] = i
+    # Each stage's nodes keep the traced model's names, which sharding finds layers by: split_module otherwise
+    # names a stage's nodes afresh (relu_1 becomes relu, another layer's name).
+    split = split_module(
+        graph_module, graph_module, lambda node: stage_of_layer[index[node]], keep_original_node_name=True
+    )
     _move_attributes_into_stages(split)
 
     placeholders = [n for n in split.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise StageError(f"the model takes {len(placeholders)} inputs; the runtime feeds exactly one (the images)")
-    samples = _trace_values(split, torch.randn(2, *input_shape))
+    samples = _trace_values(split, example_input(input_shape, 2))
+    if _pack_cut_values(split, samples, facts):
+        samples = _trace_values(split, example_input(input_shape, 2))
     if _rebuild_shape_values(split, placeholders[0], samples, input_shape):
-        samples = _trace_values(split, torch.randn(2, *input_shape))
+        samples = _trace_values(split, example_input(input_shape, 2))
+    _copy_inputs_changed_in_place(split)
     flow = _ValueFlow.of(split, placeholders[0], n_stages)
-    by_name = {node.name: i for node, i in index.items()}
     graph = PipelineGraph(
         n_stages=n_stages,
         values=tuple(
-            _cut_value(v, node, _layer_of(split, node, by_name), flow.producers[v], flow.consumers(v), samples[node])
+            _cut_value(v, node, _layer_of(split, node), flow.producers[v], flow.consumers(v), samples[node])
             for v, node in enumerate(flow.nodes)
         ),
         stage_inputs=tuple(flow.stage_inputs[s] for s in range(n_stages)),
@@ -147,10 +161,10 @@ def _move_attributes_into_stages(split: torch.fx.GraphModule) -> None:
     ``split_module`` leaves such a tensor on the top-level module and passes it to every stage that reads it as an
     argument, where it would be a cut value without a producer, and a parameter no stage trains. Instead each such
     stage registers the tensor under its own name (a parameter as a parameter, anything else as a buffer) and
-    reads it with its own ``get_attr``: a parameter thus belongs to the one stage that uses it
-    (``check_stage_assignment`` made sure there is one), which updates it, and all-reduces its gradient among the
-    stage's replicas, like any parameter of its layers. A buffer or constant read on several stages is copied to
-    each.
+    reads it with its own ``get_attr``: a parameter thus belongs to each stage that uses it, which updates its own
+    copy (``owned_copy``) like any parameter of its layers; used on several stages, it is tied, its gradient
+    summed among them every step (``tapp_core.plan.ties``). A buffer or constant read on several stages is copied
+    to each.
     """
     moved: set[str] = set()
     for node in list(split.graph.nodes):
@@ -202,6 +216,161 @@ def _free_attribute_name(module: nn.Module, name: str) -> str:
     return free
 
 
+_CUT_FACTS: weakref.WeakKeyDictionary[torch.fx.GraphModule, dict[object, CutFacts]] = weakref.WeakKeyDictionary()
+"""``crossing.cut_facts`` of each traced model a rank or a planner holds, by input: found once, not once a plan."""
+
+
+def _cut_facts(graph_module: torch.fx.GraphModule, input_shape: Sequence[int] | TensorSpec) -> CutFacts:
+    key = input_shape if isinstance(input_shape, TensorSpec) else tuple(input_shape)
+    found = _CUT_FACTS.setdefault(graph_module, {})
+    if key not in found:
+        found[key] = cut_facts(graph_module, example_input(input_shape, CUT_SAMPLES))
+    return found[key]
+
+
+def _pack_cut_values(split: torch.fx.GraphModule, values: Mapping[torch.fx.Node, Any], facts: CutFacts) -> bool:
+    """Let every value cross a cut as one tensor with its samples first; returns whether one was not.
+
+    The producing stage returns such a value packed (``crossing.pack``: a tuple's tensors side by side, samples
+    moved first, several rows per sample grouped), and each consuming stage unpacks it (``crossing.unpack``) before
+    its layers read it: the stages compute what the model does, and the cut carries what the transfers split. A
+    value that cannot be packed raises ``StageError`` with the reason the rule (``ModelFacts.refusals``) gives.
+    """
+    changed = False
+    for node in list(split.graph.nodes):
+        consumers = [user for user in node.users if user.op == "call_module"]
+        if node.op == "placeholder" or not consumers or _is_shape_value(values.get(node)):
+            continue
+        layer = _layer_of(split, node)
+        if layer in facts.refusals:
+            raise StageError(f"the output of layer {node.name!r} cannot cross a cut: {facts.refusals[layer]}")
+        layout = facts.layouts[layer]
+        if is_plain(layout):
+            continue
+        _return_packed(split, node, layout)
+        for user in consumers:
+            _take_packed(_stage_module(split, user), list(user.args).index(node), layout)
+        changed = True
+    split.recompile()
+    return changed
+
+
+def _return_packed(split: torch.fx.GraphModule, node: torch.fx.Node, layout: Layout) -> None:
+    """The stage that returns top-level value ``node`` returns it packed."""
+    returned = _returned_node(split, node)
+    stage_module = returned.graph.owning_module
+    assert isinstance(stage_module, torch.fx.GraphModule)
+    (output,) = [n for n in stage_module.graph.nodes if n.op == "output"]
+    with stage_module.graph.inserting_before(output):
+        packed = stage_module.graph.call_function(pack, (returned, layout))
+    packed.meta = dict(returned.meta)
+    output.args = (_replaced(output.args[0], returned, packed),)
+    stage_module.recompile()
+
+
+def _replaced(returned: Any, old: torch.fx.Node, new: torch.fx.Node) -> Any:
+    if isinstance(returned, tuple | list):
+        return type(returned)(new if item is old else item for item in returned)
+    return new if returned is old else returned
+
+
+def _take_packed(stage_module: torch.fx.GraphModule, position: int, layout: Layout) -> None:
+    """The stage's ``position``-th input arrives packed: unpack it for the layers that read it."""
+    graph = stage_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    taken = placeholders[position]
+    with graph.inserting_after(placeholders[-1]):
+        value = graph.call_function(unpack, (taken, layout))
+    taken.replace_all_uses_with(value, delete_user_cb=lambda user: user is not value)
+    stage_module.recompile()
+
+
+_IN_PLACE_FUNCTIONS = {
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.ifloordiv,
+    operator.ipow,
+    operator.imod,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.imatmul,
+}
+_VIEWS = {
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "narrow",
+    "movedim",
+    "select",
+    "t",
+    "getitem",
+    "unflatten",
+    "view_as",
+    "expand_as",
+    "chunk",
+    "split",
+    "unbind",
+    "unpack",
+}
+
+
+def _copy_inputs_changed_in_place(split: torch.fx.GraphModule) -> None:
+    """A stage that changes a value it takes in place (``F.relu(x, inplace=True)``, ``x *= s``) works on a copy.
+
+    The engine gives a stage each value it takes as a leaf tensor that records its gradient, and autograd refuses
+    an in-place change of such a leaf or of a view of it; in the whole model the same value is an intermediate
+    result, which may be changed. The copy costs one tensor's memory and no change in what the stage computes.
+    """
+    for call in split.graph.nodes:
+        if call.op != "call_module" or not str(call.target).startswith("submod_"):
+            continue
+        stage_module = _stage_module(split, call)
+        changed = False
+        for taken in [n for n in stage_module.graph.nodes if n.op == "placeholder"]:
+            if _changed_in_place(stage_module, taken):
+                with stage_module.graph.inserting_after(taken):
+                    copy_ = stage_module.graph.call_method("clone", (taken,))
+                taken.replace_all_uses_with(copy_, delete_user_cb=lambda user, c=copy_: user is not c)
+                changed = True
+        if changed:
+            stage_module.recompile()
+
+
+def _changed_in_place(module: torch.fx.GraphModule, value: torch.fx.Node) -> bool:
+    """Whether an operation changes ``value``, or a view of it, in place."""
+    for user in value.users:
+        first = user.args[0] if user.args else None
+        if first is value and _in_place(module, user):
+            return True
+        if _operation_name(user) in _VIEWS and first is value and _changed_in_place(module, user):
+            return True
+    return False
+
+
+def _in_place(module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.kwargs.get("inplace") is True or node.target in _IN_PLACE_FUNCTIONS:
+        return True
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.startswith("_")
+    if node.op == "call_module":
+        return getattr(module.get_submodule(str(node.target)), "inplace", False) is True
+    return False
+
+
+def _operation_name(node: torch.fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
 _SAMPLE_COUNTS = (2, 3, 5)
 """Sample counts the split model is run at to tell how a shape value crossing a cut depends on the samples."""
 
@@ -210,7 +379,7 @@ def _rebuild_shape_values(
     split: torch.fx.GraphModule,
     model_input: torch.fx.Node,
     values: Mapping[torch.fx.Node, Any],
-    input_shape: Sequence[int],
+    input_shape: Sequence[int] | TensorSpec,
 ) -> bool:
     """Let no shape value cross a cut: rebuild it in each stage that takes it. Returns whether any did.
 
@@ -230,7 +399,7 @@ def _rebuild_shape_values(
     ]
     if not crossing:
         return False
-    runs = [values, *(_trace_values(split, torch.randn(n, *input_shape)) for n in _SAMPLE_COUNTS[1:])]
+    runs = [values, *(_trace_values(split, example_input(input_shape, n)) for n in _SAMPLE_COUNTS[1:])]
     for node in dict.fromkeys(crossing):
         template = _shape_template([run[node] for run in runs], _returned_node(split, node).name)
         for user in list(node.users):
@@ -420,9 +589,9 @@ class _ValueFlow:
             )
 
 
-def _layer_of(split: torch.fx.GraphModule, node: torch.fx.Node, by_name: Mapping[str, int]) -> int:
+def _layer_of(split: torch.fx.GraphModule, node: torch.fx.Node) -> int:
     """The layer of the traced model whose output the split's top-level value ``node`` is."""
-    return MODEL_INPUT if node.op == "placeholder" else by_name[_returned_node(split, node).name]
+    return MODEL_INPUT if node.op == "placeholder" else int(_returned_node(split, node).meta[LAYER_META])
 
 
 def _graph_node(arg: torch.fx.node.Argument, user: torch.fx.Node) -> torch.fx.Node:
@@ -557,21 +726,51 @@ class Stage:
         }
 
     def forward(
-        self, inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None
+        self,
+        inputs: Sequence[torch.Tensor],
+        params: Mapping[str, torch.Tensor] | None = None,
+        recompute: bool = False,
     ) -> list[torch.Tensor]:
-        """Run the submodule; ``params`` (submodule names) replaces its parameters, as weight stashing needs."""
-        if params is None:
-            result = self.module(*inputs)
+        """Run the submodule; ``params`` (submodule names) replaces its parameters, as weight stashing needs. With
+        ``recompute`` (and autograd on), autograd keeps only the inputs and runs the submodule again in the
+        backward (``torch.utils.checkpoint``, with the random state of the first run; the buffers it changes, a
+        batch norm's running statistics, change once)."""
+        if recompute and torch.is_grad_enabled():
+            result = torch.utils.checkpoint.checkpoint(
+                self._run,
+                *inputs,
+                use_reentrant=False,
+                context_fn=lambda: (contextlib.nullcontext(), _buffers_kept(self.module)),
+                params=params,
+            )
         else:
-            result = torch.func.functional_call(self.module, dict(params), tuple(inputs))
+            result = self._run(*inputs, params=params)
         return list(result) if isinstance(result, tuple) else [result]
+
+    def _run(self, *inputs: torch.Tensor, params: Mapping[str, torch.Tensor] | None = None) -> Any:
+        if params is None:
+            return self.module(*inputs)
+        return torch.func.functional_call(self.module, dict(params), tuple(inputs))
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Whatever ``module``'s buffers hold on entry, they hold again on exit: a recomputed forward's running
+    statistics are not counted twice."""
+    kept = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
 
 
 @dataclass(frozen=True)
 class ModelGraph:
-    """What programs need of a traced model (``tapp_core.program``): its layer edges that carry tensors, each layer's
+    """What programs need of a traced model (``tapp_core.plan.program``): its layer edges that carry tensors, each layer's
     parameter bytes, the layer that owns each parameter (by the model's names), and each layer's ``LayerSpec`` (what
-    the layout pass of ``tapp_core.placement`` reads); the same facts a layer library holds
+    the layout pass of ``tapp_core.plan.placement`` reads); the same facts a layer library holds
     (``LayerLibrary.tensor_edges``, ``Layer.param_bytes``, ``LayerLibrary.specs``)."""
 
     edges: tuple[tuple[int, int], ...]
@@ -582,12 +781,24 @@ class ModelGraph:
     specs: tuple[LayerSpec, ...] = ()
     input_shape: tuple[int, ...] = tuple(INPUT_SHAPE)
     """The model input's shape per sample."""
+    shared: tuple[SharedParameter, ...] = ()
+    """The parameters several layers use (``graph.shared_parameters``): tied where a plan parts their users."""
+    layer_edges: tuple[tuple[int, int], ...] = ()
+    """Every edge between layers, a tensor's or not (what no plan may run backward)."""
+    refusals: tuple[tuple[int, str], ...] = ()
+    """The layers whose output cannot cross a cut, each with the reason (``crossing.cut_facts``)."""
+
+    def facts(self) -> ModelFacts:
+        """What the runtime's rule (``tapp_core.plan.rule.check_runs``) reads of the traced model."""
+        return ModelFacts.of_layers(self.specs, self.layer_edges, self.shared, dict(self.refusals))
 
     @classmethod
-    def of(cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] = INPUT_SHAPE) -> ModelGraph:
+    def of(
+        cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE
+    ) -> ModelGraph:
         owners = layer_parameters(graph_module)
         param_bytes = tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners)
-        outputs = _trace_values(graph_module, torch.randn(2, *input_shape))
+        outputs = _trace_values(graph_module, example_input(input_shape, 2))
         nodes = layer_nodes(graph_module)
         return cls(
             edges=tuple(
@@ -596,14 +807,19 @@ class ModelGraph:
             param_bytes=param_bytes,
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
             specs=layer_specs(graph_module, param_bytes, input_shape),
-            input_shape=tuple(input_shape),
+            input_shape=input_shape.shape if isinstance(input_shape, TensorSpec) else tuple(input_shape),
+            shared=shared_parameters(graph_module),
+            layer_edges=tuple(layer_edges(graph_module)),
+            refusals=tuple(sorted(_cut_facts(graph_module, input_shape).refusals.items())),
         )
 
 
 def layer_specs(
-    graph_module: torch.fx.GraphModule, param_bytes: Sequence[int], input_shape: Sequence[int] = INPUT_SHAPE
+    graph_module: torch.fx.GraphModule,
+    param_bytes: Sequence[int],
+    input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE,
 ) -> tuple[LayerSpec, ...]:
-    """Every layer's ``LayerSpec``, as the profiler records the layer (``tapp_core.profiler``): its operation
+    """Every layer's ``LayerSpec``, as the profiler records the layer (``tapp_core.profile.profiler``): its operation
     (``graph.op_type``), the layers it reads (the model's input when none), its first output tensor's shape per
     sample (found by running the model on two samples, in eval mode) and whether it holds parameters."""
     index = layer_index(graph_module)
@@ -621,7 +837,7 @@ def layer_specs(
     graph_module.eval()
     try:
         with torch.no_grad():
-            Recorder(graph_module).run(torch.randn(2, *input_shape))
+            Recorder(graph_module).run(example_input(input_shape, 2))
     finally:
         graph_module.train(was_training)
     return tuple(
@@ -639,53 +855,59 @@ def layer_specs(
 
 
 class StageFactory:
-    """Builds stages from (model spec, seed, plan), caching traced models and splits across plans on one rank.
+    """Builds stages from (workload, seed, plan), caching traced models and splits across plans on one rank; a
+    model spec stands for its default workload (``as_workload``).
 
     The cached models are never trained or moved (every stage trains its own copy), so every stage starts from
     the model's initial weights for its seed, whichever plans ran before it, on whichever device.
     """
 
-    def __init__(self, num_classes: int = 10, input_shape: Sequence[int] = INPUT_SHAPE) -> None:
-        self.num_classes = num_classes
-        self.input_shape = tuple(input_shape)
-        self._models: dict[tuple[str, int], torch.fx.GraphModule] = {}
-        self._splits: dict[tuple[str, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
-        self._graphs: dict[tuple[str, int], tuple[torch.fx.GraphModule, ModelGraph]] = {}
+    def __init__(self) -> None:
+        self._models: dict[tuple[Workload, int], torch.fx.GraphModule] = {}
+        self._splits: dict[tuple[Workload, int, tuple[int, ...], int], tuple[torch.fx.GraphModule, PipelineGraph]] = {}
+        self._graphs: dict[tuple[Workload, int], tuple[torch.fx.GraphModule, ModelGraph]] = {}
 
     MAX_MODELS = 4
     MAX_SPLITS = 64
 
-    def traced(self, model: str, seed: int) -> torch.fx.GraphModule:
+    def traced(self, model: str | Workload, seed: int) -> torch.fx.GraphModule:
         """The traced model of ``model`` at ``seed``'s initial weights, on the CPU (read only: do not train it)."""
-        key = (model, seed)
+        key = (as_workload(model), seed)
         if key not in self._models:
             if len(self._models) >= self.MAX_MODELS:
                 oldest = next(iter(self._models))
                 del self._models[oldest]
                 self._splits = {k: v for k, v in self._splits.items() if k[:2] != oldest}
-            self._models[key] = build_traced_model(model, num_classes=self.num_classes, seed=seed)
+            self._models[key] = build_traced_workload(key[0], seed=seed)
         return self._models[key]
 
-    def graph(self, model: str, seed: int) -> ModelGraph:
+    def graph(self, model: str | Workload, seed: int) -> ModelGraph:
         """The traced model's ``ModelGraph`` (cached with it)."""
-        key = (model, seed)
+        key = (as_workload(model), seed)
         if key not in self._graphs or self._graphs[key][0] is not self.traced(model, seed):
             traced = self.traced(model, seed)
-            self._graphs[key] = (traced, ModelGraph.of(traced, self.input_shape))
+            self._graphs[key] = (traced, ModelGraph.of(traced, key[0].feed))
         return self._graphs[key][1]
 
     def split(
-        self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int
+        self, model: str | Workload, seed: int, stage_of_layer: Sequence[int], n_stages: int
     ) -> tuple[torch.fx.GraphModule, PipelineGraph]:
-        key = (model, seed, tuple(stage_of_layer), n_stages)
+        workload = as_workload(model)
+        key = (workload, seed, tuple(stage_of_layer), n_stages)
         if key not in self._splits:
             if len(self._splits) >= self.MAX_SPLITS:
                 del self._splits[next(iter(self._splits))]
-            self._splits[key] = split_stages(self.traced(model, seed), stage_of_layer, n_stages, self.input_shape)
+            self._splits[key] = split_stages(self.traced(workload, seed), stage_of_layer, n_stages, workload.feed)
         return self._splits[key]
 
     def stage(
-        self, model: str, seed: int, stage_of_layer: Sequence[int], n_stages: int, stage: int, device: torch.device
+        self,
+        model: str | Workload,
+        seed: int,
+        stage_of_layer: Sequence[int],
+        n_stages: int,
+        stage: int,
+        device: torch.device,
     ) -> Stage:
         """Stage ``stage`` of the plan, on ``device``, at the initial weights, in training mode."""
         split, graph = self.split(model, seed, stage_of_layer, n_stages)

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from tapp_core import gpu
-from tapp_core.hosts import cuda_aware_mpi
+from tapp_core.platform import gpu
+from tapp_core.platform.hosts import cuda_aware_mpi
 from tapp_core.runtime.emulation import Emulation, now, sleep_until
 
 ABORT_TAG = 1

@@ -67,7 +67,7 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     """Rank 0 links to the pool and coordinates; the others follow."""
     import torch
 
-    from tapp_core.hosts import configure_threads, pin_rank
+    from tapp_core.platform.hosts import configure_threads, pin_rank
     from tapp_core.runtime.coordinator import coordinate, follow
     from tapp_core.runtime.jobs import RankInfo, RankSetup, Ready
     from tapp_core.runtime.rank import Rank, warm_up

@@ -7,7 +7,7 @@ first two successor layers (numbered from 1, divided by the layer count; -0.1 wh
 mean of its times in the library's kinds (``LayerLibrary.kinds``: the cluster's).
 
 A device is described by what it costs to use it (``DEVICE_FEATURES``): its speed against the fastest (relative to
-the library's kind, ``planners.costs.relative_speeds``), its memory
+the library's kind, ``planners.stage_costs.relative_speeds``), its memory
 against what the whole model needs on one device, its links (to the fastest device, its best and its mean link,
 each against the cluster's best link), and how long sending a typical cut over its best link takes against
 computing the whole model on it; so the policy can tell a fast device behind slow links from a fast, well
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import stage_memory_bytes
-from tapp_core.planners.costs import LayerCosts
+from tapp_core.plan.plan import stage_memory_bytes
 from tapp_core.planners.space import contiguous_plan
+from tapp_core.planners.stage_costs import LayerCosts
+from tapp_core.platform.cluster import Cluster
+from tapp_core.profile.library import LayerLibrary
 
 OP_VOCABULARY: tuple[str, ...] = (
     "Unknown",

@@ -3,7 +3,8 @@
 ``SearchOptions`` is what a user chooses about the search. The TAPP planner's options are these fields (it
 extends the class), a search's configuration (``search.SearchConfig``) is these fields plus what the run fixes
 (seed, batch, micro-batch counts, schedule, budget, policy), and the flow's budget (``tasks.search.SearchBudget``)
-overrides a few of them by name. A new option is added here and nowhere else.
+holds these options with a few overridden by name. A new option is added here and nowhere else; ``rounds`` counts
+every round, the measured ones included, wherever it appears.
 
 The classes are not frozen because the planner, a mutable dataclass like every planner, extends them.
 """
@@ -37,8 +38,9 @@ class SearchOptions:
     reward: str = "simulated"
     """'simulated' (cost model), 'measured' (worker pool) or 'hybrid' (cost model, then measurements)."""
     rounds: int = 250
-    samples_per_round: int = 8
-    """Samples per policy per round."""
+    """Every round of the search, the measured ones included (``simulated_rounds`` are those before them)."""
+    samples_per_round: int = 16
+    """Samples per policy per round (``tapp run``'s default too)."""
     population: int = 8
     exploit_every: int = 50
     restart_after: int = 40
@@ -81,6 +83,16 @@ class SearchOptions:
             raise PlannerError(f"TAPP search: time_limit_s must be positive or None, got {self.time_limit_s}")
         if not 0 < self.rounds_time_share <= 1:
             raise PlannerError(f"TAPP search: rounds_time_share must be in (0, 1], got {self.rounds_time_share}")
+
+    @property
+    def simulated_rounds(self) -> int:
+        """The rounds rewarded by the cost model: every round of a simulated search, none of a measured one, those
+        before the last ``measured_rounds`` of a hybrid one."""
+        if self.reward == "simulated":
+            return self.rounds
+        if self.reward == "measured":
+            return 0
+        return max(self.rounds - self.measured_rounds, 0)
 
     def option_values(self) -> dict[str, Any]:
         """The values of these options alone (of a planner or a configuration that extends them), by name."""

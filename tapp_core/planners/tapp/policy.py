@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tapp_core.cluster import Cluster
-from tapp_core.library import LayerLibrary
-from tapp_core.placement import even_shares
-from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts, relative_speeds, speed_shares
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.placement import even_shares
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import parse_schedule_spec
 from tapp_core.planners.patterns import PATTERNS, pattern_signatures, splittable, with_signatures
+from tapp_core.planners.stage_costs import LayerCosts, relative_speeds, speed_shares
 from tapp_core.planners.tapp.features import (
     DEVICE_FEATURES,
     METRIC_NAMES,
@@ -38,7 +38,6 @@ from tapp_core.planners.tapp.features import (
 )
 from tapp_core.planners.tapp.networks import AllocationNetwork, PartitionNetwork
 from tapp_core.planners.tapp.repair import compact, monotone_groups, repair_weights
-from tapp_core.schedules import parse_schedule_spec
 
 EMBEDDING_DIM = 16
 NEG_INF = -1e9
@@ -132,14 +131,14 @@ class TappPolicy(nn.Module):
 
     def __init__(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         config: PolicyConfig,
         micro_batch_choices: Sequence[int],
         batch_size: int,
         schedules: str | Sequence[str],
     ) -> None:
         """``schedules``: the schedule choices (``schedules.schedule_spec``; one string: the only one)."""
+        library, cluster = context.library, context.cluster
         super().__init__()
         features = layer_features(library)
         self.library = library
@@ -150,7 +149,7 @@ class TappPolicy(nn.Module):
         self.schedules = (schedules,) if isinstance(schedules, str) else tuple(schedules)
         self._schedule_specs = [parse_schedule_spec(spec) for spec in self.schedules]
         groups = config.groups
-        relative = relative_speeds(library, cluster)
+        relative = relative_speeds(context)
         speeds = np.array([relative[name] for name in cluster.device_names])
         self.work_fraction = features.work / max(features.work.sum(), 1e-12)
         self.repair_weights = repair_weights(features.work)

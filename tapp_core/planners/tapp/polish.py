@@ -7,15 +7,15 @@ candidates: different policies hold different basins, and the best plan's basin 
 neighbourhood holds the best plan), fastest first, and continues while it improves and ``exhausted()`` (the
 search's budget and deadline) allows: stopping early keeps the best found so far.
 
-A *descent* keeps the best of every micro-batch count and, in a contiguous plan, every stage boundary moved by
-1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan, from the ``tries`` most promising
+A *descent* keeps the best of every micro-batch count, every stage's activation recomputation turned on or off
+and, in a contiguous plan, every stage boundary moved by 1, 2, 4, ... up to ``span`` layers either way. Each pass descends from the plan, from the ``tries`` most promising
 device moves (two stages' devices swapped; a stage moved to, or replicated onto, an unused device) and relay
 insertions (``relay_moves``), and from the ``SHRINK_TRIES`` most promising shrinking moves (a replica dropped, two
 neighbouring stages merged, the whole model on one of the plan's devices); device and shrinking moves come also
 with their stages re-balanced to the new speeds, because a device move pays off only once the boundaries follow
 it. Last, the device groups of the best plans found get their best cuts by the oracle's branch and bound
 (``exact``): a descent moves one boundary at a time, the branch and bound all of them. Devices of one class (interchangeable,
-``planners.costs.device_classes``) are tried once per move, so a large cluster of few kinds costs few moves. The
+``planners.stage_costs.device_classes``) are tried once per move, so a large cluster of few kinds costs few moves. The
 moves that AutoDDL's coordinate descent makes too come from ``tapp_core.planners.moves``.
 """
 
@@ -28,11 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
-from tapp_core.planners.costs import LayerCosts, device_classes, relative_speeds
+from tapp_core.cost.context import CostContext
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import parse_schedule_spec
 from tapp_core.planners.moves import (
     Groups,
     boundary_positions,
@@ -42,14 +40,15 @@ from tapp_core.planners.moves import (
     merged_neighbours,
     moved_cut,
     one_per_class,
+    recompute_toggled,
     swapped_groups,
     unused_devices,
     with_group,
 )
 from tapp_core.planners.oracle import best_cuts
 from tapp_core.planners.space import balanced_cuts, stages_from_cuts
+from tapp_core.planners.stage_costs import LayerCosts, device_classes, relative_speeds
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
-from tapp_core.schedules import parse_schedule_spec
 
 SPAN = 32
 """Largest boundary shift a descent tries, in layers (it tries 1, 2, 4, ... up to it)."""
@@ -82,16 +81,16 @@ class Polish:
 
     def __init__(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         reward: RewardSource,
         micro_batch_choices: Sequence[int],
         schedules: Sequence[str],
         exhausted: Callable[[], bool],
-        calibration: Calibration = DEFAULT_CALIBRATION,
         deadline: float = math.inf,
         estimates_left: Callable[[], int | None] = lambda: None,
     ) -> None:
+        library, cluster = context.library, context.cluster
+        self.context = context
         self.library = library
         self.cluster = cluster
         self.reward = reward
@@ -99,10 +98,8 @@ class Polish:
         self.schedules = tuple(parse_schedule_spec(spec) for spec in schedules)
         """(name, staleness) of every schedule the search may choose."""
         self.exhausted = exhausted
-        self.speeds = relative_speeds(library, cluster)
+        self.speeds = relative_speeds(context)
         """Per device, its speed relative to the library's kind (its own kind's library and its speed)."""
-        self.calibration = calibration
-        """The cost model's calibration (that of ``reward``), for the exact cuts' own estimates."""
         self.deadline = deadline
         """``time.perf_counter()`` at which the exact cuts stop (``exhausted`` says it too)."""
         self.estimates_left = estimates_left
@@ -162,13 +159,11 @@ class Polish:
         if self.exhausted():
             return None
         plan, estimates = best_cuts(
-            self.library,
-            self.cluster,
+            self.context,
             grouping[0],
             grouping[1],
             template.schedule_spec,
             template.batch_size,
-            self.calibration,
             below_s,
             min(deadline, self.deadline),
             self.estimates_left(),
@@ -219,7 +214,7 @@ class Polish:
         return best
 
     def shifts(self, plan: Plan, span: int) -> list[Plan]:
-        """Every micro-batch count and schedule; every boundary of a contiguous plan moved by powers of two up to
+        """Every micro-batch count and schedule; every stage's recomputation turned on or off; every boundary of a contiguous plan moved by powers of two up to
         ``span``, and every two neighbouring boundaries moved together (a stage shifted whole: a small stage between
         two large ones moves only so)."""
         neighbours = [
@@ -227,6 +222,7 @@ class Polish:
             for m in self.micro_batch_choices
             for name, staleness in self.schedules
         ]
+        neighbours += recompute_toggled(plan)
         cuts = cuts_of(plan)
         if cuts is None:
             return neighbours

@@ -5,7 +5,7 @@ memory, the runtime raised, timed out or lost a rank): the search turns that int
 Both sources remember what they have seen, so a plan sampled again costs nothing and a resumed search sees
 the same values.
 
-The measured source races (``tapp_core.races``): the new plans of a call run one interleaved round; a plan
+The measured source races (``tapp_core.measure.races``): the new plans of a call run one interleaved round; a plan
 whose step time is near the best measured so far (or better) is raced against that best for more rounds before
 the policy learns from it, so that one lucky run does not make a plan the search's best. The final choice of a
 search (``TappSearch.finish``) is a race too (``MeasuredReward.race``).
@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
-from tapp_core.cluster import Cluster
-from tapp_core.hosts import ranks_on_host
-from tapp_core.library import LayerLibrary
-from tapp_core.metrics import Measurement
-from tapp_core.plan import Plan, PlanError, validate
+from tapp_core.cost.checks import validate
+from tapp_core.cost.context import CostContext
+from tapp_core.measure.metrics import Measurement
+from tapp_core.measure.races import RaceOptions, RaceResult, own_processes, pooled_rounds, run_race
+from tapp_core.plan.plan import Plan, PlanError
 from tapp_core.planners.evaluation import PlanEvaluator
-from tapp_core.races import RaceOptions, RaceResult, own_processes, pooled_rounds, run_race
+from tapp_core.platform.hosts import ranks_on_host
 
 SCREEN = RaceOptions(min_rounds=1, max_rounds=1)
 """A new plan's first measurement: one round, interleaved with the call's other new plans."""
@@ -137,14 +137,15 @@ class MeasuredReward:
     def __init__(
         self,
         measurer: Measurer,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         *,
         near_best: float = NEAR_BEST,
         confirm: RaceOptions = CONFIRM,
         final: RaceOptions = FINAL,
     ) -> None:
+        library, cluster = context.library, context.cluster
         self.measurer = measurer
+        self.context = context
         self.library = library
         self.cluster = cluster
         self.near_best = near_best
@@ -166,7 +167,7 @@ class MeasuredReward:
             if plan.id in self.measurements or plan.id in new:
                 continue
             try:
-                validate(plan, self.library, self.cluster)
+                validate(plan, self.context)
             except PlanError as exc:
                 self.measurements[plan.id] = Measurement.failed(plan.id, str(exc), self.cluster.emulated)
                 continue

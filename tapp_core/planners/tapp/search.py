@@ -45,18 +45,16 @@ from typing import Any, TypedDict, cast
 import numpy as np
 import torch
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import DEFAULT_CALIBRATION, Calibration
+from tapp_core.cost.context import CostContext
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
+from tapp_core.measure.races import RaceResult
+from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.tapp.options import SearchOptions
 from tapp_core.planners.tapp.policy import PolicyConfig, PolicySample, TappPolicy, repaired_stages
 from tapp_core.planners.tapp.polish import SPAN, STARTS, TRIES, Polish, polish_starts
-from tapp_core.planners.tapp.rewards import Racing, RewardSource, SimulatedReward, TimedPlan
+from tapp_core.planners.tapp.rewards import Racing, RewardSource, TimedPlan
 from tapp_core.planners.tapp.warm import WarmCandidate, WarmStart, warm_notes
-from tapp_core.races import RaceResult
 
 PHASES = ("simulated", "measured")
 WARM_AUTODDL_SHARE = 0.1
@@ -175,8 +173,7 @@ class _Member:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.policy = TappPolicy(
-                search.library,
-                search.cluster,
+                search.context,
                 dataclasses.replace(config.policy, initial_split=split),
                 config.micro_batch_choices,
                 config.batch_size,
@@ -225,15 +222,16 @@ class TappSearch:
 
     def __init__(
         self,
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         config: SearchConfig,
         simulated: RewardSource,
         measured: RewardSource | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
+        library, cluster = context.library, context.cluster
         if config.reward != "simulated" and measured is None:
             raise ValueError(f"a {config.reward} search needs a measured reward source")
+        self.context = context
         self.library = library
         self.cluster = cluster
         self.config = config
@@ -267,7 +265,7 @@ class TappSearch:
         if c.reward == "simulated":
             return "simulated"
         # A hybrid search out of time skips what is left of its pre-training, not its measured fine-tuning.
-        if c.reward == "hybrid" and self.round < c.rounds - c.measured_rounds and not self._out_of_time:
+        if c.reward == "hybrid" and self.round < c.simulated_rounds and not self._out_of_time:
             return "simulated"
         return "measured"
 
@@ -312,16 +310,7 @@ class TappSearch:
         if not c.warm_start or c.reward == "measured":
             return
         started = time.perf_counter()
-        warm = WarmStart(
-            self.library,
-            self.cluster,
-            self.simulated,
-            c.batch_size,
-            c.micro_batch_choices,
-            c.schedules,
-            c.seed,
-            self._calibration,
-        )
+        warm = WarmStart(self.context, self.simulated, c.batch_size, c.micro_batch_choices, c.schedules, c.seed)
         box = WARM_AUTODDL_SHARE * c.time_limit_s if c.time_limit_s is not None else None
         left = c.budget - self.evaluations if c.budget is not None else None
         self.warm = warm.candidates(box, left)
@@ -333,13 +322,6 @@ class TappSearch:
                 self.best["simulated"] = candidate.timed
         self.warm_s = time.perf_counter() - started
         self.elapsed_s += self.warm_s
-
-    @property
-    def _calibration(self) -> Calibration:
-        """The cost model's calibration, for the estimates the search makes beside its reward source's."""
-        if isinstance(self.simulated, SimulatedReward):
-            return self.simulated.evaluator.calibration
-        return DEFAULT_CALIBRATION
 
     def run_round(self) -> RoundReport:
         self.warm_up()
@@ -567,13 +549,11 @@ class TappSearch:
             return self.config.budget - self.evaluations if self.config.budget is not None else None
 
         polish = Polish(
-            self.library,
-            self.cluster,
+            self.context,
             self.simulated,
             self.config.micro_batch_choices,
             self.config.schedules,
             exhausted,
-            self._calibration,
             deadline,
             estimates_left,
         )
@@ -687,8 +667,7 @@ class TappSearch:
     def resume(
         cls,
         path: str | os.PathLike[str],
-        library: LayerLibrary,
-        cluster: Cluster,
+        context: CostContext,
         simulated: RewardSource,
         measured: RewardSource | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
@@ -699,13 +678,14 @@ class TappSearch:
         (default: ``path``). Its options are the saved ones, except ``rounds`` (it runs until that many rounds
         instead of its own count) and ``polish``, if given: neither changes what was saved. A file that is not such
         a checkpoint, or one of another model or cluster, raises ``CheckpointError``; nothing in it runs."""
+        library, cluster = context.library, context.cluster
         state = read_checkpoint(path)
         config = saved_config(state, path)
         if rounds is not None:
             config = dataclasses.replace(config, rounds=rounds)
         if polish is not None:
             config = dataclasses.replace(config, polish=polish)
-        search = cls(library, cluster, config, simulated, measured, checkpoint if checkpoint is not None else path)
+        search = cls(context, config, simulated, measured, checkpoint if checkpoint is not None else path)
         try:
             search.load_state_dict(state)
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:

@@ -1,9 +1,10 @@
 """TAPP's warm start: cheap plans the search starts from, so that no plan a one-line rule would find is missed.
 
 The candidates are every device alone (one device per class of interchangeable devices,
-``planners.costs.device_classes``) at its best micro-batch count, and the plans of the cheap planners
+``planners.stage_costs.device_classes``) at its best micro-batch count, and the plans of the cheap planners
 (``WARM_PLANNERS``: BSP, the even split, PipeDream's dynamic programme and AutoDDL's coordinate descent; not
-Pipe-Torch, whose enumeration of device orders takes minutes at 7-8 devices). AutoDDL is time-boxed: it gets an
+Pipe-Torch, whose enumeration of device orders takes minutes at 7-8 devices). Their modules are imported here, as
+the registry declares (``builds_on`` of TAPP's ``Method``). AutoDDL is time-boxed: it gets an
 evaluation budget worth ``box_s`` seconds at the rate the cost model estimated the other planners' plans (each
 at every micro-batch count: the candidate is the fastest of them). Every candidate is
 costed by the search's own reward source. The search puts them among the polish's starts and in one policy's
@@ -19,18 +20,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tapp_core.cluster import Cluster
-from tapp_core.costs import Calibration
+from tapp_core.cost.context import CostContext
 from tapp_core.errors import TappError
-from tapp_core.library import LayerLibrary
-from tapp_core.plan import Plan
-from tapp_core.planners.base import get_planner
-from tapp_core.planners.costs import device_classes
+from tapp_core.plan.plan import Plan
+from tapp_core.plan.schedules import parse_schedule_spec
+from tapp_core.planners.autoddl import AutoDdlPlanner
+from tapp_core.planners.base import PlannerBase
+from tapp_core.planners.bsp import BspPlanner
+from tapp_core.planners.even import EvenPlanner
+from tapp_core.planners.pipedream import PipeDreamPlanner
 from tapp_core.planners.space import contiguous_plan
+from tapp_core.planners.stage_costs import device_classes
 from tapp_core.planners.tapp.rewards import RewardSource, TimedPlan
-from tapp_core.schedules import parse_schedule_spec
 
-WARM_PLANNERS = ("bsp", "even", "pipedream", "autoddl")
+WARM_PLANNERS: tuple[type[PlannerBase], ...] = (BspPlanner, EvenPlanner, PipeDreamPlanner, AutoDdlPlanner)
 SINGLE = "single:"
 """Name prefix of a single-device candidate (``single:<device>``)."""
 LEAST_AUTODDL_BUDGET = 50
@@ -50,15 +53,13 @@ class WarmCandidate:
 class WarmStart:
     """What the warm start needs to know about the search."""
 
-    library: LayerLibrary
-    cluster: Cluster
+    context: CostContext
     reward: RewardSource
     batch_size: int
     micro_batch_choices: tuple[int, ...]
     schedules: tuple[str, ...]
     """The search's schedules (``schedules.schedule_spec``); a single device runs the first."""
     seed: int
-    calibration: Calibration
 
     def candidates(self, box_s: float | None, budget: int | None = None) -> list[WarmCandidate]:
         """Every candidate that produced a plan that runs, fastest first: each device alone, then the planners while fewer
@@ -68,15 +69,15 @@ class WarmStart:
         found = self.single_devices()
         rate_s = 0.0
         """Most seconds per estimate seen (the planners' plans, at every micro-batch count)."""
-        for name in WARM_PLANNERS:
+        for planner in WARM_PLANNERS:
             spent = self.reward.evaluations - first + sum(c.evaluations for c in found)
             left = None if budget is None else budget - spent
             if left is not None and left <= 0:
                 break
-            if name == "autoddl" and box_s is not None:
+            if planner is AutoDdlPlanner and box_s is not None:
                 boxed = max(LEAST_AUTODDL_BUDGET, int(box_s / rate_s)) if rate_s > 0 else LEAST_AUTODDL_BUDGET
                 left = boxed if left is None else min(left, boxed)
-            plan = self._planned(name, left)
+            plan = self._planned(planner, left)
             if plan is None:
                 continue
             variants = [
@@ -88,17 +89,17 @@ class WarmStart:
             best = min(range(len(variants)), key=times.__getitem__)
             own = plan.notes.get("evaluations", 0)
             found.append(
-                WarmCandidate(name, TimedPlan(times[best], variants[best]), own if isinstance(own, int) else 0)
+                WarmCandidate(planner.name, TimedPlan(times[best], variants[best]), own if isinstance(own, int) else 0)
             )
         return sorted((c for c in found if math.isfinite(c.timed.step_time_s)), key=lambda c: c.timed.step_time_s)
 
     def single_devices(self) -> list[WarmCandidate]:
         """Each device alone (one per class), at its best micro-batch count by the reward source."""
         out = []
-        for group in device_classes(self.cluster):
+        for group in device_classes(self.context.cluster):
             device = group[0]
             plans = [
-                contiguous_plan(self.library, [], [[device]], m, self.schedules[0], self.batch_size)
+                contiguous_plan(self.context.library, [], [[device]], m, self.schedules[0], self.batch_size)
                 for m in self.micro_batch_choices
             ]
             times = self.reward.step_times(plans)
@@ -106,21 +107,19 @@ class WarmStart:
             out.append(WarmCandidate(f"{SINGLE}{device}", TimedPlan(times[best], plans[best])))
         return out
 
-    def _planned(self, name: str, budget: int | None) -> Plan | None:
+    def _planned(self, planner_class: type[PlannerBase], budget: int | None) -> Plan | None:
         """The planner's plan, choosing among the search's schedules."""
         specs = [parse_schedule_spec(spec) for spec in self.schedules]
-        planner = get_planner(
-            name,
+        planner = planner_class(
             batch_size=self.batch_size,
             micro_batches=self.micro_batch_choices,
             schedule=specs[0][0],
             schedules=[name for name, _ in specs],
             staleness=next((k for _, k in specs if k is not None), None),
             seed=self.seed,
-            calibration=self.calibration,
         )
         try:
-            return planner.plan(self.library, self.cluster, budget=budget)
+            return planner.plan(self.context, budget=budget)
         except TappError:
             return None
 

@@ -1,0 +1,158 @@
+"""Fuzz the runtime's cuts: random valid plans of small models run on real MPI ranks train like one device.
+
+Each case draws, from its own seed, a model (the registered small ones, ``tests.user_models`` and
+``tests.tuple_models``), one or two cuts anywhere in its traced graph, a schedule (gpipe, 1f1b, async) and the
+devices of each stage (2-3 ranks; a stage of two devices on some, with SBP signatures on some of those where the
+model allows them). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
+per-step losses with one device (``tests.test_runtime_correctness.reference``), or, for an asynchronous plan, with
+the single-process replay (``async_reference``). A plan the runtime's own check refuses (``check_before_launch``)
+is drawn again.
+
+    python bench/fuzz_cuts.py --cases 40 [--seed 0]
+
+prints one line per case and ends with ``cases N failures F``: the failures are its last number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from tapp_core.measure.metrics import run_length
+from tapp_core.model.graph import layer_nodes
+from tapp_core.model.zoo import build_traced_model
+from tapp_core.plan.plan import Plan
+from tapp_core.runtime import WorkerPool, check_before_launch
+from tests.factories import plain_cluster
+from tests.test_runtime_correctness import (
+    BATCH,
+    MICRO_BATCHES,
+    OPTIMIZER,
+    SEED,
+    STEPS,
+    assert_same_parameters,
+    async_reference,
+    reference,
+)
+from tests.tuple_models import TUPLE_MODELS
+from tests.user_models import USER_MODELS
+
+MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS)
+WITH_BATCH_NORM = {USER_MODELS[0]}
+"""Models whose BatchNorm normalises over a device's rows: a stage of several devices differs from one device."""
+SIGNATURES = {"mlp": ({1: "col", 3: "row"}, {1: "row"}), "tiny_cnn": ({0: "col", 2: "row"}, {6: "col"})}
+"""Split signatures the layout pass runs, by model (layer: signature), put on a two-device stage holding them."""
+SCHEDULES = ("gpipe", "1f1b", "async")
+
+
+@dataclass(frozen=True)
+class Case:
+    seed: int
+    model: str
+    schedule: str
+    cuts: tuple[int, ...]
+    devices: tuple[tuple[str, ...], ...]
+    signatures: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def plan(self) -> Plan:
+        n_layers = len(layer_nodes(build_traced_model(self.model)))
+        stage_of = tuple(sum(layer >= cut for cut in self.cuts) for layer in range(n_layers))
+        return Plan(self.model, BATCH, MICRO_BATCHES, self.schedule, stage_of, self.devices, signatures=self.signatures)
+
+    def __str__(self) -> str:
+        signatures = f" signatures {dict(self.signatures)}" if self.signatures else ""
+        return f"#{self.seed} {self.model} {self.schedule} cuts {self.cuts} devices {self.devices}{signatures}"
+
+
+def draw(seed: int) -> Case:
+    """Case ``seed``: redrawn (from the same stream) until the runtime's own check accepts it."""
+    rng = random.Random(seed)
+    while True:
+        case = _draw_once(rng, seed)
+        try:
+            check_before_launch(case.plan, plain_cluster(max(2, sum(len(d) for d in case.devices))))
+        except Exception:  # a plan the runtime refuses is not a case; the property test holds planners to it
+            continue
+        return case
+
+
+def _draw_once(rng: random.Random, seed: int) -> Case:
+    model = rng.choice(MODELS)
+    n_layers = len(layer_nodes(build_traced_model(model)))
+    n_stages = rng.choice((1, 2, 2, 3)) if n_layers > 2 else 1
+    cuts = tuple(sorted(rng.sample(range(1, n_layers), n_stages - 1)))
+    schedule = rng.choice(SCHEDULES) if n_stages > 1 else rng.choice(("gpipe", "1f1b"))
+    names = [f"d{i}" for i in range(3)]
+    devices: list[tuple[str, ...]] = [(names[s],) for s in range(n_stages)]
+    signatures: tuple[tuple[int, str], ...] = ()
+    if n_stages < 3 and model not in WITH_BATCH_NORM and rng.random() < 0.5:
+        widened = rng.randrange(n_stages)
+        devices[widened] = (names[widened], names[n_stages])
+        options = [s for s in SIGNATURES.get(model, ()) if all(cuts_stage(cuts, k) == widened for k in s)]
+        if options and schedule != "async" and rng.random() < 0.6:
+            signatures = tuple(sorted(rng.choice(options).items()))
+    return Case(seed, model, schedule, cuts, tuple(devices), signatures)
+
+
+def cuts_stage(cuts: tuple[int, ...], layer: int) -> int:
+    return sum(layer >= cut for cut in cuts)
+
+
+def run_case(case: Case, pools: dict[int, WorkerPool]) -> None:
+    """Run ``case`` and raise ``AssertionError`` unless it trains like one device."""
+    plan = case.plan
+    ranks = sum(len(d) for d in case.devices)
+    measurement, parameters = pools[max(2, ranks)].run_steps(
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+    )
+    assert measurement.ok, measurement.error
+    if case.schedule == "async":
+        ran, _, _ = run_length(plan.pipeline_schedule, plan.n_stages, MICRO_BATCHES, STEPS, 1)
+        want = async_reference(case.model, case.cuts, plan.n_stages, None, ran, OPTIMIZER)
+    else:
+        want, losses = reference(case.model, MICRO_BATCHES)
+        got = measurement.extra["losses"]
+        assert isinstance(got, list)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(losses), rtol=1e-4, atol=1e-6)
+    assert_same_parameters(parameters, want, case.model)
+
+
+def run(cases: int, seed: int) -> int:
+    """Run ``cases`` cases from ``seed``; prints each and the totals; returns the number of failures."""
+    failures = 0
+    with WorkerPool(plain_cluster(2)) as pool2, WorkerPool(plain_cluster(3)) as pool3:
+        pools = {2: pool2, 3: pool3}
+        for i in range(cases):
+            case = draw(seed + i)
+            try:
+                run_case(case, pools)
+                print(f"ok   {case}", flush=True)
+            except Exception as exc:
+                failures += 1
+                print(f"FAIL {case}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
+                traceback.print_exc(limit=3, file=sys.stderr)
+    print(f"cases {cases} failures {failures}")
+    return failures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.cases < 1:
+        parser.error("--cases must be at least 1")
+    sys.exit(1 if run(args.cases, args.seed) else 0)
+
+
+if __name__ == "__main__":
+    main()
