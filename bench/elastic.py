@@ -50,7 +50,7 @@ from tapp_core.platform.testbed import down, plan_testbed, state_folder, system,
 from tapp_core.platform.testbed.cgroups import Cgroups  # noqa: E402
 from tapp_core.profile.cache import ProfileCache  # noqa: E402
 from tapp_core.runtime.calibrator import calibrate  # noqa: E402
-from tapp_core.runtime.elastic import LOST, MIGRATED, SLOW, ElasticEvent, ElasticResult, train_elastic  # noqa: E402
+from tapp_core.runtime.elastic import LOST, MIGRATED, SLOW, ElasticEvent, ElasticResult, ElasticTraining  # noqa: E402
 from tapp_core.runtime.pool import WorkerPool  # noqa: E402
 
 NAME = "tappel"
@@ -116,14 +116,14 @@ def run_case(
 
     assert spec.checkpoints is not None
     spec = spec.with_options(checkpoints=CheckpointOptions(str(folder), spec.checkpoints.every))
-    done = train_elastic(
+    done = ElasticTraining(
         plan,
         spec,
         context,
         lambda running, left: replan(running, left, seed=spec.seed),
         on_event=show,
         before_segment=fault,
-    )
+    ).run()
     return done, events
 
 

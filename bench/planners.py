@@ -115,7 +115,7 @@ def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibra
     ``<model>_b<batch>-t<threads>``, profiled here once if missing or of an old profiler version. Its host is left
     blank: these libraries stand for a kind, not for this machine."""
     from tapp_core.profile.library import PROFILE_VERSION
-    from tapp_core.profile.profiler import profile_model
+    from tapp_core.profile.profiler import ProfileRequest, profile_model
 
     directory = LIBRARIES / (f"{model}_b{batch_size}" + (f"-t{threads}" if threads is not None else ""))
     if (directory / "layers.csv").is_file():
@@ -123,7 +123,7 @@ def kind_library(model: str, batch_size: int, threads: int | None) -> LayerLibra
         if library.extra.get("profile_version") == PROFILE_VERSION:
             return library
     console.print(f"profiling {model} at batch {batch_size} on {threads or 1} thread(s) once into {directory} ...")
-    library = dataclasses.replace(profile_model(model, batch_size, threads=threads or 1), host="")
+    library = dataclasses.replace(profile_model(ProfileRequest(model, batch_size, threads=threads or 1)), host="")
     library.save(directory)
     return library
 

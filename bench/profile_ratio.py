@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 
 LOW, HIGH = 0.85, 1.15
 
@@ -52,12 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         start = time.perf_counter()
         library = profile_model(
-            name,
-            args.batch_size,
-            device=args.device,
-            threads=args.threads or None,
-            repeats=args.repeats,
-            warmup=args.warmup,
+            ProfileRequest(
+                name,
+                args.batch_size,
+                device=args.device,
+                threads=args.threads or None,
+                repeats=args.repeats,
+                warmup=args.warmup,
+            )
         )
         wall_s = time.perf_counter() - start
         ratio = library.layer_time_sum_s / library.whole_model_s

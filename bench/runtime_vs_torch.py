@@ -76,9 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def balanced_cut(model: str, micro_batch_size: int, threads: int) -> int:
     """The first layer of stage 1 that makes the slower stage as fast as it can be (profiled fwd + bwd time)."""
-    from tapp_core.profile.profiler import profile_model
+    from tapp_core.profile.profiler import ProfileRequest, profile_model
 
-    library = profile_model(model, batch_size=micro_batch_size, threads=threads, repeats=3, warmup=1)
+    library = profile_model(ProfileRequest(model, batch_size=micro_batch_size, threads=threads, repeats=3, warmup=1))
     times = [layer.forward_s + layer.backward_s for layer in library.layers]
     return min(range(1, len(times)), key=lambda cut: max(sum(times[:cut]), sum(times[cut:])))
 

@@ -161,8 +161,8 @@ def own_profiles(testbed: Cluster, library: LayerLibrary, plans: list[Plan], mea
         if device.speed >= fastest or device.host is None or testbed.ssh is None:
             continue
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); from tapp_core.profile.profiler import profile_model; "
-            "print(profile_model(sys.argv[2], int(sys.argv[3]), threads=1).whole_model_s)"
+            "import sys; sys.path.insert(0, sys.argv[1]); from tapp_core.profile.profiler import ProfileRequest, profile_model; "
+            "print(profile_model(ProfileRequest(sys.argv[2], int(sys.argv[3]), threads=1)).whole_model_s)"
         )
         remote = [sys.executable, "-c", f'"{code}"', str(ROOT), library.model, str(library.batch_size)]
         done = subprocess.run([testbed.ssh, device.host, *remote], capture_output=True, text=True, check=False)

@@ -12,7 +12,7 @@ from tapp_core.cost.context import CostContext
 from tapp_core.model.workload import RunSpec
 from tapp_core.plan.plan import Plan
 from tapp_core.planners.replan import replan
-from tapp_core.runtime.elastic import LOST, MIGRATED, ElasticEvent, ElasticOptions, ElasticResult, train_elastic
+from tapp_core.runtime.elastic import LOST, MIGRATED, ElasticEvent, ElasticOptions, ElasticResult, ElasticTraining
 from tapp_core.runtime.pool import WorkerPool
 from tasks.prefect_ui import log
 from tasks.tracking import TrackedRun
@@ -64,7 +64,7 @@ def train_elastically(
     """Train ``plan`` elastically on the context's cluster (starting on ``pool`` if given), re-planning with TAPP's
     ``replan``, every event logged and recorded into ``run``."""
     record = ElasticRecord(run)
-    done = train_elastic(
+    done = ElasticTraining(
         plan,
         spec,
         context,
@@ -72,6 +72,6 @@ def train_elastically(
         options or ElasticOptions(),
         on_event=record,
         pool=pool,
-    )
+    ).run()
     record.finish(done)
     return done

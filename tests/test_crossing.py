@@ -16,7 +16,7 @@ from tapp_core.model.zoo import build_traced_model
 from tapp_core.plan.plan import Plan, PlanError
 from tapp_core.plan.rule import ModelFacts, check_runs
 from tapp_core.profile.library import LayerLibrary
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime.stage import ModelGraph, StageError, split_stages
 from tests.tuple_models import TUPLE_MODELS
 
@@ -27,12 +27,12 @@ BATCH = 8
 
 @functools.cache
 def rows_library() -> LayerLibrary:
-    return profile_model(ROWS, BATCH, repeats=1, warmup=0)
+    return profile_model(ProfileRequest(ROWS, BATCH, repeats=1, warmup=0))
 
 
 @functools.cache
 def awkward_library() -> LayerLibrary:
-    return profile_model(AWKWARD, BATCH, repeats=1, warmup=0)
+    return profile_model(ProfileRequest(AWKWARD, BATCH, repeats=1, warmup=0))
 
 
 def layer_named(model: str, name: str) -> int:

@@ -18,7 +18,7 @@ from tapp_core.planners.replan import carried_over, replan
 from tapp_core.platform.cluster import Cluster, parse_cluster
 from tapp_core.profile.cache import ProfileCache
 from tapp_core.runtime.checkpoint import Checkpoint
-from tapp_core.runtime.elastic import LOST, ElasticError, ElasticEvent, ElasticOptions, train_elastic
+from tapp_core.runtime.elastic import LOST, ElasticError, ElasticEvent, ElasticOptions, ElasticTraining
 from tapp_core.runtime.elastic_rules import (
     Baseline,
     SlowRule,
@@ -185,7 +185,7 @@ def test_elasticity_needs_a_checkpoint_folder_and_interval(library: object, tmp_
     for options in (None, CheckpointOptions(str(tmp_path), 0)):
         spec = RunSpec.of("mlp", dataset="synthetic", steps_per_epoch=8, checkpoints=options)
         with pytest.raises(ElasticError, match="needs checkpoints"):
-            train_elastic(plan, spec, CostContext(library, cluster(3)), lambda p, c: replan(p, c, 2.0))
+            ElasticTraining(plan, spec, CostContext(library, cluster(3)), lambda p, c: replan(p, c, 2.0))
 
 
 @pytest.mark.mpi
@@ -214,7 +214,7 @@ def test_a_rank_killed_mid_training_and_the_training_completes_on_the_others(lib
             os.kill(pid, signal.SIGKILL)
 
     events: list[ElasticEvent] = []
-    done = train_elastic(
+    done = ElasticTraining(
         plan,
         spec,
         CostContext(library, cluster(3)),
@@ -222,7 +222,7 @@ def test_a_rank_killed_mid_training_and_the_training_completes_on_the_others(lib
         ElasticOptions(watch_slow=False),  # steps of a millisecond: the slow-device rule is not under test here
         on_event=events.append,
         before_segment=kill_d1_in_the_second_segment,
-    )
+    ).run()
     assert killed and done.result.ok, done.result.error
     assert [e.kind for e in events] == [LOST], events
     lost_at = events[0].step  # training resumes from the checkpoint the failed segment started from

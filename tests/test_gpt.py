@@ -92,9 +92,9 @@ def test_the_gpt_is_causal_a_position_sees_no_later_token() -> None:
 
 
 def test_the_gpt_profiles_on_its_own_inputs() -> None:
-    from tapp_core.profile.profiler import profile_model
+    from tapp_core.profile.profiler import ProfileRequest, profile_model
 
-    library = profile_model("gpt", batch_size=4, repeats=1, warmup=0, threads=1)
+    library = profile_model(ProfileRequest("gpt", batch_size=4, repeats=1, warmup=0, threads=1))
     assert len(library) == len(layer_nodes(build_traced_workload(workload_of("gpt"))))
     assert library.layers[-1].output_shape == (4, CONTEXT, VOCABULARY)
     assert sum(layer.flops for layer in library.layers) > 0 and all(layer.forward_s >= 0 for layer in library.layers)

@@ -36,7 +36,7 @@ from tapp_core.plan.plan import (
     stage_memory_terms,
 )
 from tapp_core.planners.patterns import pattern_signatures
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime.stage import ModelGraph
 from tests.factories import plain_cluster
 from tests.test_runtime_sbp import megatron
@@ -134,7 +134,7 @@ def test_a_softmax_along_the_split_dimension_or_without_known_axes_does_not_carr
 
 
 def test_the_library_records_the_axes_the_traced_graph_reads() -> None:
-    library = profile_model("tiny_vit", 4, repeats=1, warmup=0)
+    library = profile_model(ProfileRequest("tiny_vit", 4, repeats=1, warmup=0))
     assert library.specs() == SPECS
     assert SPECS[INDEX["softmax"]].axes == (3,) and SPECS[INDEX["transpose_4"]].axes == (2, 3)
 
@@ -151,7 +151,7 @@ def test_the_megatron_pattern_finds_the_attention_and_mlp_pairs_from_the_graph()
 def test_the_cost_model_and_the_memory_check_follow_a_megatron_plan() -> None:
     """Estimated like any plan (compute split by the shares where the layers are split, the changes' collectives),
     and memory as the layouts hold each tensor."""
-    library = profile_model("tiny_vit", 8, repeats=1, warmup=0)
+    library = profile_model(ProfileRequest("tiny_vit", 8, repeats=1, warmup=0))
     cluster = plain_cluster(2)
     data = single_stage_plan(library, ["d0", "d1"])
     split = dataclasses.replace(data, signatures=tuple(megatron("tiny_vit").items()))

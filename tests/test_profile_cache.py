@@ -14,6 +14,7 @@ from tapp_core.errors import TappError
 from tapp_core.platform.cluster import parse_cluster
 from tapp_core.profile.cache import KEY_FILE, DeviceKind, ProfileCache, ProfileKey, local_kinds
 from tapp_core.profile.library import LayerLibrary
+from tapp_core.profile.profiler import ProfileRequest
 from tasks.profile import profile_cluster_layers
 
 QUICK = {"repeats": 1, "warmup": 0}
@@ -25,14 +26,17 @@ def same_library(a: LayerLibrary, b: LayerLibrary) -> bool:
 
 
 def test_the_key_follows_every_input() -> None:
-    key = ProfileKey.of("mlp", 8, threads=1)
-    assert key == ProfileKey.of("mlp", 8, threads=1) and key.digest == ProfileKey.of("mlp", 8, threads=1).digest
+    key = ProfileKey.of(ProfileRequest("mlp", 8, threads=1))
+    assert (
+        key == ProfileKey.of(ProfileRequest("mlp", 8, threads=1))
+        and key.digest == ProfileKey.of(ProfileRequest("mlp", 8, threads=1)).digest
+    )
     others = [
-        ProfileKey.of("tiny_cnn", 8, threads=1),
-        ProfileKey.of("mlp", 16, threads=1),
-        ProfileKey.of("mlp", 8, threads=2),
-        ProfileKey.of("mlp", 8, threads=1, repeats=3),
-        ProfileKey.of("mlp", 8, threads=1, seed=1),
+        ProfileKey.of(ProfileRequest("tiny_cnn", 8, threads=1)),
+        ProfileKey.of(ProfileRequest("mlp", 16, threads=1)),
+        ProfileKey.of(ProfileRequest("mlp", 8, threads=2)),
+        ProfileKey.of(ProfileRequest("mlp", 8, threads=1, repeats=3)),
+        ProfileKey.of(ProfileRequest("mlp", 8, threads=1, seed=1)),
         replace(key, torch_version="0.0.1"),
         replace(key, host="elsewhere"),
         replace(key, kind=DeviceKind("cuda", 1, "NVIDIA H100 80GB HBM3")),
@@ -40,20 +44,22 @@ def test_the_key_follows_every_input() -> None:
     assert len({key.digest, *(other.digest for other in others)}) == len(others) + 1
     assert key.kind == DeviceKind("cpu", 1) and key.kind.label == "cpu-t1"
     assert key.torch_version == torch.__version__
-    assert ProfileKey.of("mlp", 8).kind.threads == torch.get_num_threads()  # torch's threads when none are given
+    assert (
+        ProfileKey.of(ProfileRequest("mlp", 8)).kind.threads == torch.get_num_threads()
+    )  # torch's threads when none are given
 
 
 def test_editing_a_model_file_changes_the_key(tmp_path: Path) -> None:
     model_file = tmp_path / "net.py"
     model_file.write_text("def net(): ...\n")
-    before = ProfileKey.of(f"{model_file}:net", 8, threads=1)
+    before = ProfileKey.of(ProfileRequest(f"{model_file}:net", 8, threads=1))
     model_file.write_text("def net(): return None\n")
-    assert ProfileKey.of(f"{model_file}:net", 8, threads=1).sources != before.sources
+    assert ProfileKey.of(ProfileRequest(f"{model_file}:net", 8, threads=1)).sources != before.sources
 
 
 def test_a_library_is_profiled_once_then_read_back(tmp_path: Path) -> None:
     cache = ProfileCache(tmp_path)
-    key = ProfileKey.of("mlp", 8, threads=1, **QUICK)
+    key = ProfileKey.of(ProfileRequest("mlp", 8, threads=1, **QUICK))
     assert cache.get(key) is None
     first = cache.library(key)
     entry = cache.path(key)
@@ -65,9 +71,9 @@ def test_a_library_is_profiled_once_then_read_back(tmp_path: Path) -> None:
 
 def test_a_torch_upgrade_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = ProfileCache(tmp_path)
-    cache.library(ProfileKey.of("mlp", 8, threads=1, **QUICK))
+    cache.library(ProfileKey.of(ProfileRequest("mlp", 8, threads=1, **QUICK)))
     monkeypatch.setattr(torch, "__version__", "99.0.0")
-    assert cache.get(ProfileKey.of("mlp", 8, threads=1, **QUICK)) is None
+    assert cache.get(ProfileKey.of(ProfileRequest("mlp", 8, threads=1, **QUICK))) is None
 
 
 @pytest.mark.parametrize(
@@ -76,7 +82,7 @@ def test_a_torch_upgrade_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 )
 def test_a_corrupt_entry_is_removed_and_profiled_again(tmp_path: Path, broken_file: str, content: str) -> None:
     cache = ProfileCache(tmp_path)
-    key = ProfileKey.of("mlp", 8, threads=1, **QUICK)
+    key = ProfileKey.of(ProfileRequest("mlp", 8, threads=1, **QUICK))
     cache.library(key)
     (cache.path(key) / broken_file).write_text(content)
     assert cache.get(key) is None

@@ -17,6 +17,7 @@ from tapp_core.profile.library import PROFILE_VERSION, LayerLibrary
 from tapp_core.profile.profiler import (
     CpuClock,
     ProfileError,
+    ProfileRequest,
     fixed_part,
     profile_graph,
     profile_model,
@@ -29,12 +30,12 @@ FAST = {"repeats": 2, "warmup": 1}
 
 @pytest.fixture(scope="module")
 def branchy() -> LayerLibrary:
-    return profile_model("tiny_branchy", BATCH, **FAST)
+    return profile_model(ProfileRequest("tiny_branchy", BATCH, **FAST))
 
 
 @pytest.fixture(scope="module")
 def tiny_cnn() -> LayerLibrary:
-    return profile_model("tiny_cnn", BATCH, **FAST)
+    return profile_model(ProfileRequest("tiny_cnn", BATCH, **FAST))
 
 
 def by_name(library: LayerLibrary, name: str):
@@ -286,7 +287,7 @@ def test_batchnorm_inplace_relu_and_dropout_profile() -> None:
 
 def test_threads_are_recorded_and_restored() -> None:
     before = torch.get_num_threads()
-    library = profile_model("mlp", BATCH, threads=1, **FAST)
+    library = profile_model(ProfileRequest("mlp", BATCH, threads=1, **FAST))
     assert library.threads == 1
     assert torch.get_num_threads() == before
 
@@ -294,12 +295,12 @@ def test_threads_are_recorded_and_restored() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
 def test_cuda_without_gpu_is_a_clear_error() -> None:
     with pytest.raises(ProfileError, match="CUDA is not available"):
-        profile_model("mlp", BATCH, device="cuda", **FAST)
+        profile_model(ProfileRequest("mlp", BATCH, device="cuda", **FAST))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_profile() -> None:
-    library = profile_model("tiny_cnn", BATCH, device="cuda", **FAST)
+    library = profile_model(ProfileRequest("tiny_cnn", BATCH, device="cuda", **FAST))
     assert library.device == "cuda"
     assert all(layer.forward_s > 0 for layer in library.layers)
 
@@ -314,7 +315,7 @@ def test_model_without_logits_is_refused() -> None:
 def test_bad_arguments_are_refused(bad: dict[str, object]) -> None:
     arguments: dict[str, object] = {"batch_size": BATCH, **FAST, **bad}
     with pytest.raises(ProfileError):
-        profile_model("mlp", **arguments)  # type: ignore[arg-type]
+        profile_model(ProfileRequest("mlp", **arguments))  # type: ignore[arg-type]
 
 
 class FunctionalNet(nn.Module):
@@ -356,7 +357,7 @@ def test_parameters_read_through_get_attr_are_charged_to_the_layers_that_use_the
 
 
 def test_vit_class_token_and_position_embedding_count_on_their_users() -> None:
-    library = profile_model("tiny_vit", BATCH, **FAST)
+    library = profile_model(ProfileRequest("tiny_vit", BATCH, **FAST))
     model = build_model("tiny_vit")
     assert library.param_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
     assert by_name(library, "expand").param_bytes == model.cls_token.numel() * 4

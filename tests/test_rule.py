@@ -29,7 +29,7 @@ from tapp_core.plan.ties import plan_ties, tied_copy_bytes
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner
 from tapp_core.platform.cluster import Cluster, load_cluster
 from tapp_core.profile.library import LayerLibrary
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime.launch import check_before_launch
 from tapp_core.runtime.stage import StageFactory
 
@@ -68,7 +68,7 @@ PLANNER_OPTIONS: dict[str, dict[str, object]] = {
 
 @functools.cache
 def library(model: str) -> LayerLibrary:
-    return profile_model(model, BATCH, repeats=1, warmup=0)
+    return profile_model(ProfileRequest(model, BATCH, repeats=1, warmup=0))
 
 
 @functools.cache

@@ -25,7 +25,7 @@ from tapp_core.plan.placement import BROADCAST, SAMPLES, PartialSum, stage_layou
 from tapp_core.plan.plan import Plan, PlanError
 from tapp_core.platform.cluster import parse_cluster
 from tapp_core.profile.library import LayerLibrary
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime import WorkerPool, check_before_launch, make_optimizer, micro_batch_loss
 from tapp_core.runtime.batches import SyntheticBatches
 from tapp_core.runtime.collectives import Group, LayoutChange
@@ -177,7 +177,7 @@ def test_the_traced_graphs_layer_specs_are_the_librarys() -> None:
     library = LayerLibrary.load(Path(__file__).resolve().parent.parent / "bench" / "libraries" / "alexnet_b64")
     assert ModelGraph.of(build_traced_model("alexnet")).specs == library.specs()
     for model in ("tiny_cnn", "mlp"):
-        library = profile_model(model, 8, repeats=1, warmup=0)
+        library = profile_model(ProfileRequest(model, 8, repeats=1, warmup=0))
         assert ModelGraph.of(build_traced_model(model)).specs == library.specs()
 
 

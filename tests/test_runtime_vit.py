@@ -28,7 +28,7 @@ from tapp_core.model.zoo import build_traced_model
 from tapp_core.plan.plan import Plan
 from tapp_core.planners import get_planner
 from tapp_core.profile.library import LayerLibrary
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime import WorkerPool
 from tapp_core.runtime.stage import ModelGraph, Stage, StageError, split_stages
 from tests.factories import plain_cluster
@@ -155,7 +155,7 @@ def test_a_shape_that_is_no_affine_function_of_the_samples_cannot_cross_a_cut() 
 
 @pytest.fixture(scope="module")
 def library() -> LayerLibrary:
-    return profile_model(MODEL, BATCH, threads=1, repeats=1, warmup=1)
+    return profile_model(ProfileRequest(MODEL, BATCH, threads=1, repeats=1, warmup=1))
 
 
 def test_shapes_cross_no_cut_in_the_cost_model_or_the_runtime(library: LayerLibrary) -> None:

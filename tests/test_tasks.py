@@ -21,7 +21,7 @@ from tapp_core.planners import PlannerError
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.platform.cluster import load_cluster, parse_cluster
 from tapp_core.profile.library import LayerLibrary
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime import WorkerPool
 from tasks.config import ExperimentConfig
 from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, plan_method, race_methods
@@ -34,7 +34,7 @@ from tests.test_planners_common import chain_library, small_cluster
 
 @pytest.fixture(scope="module")
 def tiny_library() -> LayerLibrary:
-    return profile_model("tiny_cnn", 16, threads=1, repeats=2)
+    return profile_model(ProfileRequest("tiny_cnn", 16, threads=1, repeats=2))
 
 
 def experiment_tags() -> ExperimentTags:

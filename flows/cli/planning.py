@@ -84,11 +84,13 @@ def profile(
     if device is None and threads is None:
         library = _profile_cluster(model, batch_size, cluster, repeats)
     else:
-        from tapp_core.profile.profiler import profile_model
+        from tapp_core.profile.profiler import ProfileRequest, profile_model
 
         chosen = device or "cpu"
         with console.status(f"profiling {model} at batch {batch_size} on {chosen}"):
-            library = profile_model(workload, batch_size, device=chosen, threads=threads, repeats=repeats)
+            library = profile_model(
+                ProfileRequest(workload, batch_size, device=chosen, threads=threads, repeats=repeats)
+            )
     print_workload(workload)
     for kind, lib in library.kind_libraries.items():
         ratio = lib.layer_time_sum_s / lib.whole_model_s

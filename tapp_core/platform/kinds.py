@@ -19,7 +19,7 @@ class DeviceKind:
     """What makes a layer's time differ from one device to another: a CPU's intra-op threads, a GPU's model."""
 
     device: str
-    """``cpu`` or ``cuda`` (as ``profile_model``'s ``device``; ``cuda:1`` names one GPU)."""
+    """``cpu`` or ``cuda`` (as a ``ProfileRequest``'s ``device``; ``cuda:1`` names one GPU)."""
     threads: int
     """torch's intra-op threads during the profile (they also drive a GPU's host side)."""
     gpu: str = ""
@@ -27,7 +27,7 @@ class DeviceKind:
 
     @classmethod
     def of(cls, device: str = "cpu", threads: int | None = None) -> DeviceKind:
-        """The kind ``profile_model(device=device, threads=threads)`` would time on here."""
+        """The kind a ``ProfileRequest`` of ``device`` and ``threads`` would time on here."""
         import torch
 
         resolved_threads = threads if threads is not None else torch.get_num_threads()

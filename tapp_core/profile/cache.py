@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,7 @@ from tapp_core.platform.cluster import Cluster
 from tapp_core.platform.hosts import is_local_host
 from tapp_core.platform.kinds import DeviceKind, device_kind
 from tapp_core.profile.library import PROFILE_VERSION, LayerLibrary, LibraryError
-from tapp_core.profile.profiler import profile_model
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 
 CACHE_DIR_ENV = "TAPP_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".tapp")
@@ -62,7 +62,7 @@ def default_cache_dir() -> Path:
 
 def local_kinds(cluster: Cluster) -> dict[str, tuple[str, int]]:
     """The kinds of ``cluster``'s devices that this host has, by kind name: what to profile them with, as
-    (``profile_model``'s device, threads). Every thread count of a CPU device on this host (a device with no host
+    (a ``ProfileRequest``'s device, threads). Every thread count of a CPU device on this host (a device with no host
     is on this one); a GPU device on this host whose model is this host's GPU at its ``gpu_index`` (any GPU there
     when the file names no model). Devices of other hosts are profiled there."""
     found: dict[str, tuple[str, int]] = {}
@@ -83,12 +83,10 @@ def local_kinds(cluster: Cluster) -> dict[str, tuple[str, int]]:
 class ProfileKey:
     """Everything a layer library depends on: equal keys, interchangeable libraries."""
 
-    model: str
-    batch_size: int
+    request: ProfileRequest
+    """The profile's request, its model a spec and its threads resolved."""
     kind: DeviceKind
-    repeats: int
-    warmup: int
-    seed: int
+    """The device kind the request times on here (a GPU's model included)."""
     host: str
     torch_version: str
     profiler_version: int
@@ -96,29 +94,24 @@ class ProfileKey:
     """Digest of the profiler's and the models' source files and, for a ``file.py:callable`` model, that file."""
 
     @classmethod
-    def of(
-        cls,
-        model: str,
-        batch_size: int,
-        device: str = "cpu",
-        threads: int | None = None,
-        repeats: int = 5,
-        warmup: int = 2,
-        seed: int = 0,
-    ) -> ProfileKey:
-        """The key of ``profile_model(model, batch_size, device, threads, repeats, warmup, seed)`` on this host."""
+    def of(cls, request: ProfileRequest) -> ProfileKey:
+        """The key of ``profile_model(request)`` on this host; the request's model must be a spec (a string)."""
+        if not isinstance(request.model, str):
+            raise TypeError("a cached profile's model is a spec (a registry name or module:callable)")
+        kind = DeviceKind.of(request.device, request.threads)
         return cls(
-            model=model,
-            batch_size=batch_size,
-            kind=DeviceKind.of(device, threads),
-            repeats=repeats,
-            warmup=warmup,
-            seed=seed,
+            request=replace(request, device=kind.device, threads=kind.threads),
+            kind=kind,
             host=platform.node(),
             torch_version=torch.__version__,
             profiler_version=PROFILE_VERSION,
-            sources=_sources_digest(model),
+            sources=_sources_digest(request.model),
         )
+
+    @property
+    def model(self) -> str:
+        assert isinstance(self.request.model, str)
+        return self.request.model
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -129,7 +122,7 @@ class ProfileKey:
 
     @property
     def folder_name(self) -> str:
-        readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.model}_b{self.batch_size}_{self.kind.label}")
+        readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.model}_b{self.request.batch_size}_{self.kind.label}")
         return f"{readable[-80:]}_{self.digest}"
 
 
@@ -186,15 +179,7 @@ class ProfileCache:
 
     def profile(self, key: ProfileKey) -> LayerLibrary:
         """Profile as ``key`` says, and store the library."""
-        library = profile_model(
-            key.model,
-            key.batch_size,
-            device=key.kind.device,
-            threads=key.kind.threads,
-            repeats=key.repeats,
-            warmup=key.warmup,
-            seed=key.seed,
-        )
+        library = profile_model(key.request)
         self.put(key, library)
         return library
 
@@ -229,13 +214,12 @@ class ProfileCache:
         if not wanted:
             cpus = [d for d in cluster.devices if d.kind == "cpu"]
             threads = max(cpus, key=lambda d: d.speed).threads if cpus else 1
-            return self.library(ProfileKey.of(model, batch_size, "cpu", threads, repeats, warmup, seed))
+            return self.library(ProfileKey.of(ProfileRequest(model, batch_size, "cpu", threads, repeats, warmup, seed)))
         fastest = device_kind(cluster.fastest_device()).name
         wanted.sort(key=lambda name: name != fastest)
         get = self.profile if fresh else self.library
         libraries = [
-            get(ProfileKey.of(model, batch_size, *here[name], repeats=repeats, warmup=warmup, seed=seed))
-            for name in wanted
+            get(ProfileKey.of(ProfileRequest(model, batch_size, *here[name], repeats, warmup, seed))) for name in wanted
         ]
         return libraries[0].with_kinds(libraries[1:])
 

@@ -562,28 +562,35 @@ def profile_graph(
         torch.set_num_threads(previous_threads)
 
 
-def profile_model(
-    spec: str | Workload,
-    batch_size: int,
-    device: str = "cpu",
-    threads: int | None = None,
-    repeats: int = 5,
-    warmup: int = 2,
-    seed: int = 0,
-) -> LayerLibrary:
-    """Build the model of ``spec`` (a workload, or a registry name or ``module:callable`` for its default
-    workload) and profile it on its workload's inputs, targets and loss."""
-    workload = as_workload(spec)
-    graph_module = build_traced_workload(workload, seed=seed)
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What to profile and how: the model of ``model`` (a workload, or a registry name or ``module:callable`` for
+    its default workload) at ``batch_size`` samples, on ``device`` with ``threads`` (torch's when None), each
+    layer timed ``repeats`` times after ``warmup`` runs, from the weights and inputs of ``seed``. It is also what a
+    cached library depends on (``ProfileKey``)."""
+
+    model: str | Workload
+    batch_size: int
+    device: str = "cpu"
+    threads: int | None = None
+    repeats: int = 5
+    warmup: int = 2
+    seed: int = 0
+
+
+def profile_model(request: ProfileRequest) -> LayerLibrary:
+    """Build the request's model and profile it on its workload's inputs, targets and loss."""
+    workload = as_workload(request.model)
+    graph_module = build_traced_workload(workload, seed=request.seed)
     return profile_graph(
         graph_module,
         workload.model,
-        batch_size,
-        device=device,
-        threads=threads,
-        repeats=repeats,
-        warmup=warmup,
-        seed=seed,
+        request.batch_size,
+        device=request.device,
+        threads=request.threads,
+        repeats=request.repeats,
+        warmup=request.warmup,
+        seed=request.seed,
         input_shape=workload.feed.shape,
         workload=None if workload.images else workload,
     )
@@ -594,6 +601,7 @@ __all__ = [
     "CpuClock",
     "CudaClock",
     "ProfileError",
+    "ProfileRequest",
     "fixed_part",
     "profile_graph",
     "profile_model",

@@ -353,21 +353,6 @@ class ElasticTraining:
         return self._move(pool, plan, done, step_s)
 
 
-def train_elastic(
-    plan: Plan,
-    spec: RunSpec,
-    context: CostContext,
-    replan: Replanner,
-    options: ElasticOptions = ElasticOptions(),
-    on_event: Callable[[ElasticEvent], None] = lambda event: None,
-    before_segment: Callable[[int, WorkerPool], None] = lambda step, pool: None,
-    pool: WorkerPool | None = None,
-) -> ElasticResult:
-    """Train ``plan`` elastically (``ElasticTraining``); raises ``ElasticError`` without checkpoints, and
-    ``PoolError`` / ``PoolRefused`` when the first pool cannot start."""
-    return ElasticTraining(plan, spec, context, replan, options, on_event, before_segment, pool).run()
-
-
 __all__ = [
     "LOST",
     "MIGRATED",
@@ -381,5 +366,4 @@ __all__ = [
     "ElasticTraining",
     "PlanSpan",
     "Replanner",
-    "train_elastic",
 ]
