@@ -332,3 +332,22 @@ def test_a_class_token_sized_by_a_feature_split_tensor_trains_like_one_device(po
         signatures=((patch, "col"),),
     )  # fmt: skip
     run_and_compare(pool2, plan, *reference(model, MICRO_BATCHES))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("layer", "signature"), [("patch_embed", "col"), ("fc", "row")])
+def test_a_sum_with_a_tensor_of_the_models_own_after_a_split_layer_trains_like_one_device(
+    pool2: WorkerPool, layer: str, signature: str
+) -> None:
+    """A position embedding added to a patch embedding split by columns (a share of the features against the whole
+    embedding), and an offset added to a row split's partial sums (added once per device): each sum reads whole
+    values. Both failed or trained wrong before; a model written the usual way (``x + self.pos``) does this."""
+    model = "tests.user_models:position_sums"
+    specs = ModelGraph.of(build_traced_model(model)).specs
+    split = next(spec.index for spec in specs if spec.name == layer)
+    plan = Plan(
+        model, BATCH, MICRO_BATCHES, "gpipe", (0,) * len(specs), ONE_STAGE_2,
+        stage_shares=(UNEVEN_2[0],), signatures=((split, signature),),
+    )  # fmt: skip
+    run_and_compare(pool2, plan, *reference(model, MICRO_BATCHES))

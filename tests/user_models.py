@@ -7,6 +7,7 @@ so that tests run fast. Built as ``tests.user_models:resnet``, ``:vit`` and ``:t
   ``qkv[0]``, ``qkv[1]``, ``qkv[2]``, every shape read from ``x.shape``, in-place scaling of the scores.
 - ``tied``: a weight used at both ends, as language models tie their embedding and output layers:
   ``F.linear(z, self.embed.weight.t())`` at the output.
+- ``position_sums`` (not in ``USER_MODELS``): sums with a parameter of the model's own, after split layers.
 - ``tied_linear`` (not in ``USER_MODELS``): the other way models tie a weight, an ``nn.Linear`` head given the
   embedding's ``Parameter`` (``self.head.weight = self.embed.weight``), both layers calls of a module.
 
@@ -155,6 +156,29 @@ class TiedLinear(nn.Module):
         z = torch.tanh(self.mid(torch.tanh(self.embed(h))))
         logits: torch.Tensor = self.out(torch.tanh(self.head(z)))
         return logits
+
+
+class PositionSums(nn.Module):
+    """Sums that add a tensor of the model's own: a position embedding added straight after the patch embedding
+    (no class token between), and a learned offset added to a bias-free Linear's output."""
+
+    def __init__(self, dim: int = 16, patch: int = 8, num_classes: int = 10) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.pos = nn.Parameter(torch.randn(1, (32 // patch) ** 2, dim) * 0.02)
+        self.fc = nn.Linear(dim, dim, bias=False)
+        self.offset = nn.Parameter(torch.randn(dim) * 0.02)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos
+        h = F.gelu(self.fc(h.mean(dim=1)) + self.offset)
+        logits: torch.Tensor = self.head(h)
+        return logits
+
+
+def position_sums() -> PositionSums:
+    return PositionSums()
 
 
 def tied_linear() -> TiedLinear:

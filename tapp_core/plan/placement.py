@@ -460,7 +460,7 @@ class _LayoutPass:
         elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE or self._scaling(spec):
             self._pointwise(spec)
         elif spec.op in SUMMING:
-            self._read(spec, self._first_input(spec))
+            self._read(spec, self._summed(spec))
             self._passed(spec)
         elif not self._tensor_inputs(spec):
             self._read(spec, self._sized_by(spec))
@@ -514,6 +514,16 @@ class _LayoutPass:
         else:
             self._read(spec, feature, output=PARTIAL_SUM)
             self.weights[spec.index] = Split(1)
+
+    def _summed(self, spec: LayerSpec) -> Layout:
+        """The layout a sum reads its inputs in: its first input's, unless the sum adds a tensor of its own (a
+        position embedding: an fx ``get_attr``), which every device holds whole. That adds only to whole rows
+        (SAMPLES) or whole values (BROADCAST): a feature split would add a whole tensor to a share of the features,
+        a partial sum would add it once per device."""
+        layout = self._first_input(spec)
+        if spec.has_params and layout not in (SAMPLES, BROADCAST):
+            return BROADCAST
+        return layout
 
     def _first_input(self, spec: LayerSpec) -> Layout:
         return self.layout_of(spec.inputs[0]) if spec.inputs else SAMPLES
