@@ -2,8 +2,8 @@
 
 Each case draws, from its own seed, a model (the registered small ones, ``tests.user_models`` and
 ``tests.tuple_models``), one or two cuts anywhere in its traced graph, a schedule (gpipe, 1f1b, async) and the
-devices of each stage (2-3 ranks; a stage of two devices on some, with SBP signatures on some of those where the
-model allows them). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
+devices of each stage (2-3 ranks; a stage of two devices on some, with SBP signatures on one to three of its
+layers on some of those, drawn among every signature the layers' operations have). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
 per-step losses with one device (``tests.test_runtime_correctness.reference``), or, for an asynchronous plan, with
 the single-process replay (``async_reference``). A plan the runtime's own check refuses (``check_before_launch``)
 is drawn again.
@@ -29,8 +29,10 @@ import torch
 from tapp_core.measure.metrics import run_length
 from tapp_core.model.graph import layer_nodes
 from tapp_core.model.zoo import build_traced_model
+from tapp_core.plan.placement import DATA, SIGNATURES
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import WorkerPool, check_before_launch
+from tapp_core.runtime.stage import ModelGraph
 from tests.factories import plain_cluster
 from tests.test_runtime_correctness import (
     BATCH,
@@ -48,8 +50,6 @@ from tests.user_models import USER_MODELS
 MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS)
 WITH_BATCH_NORM = {USER_MODELS[0]}
 """Models whose BatchNorm normalises over a device's rows: a stage of several devices differs from one device."""
-SIGNATURES = {"mlp": ({1: "col", 3: "row"}, {1: "row"}), "tiny_cnn": ({0: "col", 2: "row"}, {6: "col"})}
-"""Split signatures the layout pass runs, by model (layer: signature), put on a two-device stage holding them."""
 SCHEDULES = ("gpipe", "1f1b", "async")
 
 
@@ -97,10 +97,18 @@ def _draw_once(rng: random.Random, seed: int) -> Case:
     if n_stages < 3 and model not in WITH_BATCH_NORM and rng.random() < 0.5:
         widened = rng.randrange(n_stages)
         devices[widened] = (names[widened], names[n_stages])
-        options = [s for s in SIGNATURES.get(model, ()) if all(cuts_stage(cuts, k) == widened for k in s)]
-        if options and schedule != "async" and rng.random() < 0.6:
-            signatures = tuple(sorted(rng.choice(options).items()))
+        if schedule != "async" and rng.random() < 0.6:
+            signatures = draw_signatures(rng, model, cuts, widened)
     return Case(seed, model, schedule, cuts, tuple(devices), signatures)
+
+
+def draw_signatures(rng: random.Random, model: str, cuts: tuple[int, ...], stage: int) -> tuple[tuple[int, str], ...]:
+    """One to three layers of ``stage`` that have split signatures (``placement.SIGNATURES``), each given one of
+    them at random; a draw the runtime's check refuses is drawn again (``draw``)."""
+    specs = ModelGraph.of(build_traced_model(model)).specs
+    signed = [s for s in specs if cuts_stage(cuts, s.index) == stage and len(SIGNATURES.get(s.op, ())) > 1]
+    chosen = rng.sample(signed, min(len(signed), rng.randint(1, 3)))
+    return tuple(sorted((s.index, rng.choice([g for g in SIGNATURES[s.op] if g != DATA])) for s in chosen))
 
 
 def cuts_stage(cuts: tuple[int, ...], layer: int) -> int:

@@ -73,6 +73,9 @@ SHARDED_CASES: list[tuple[Any, ...]] = [
     ("tiny_sbp-row-after-broadcast-3-uneven", "pool3", TINY_SBP, {2: "col", 11: "row", 13: "row"}, UNEVEN_3),
     # a col fc's S2 output allgathered before a flatten (a channelwise layer on a split beyond dimension 1).
     ("tiny_sbp-col-head-2-uneven", "pool2", TINY_SBP, {2: "col", 8: "row", 13: "col"}, UNEVEN_2),
+    # the ViT's query projection by rows: its partial sum has every row, and the view that reads its shape (b, n)
+    # reads it whole (Broadcast); taken as a share of rows, the view failed (found by the fuzz's signatures).
+    ("tiny_vit-row-query-2-uneven", "pool2", "tiny_vit", {9: "row"}, UNEVEN_2),
 ]
 
 

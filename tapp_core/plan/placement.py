@@ -464,6 +464,8 @@ class _LayoutPass:
             self._passed(spec)
         elif not self._tensor_inputs(spec):
             self._read(spec, self._sized_by(spec))
+        elif any(self.shape_value(v) for v in spec.inputs if v != MODEL_INPUT):
+            self._read(spec, self._sized_by(spec))
         else:
             layouts = {self.layout_of(v) for v in self._tensor_inputs(spec)}
             self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
@@ -471,10 +473,10 @@ class _LayoutPass:
             self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
 
     def _sized_by(self, spec: LayerSpec) -> Layout:
-        """The layout of a tensor made from shapes alone (a class token expanded to ``x.shape[0]``): its samples are
-        those of the tensors the shapes were read from. A device holding a tensor split by features, or whole, reads
-        every sample's size and makes a whole tensor (BROADCAST); one holding its share of the samples, or the
-        model's input, makes its share (SAMPLES)."""
+        """The layout of a layer that reads shapes (a class token expanded to ``x.shape[0]``, ``q.view(b, n, h,
+        d)``): its samples are those of the tensors the shapes were read from. A device holding a tensor split by
+        features, a partial sum, or a whole one, reads every sample's size, so the layer reads and makes whole
+        tensors (BROADCAST); one holding its share of the samples, or the model's input, its share (SAMPLES)."""
         held: set[Layout] = set()
         todo, seen = [v for v in spec.inputs if v != MODEL_INPUT and self.shape_value(v)], set()
         while todo:
