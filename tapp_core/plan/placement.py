@@ -462,15 +462,16 @@ class _LayoutPass:
         elif spec.op in SUMMING:
             self._read(spec, self._summed(spec))
             self._passed(spec)
-        elif not self._tensor_inputs(spec):
-            self._read(spec, self._sized_by(spec))
-        elif any(self.shape_value(v) for v in spec.inputs if v != MODEL_INPUT):
+        elif not self._tensor_inputs(spec) or self._reads_shapes(spec):
             self._read(spec, self._sized_by(spec))
         else:
             layouts = {self.layout_of(v) for v in self._tensor_inputs(spec)}
             self._read(spec, BROADCAST if layouts == {BROADCAST} else SAMPLES)
         if spec.has_params and spec.index not in self.weights:
             self.weights[spec.index] = Split(0) if self.inputs[spec.index] == Split(1) else BROADCAST
+
+    def _reads_shapes(self, spec: LayerSpec) -> bool:
+        return any(self.shape_value(v) for v in spec.inputs if v != MODEL_INPUT)
 
     def _sized_by(self, spec: LayerSpec) -> Layout:
         """The layout of a layer that reads shapes (a class token expanded to ``x.shape[0]``, ``q.view(b, n, h,
