@@ -127,6 +127,17 @@ def test_the_rule_refuses_a_tie_on_an_asynchronous_schedule_and_validate_asks_it
         validate(tied_plan("async"), CostContext(library(TIED_MODEL), load_cluster("local")))
 
 
+def test_the_rule_refuses_a_split_signature_on_a_layer_of_a_shared_parameter() -> None:
+    """The embedding split by rows on a stage that also reads its weight whole (``F.linear(z, embed.weight.t())``):
+    each device would read its share as the whole weight, and train wrong without an error (found by the fuzz)."""
+    lib = library(TIED_MODEL)
+    embed = next(layer.index for layer in lib.layers if layer.name == "embed")
+    one_stage = tuple(0 for _ in lib.layers)
+    plan = Plan(TIED_MODEL, BATCH, 2, "1f1b", one_stage, (("cpu0", "cpu1"),), signatures=((embed, "row"),))
+    with pytest.raises(PlanError, match=r"'embed.weight' is shared by layers .*: a shared parameter is held whole"):
+        check_runs(plan, ModelFacts.of_library(lib))
+
+
 def test_each_holder_counts_its_copy_in_memory_and_the_tie_is_charged_its_allreduce() -> None:
     lib = library(TIED_MODEL)
     plan = tied_plan()

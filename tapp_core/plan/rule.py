@@ -86,8 +86,17 @@ def check_runs(plan: Plan, model: ModelFacts) -> None:
 
 
 def check_ties(plan: Plan, shared: Sequence[SharedParameter]) -> None:
-    """``PlanError`` unless every tie of ``plan`` can run (``tapp_core.plan.ties``: a synchronous schedule, holder
-    stages that hold their weights whole)."""
+    """``PlanError`` unless every shared parameter is held whole by every layer that uses it (no split signature:
+    a layer split by one would hold a share of it where another reads it whole), and every tie of ``plan`` can run
+    (``tapp_core.plan.ties``: a synchronous schedule, holder stages that hold their weights whole)."""
+    chosen = dict(plan.signatures)
+    for parameter in shared:
+        split = [layer for layer in parameter.layers if layer in chosen]
+        if split:
+            raise PlanError(
+                f"layer {split[0]} runs signature {chosen[split[0]]!r}, but its parameter {parameter.name!r} is "
+                f"shared by layers {', '.join(map(str, parameter.layers))}: a shared parameter is held whole"
+            )
     for tie in plan_ties(plan.stage_of_layer, shared):
         where = f"parameter {tie.name!r} is used on stages {', '.join(map(str, tie.stages))}"
         if not plan.pipeline_schedule.synchronous:
