@@ -76,6 +76,12 @@ SHARDED_CASES: list[tuple[Any, ...]] = [
     # the ViT's query projection by rows: its partial sum has every row, and the view that reads its shape (b, n)
     # reads it whole (Broadcast); taken as a share of rows, the view failed (found by the fuzz's signatures).
     ("tiny_vit-row-query-2-uneven", "pool2", "tiny_vit", {9: "row"}, UNEVEN_2),
+    # a fused qkv by columns, reshaped by sizes read from the block's input (``reshape(b, n, 3, h, c // h)``): whole
+    # sizes where the device holds a share of the features, so the reshape reads it whole (found by the fuzz).
+    ("user-vit-col-qkv-2-uneven", "pool2", "tests.user_models:vit", {13: "col"}, UNEVEN_2),
+    # a reshape sized by the model's input (``b = x.size(0)``) before a column split: the size is of the rows the
+    # device reads, which the stage therefore need not hold whole (found by the fuzz).
+    ("rows-col-proj-2-uneven", "pool2", "tests.tuple_models:rows", {5: "col"}, UNEVEN_2),
 ]
 
 

@@ -451,7 +451,10 @@ class _LayoutPass:
     def place(self, spec: LayerSpec, signature: str) -> None:
         if signature == DATA and self.shape_value(spec.index):
             tensors = self._tensor_inputs(spec)
-            self.inputs[spec.index] = self.layout_of(tensors[0]) if tensors else BROADCAST
+            if tensors:
+                self.inputs[spec.index] = self.layout_of(tensors[0])
+            else:  # the model's input's shape is its rows' here (as ``_sized_by`` takes it), or numbers alone
+                self.inputs[spec.index] = SAMPLES if MODEL_INPUT in spec.inputs else BROADCAST
             self.outputs[spec.index] = BROADCAST  # every device holds its numbers; no change ever moves them
         elif signature != DATA:
             self._chosen(spec, signature)
@@ -478,7 +481,13 @@ class _LayoutPass:
         d)``): its samples are those of the tensors the shapes were read from. A device holding a tensor split by
         features, a partial sum, or a whole one, reads every sample's size, so the layer reads and makes whole
         tensors (BROADCAST); one holding its share of the samples, or the model's input, its share (SAMPLES)."""
-        held: set[Layout] = set()
+        held = {self.layout_of(v) if v is not None else SAMPLES for v in self._shape_sources(spec)}
+        return BROADCAST if held and SAMPLES not in held else SAMPLES
+
+    def _shape_sources(self, spec: LayerSpec) -> set[int | None]:
+        """The tensors whose shapes ``spec`` reads (through ``SHAPE_READS``, items of those and arithmetic on them);
+        None for a shape read of the model's input."""
+        sources: set[int | None] = set()
         todo, seen = [v for v in spec.inputs if v != MODEL_INPUT and self.shape_value(v)], set()
         while todo:
             value = todo.pop()
@@ -488,10 +497,10 @@ class _LayoutPass:
             read = self.layers[value]
             if read.op in SHAPE_READS:
                 tensors = self._tensor_inputs(read)
-                held.add(self.layout_of(tensors[0]) if tensors else SAMPLES)
+                sources.add(tensors[0] if tensors else None)
             else:
                 todo += [v for v in read.inputs if v != MODEL_INPUT and self.shape_value(v)]
-        return BROADCAST if held and SAMPLES not in held else SAMPLES
+        return sources
 
     def _read(self, spec: LayerSpec, layout: Layout, output: Layout | None = None) -> None:
         """``spec`` reads every input as ``layout`` (a change where one is held otherwise; the model's input is
@@ -565,7 +574,9 @@ class _LayoutPass:
             return False
         dim, source = held[0].dim, self.layers[tensors[0]].shape
         moved: tuple[int, Fraction] | None = None
-        if spec.op in RESHAPES and len(tensors) == 1:
+        if spec.op in RESHAPES and len(tensors) == 1 and self._shape_sources(spec) <= {tensors[0]}:
+            # shapes read from another tensor (``x.reshape(b, n, 3, h, c // h)`` with ``c`` from the block's input)
+            # are whole where this one holds a share of the features: the reshape reads it whole instead
             moved = _reshaped(source, spec.shape, dim)
         elif spec.op in PERMUTES and len(tensors) == 1:
             order = _permutation(spec.op, spec.axes, len(source) + 1)
