@@ -232,6 +232,17 @@ BAD_SIGNATURES = [
 ]
 
 
+def test_a_split_stage_that_regroups_rows_between_samples_is_refused() -> None:
+    """``tokens = second.reshape(-1, c)`` makes four rows of each sample: the layouts' row ranges are of samples,
+    and a split stage holding it sliced a sample's rows apart (found by the fuzz). The rule refuses it."""
+    model = "tests.tuple_models:rows"
+    specs = ModelGraph.of(build_traced_model(model)).specs
+    mix = next(spec.index for spec in specs if spec.name == "mix")
+    plan = Plan(model, BATCH, MICRO_BATCHES, "gpipe", (0,) * len(specs), ONE_STAGE_2, signatures=((mix, "col"),))
+    with pytest.raises(PlanError, match=r"reshape_1 \(reshape\) regroups rows between samples"):
+        check_before_launch(plan, plain_cluster(2))
+
+
 @pytest.mark.parametrize(("signatures", "devices", "message"), BAD_SIGNATURES, ids=[m for *_, m in BAD_SIGNATURES])
 def test_a_bad_signature_fails_before_any_rank_starts(
     signatures: dict[int, str], devices: tuple[tuple[str, ...], ...], message: str

@@ -369,6 +369,26 @@ def check_signature(spec: LayerSpec, signature: str, devices: int) -> None:
         raise SignatureError(f"layer {spec.name}: {devices} devices cannot split its {spec.shape} output's features")
 
 
+REGROUPING = RESHAPES | {"flatten", "Flatten", "unflatten"}
+"""Shape operations that may move elements between samples (``x.reshape(-1, c)`` makes rows of several a sample)."""
+
+
+def check_rows_per_sample(layers: Sequence[LayerSpec], stage_layers: Sequence[int]) -> None:
+    """``SignatureError`` naming the first layer of a stage run by split signatures that regroups the rows of its
+    samples (its output holds other elements per sample than its input): the layouts split, gather and slice a
+    tensor by samples, one row each, and a tensor of several rows a sample would be cut between them."""
+    for index in stage_layers:
+        spec = layers[index]
+        if spec.op not in REGROUPING:
+            continue
+        tensors = [v for v in spec.inputs if v != MODEL_INPUT and layers[v].shape]
+        if tensors and math.prod(layers[tensors[0]].shape) != math.prod(spec.shape):
+            raise SignatureError(
+                f"layer {spec.name} ({spec.op}) regroups rows between samples ({layers[tensors[0]].shape} per sample "
+                f"in, {spec.shape} out): a stage run by split signatures keeps one row per sample"
+            )
+
+
 def stage_layouts(
     layers: Sequence[LayerSpec], stage_layers: Sequence[int], signatures: dict[int, str], devices: int
 ) -> StageLayouts:

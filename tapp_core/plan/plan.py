@@ -37,6 +37,7 @@ from tapp_core.plan.placement import (
     PlacementError,
     Split,
     StageLayouts,
+    check_rows_per_sample,
     check_shares,
     check_signature,
     check_units,
@@ -730,6 +731,7 @@ def check_signatures(plan: Plan, library: LayerLibrary | Sequence[LayerSpec]) ->
             )
             try:
                 check_units(specs, layouts, plan.shares(stage))
+                check_rows_per_sample(specs, plan.stage_layers(stage))
             except PlacementError as exc:
                 raise PlanError(str(exc)) from None
 
