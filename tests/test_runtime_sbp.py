@@ -79,9 +79,6 @@ SHARDED_CASES: list[tuple[Any, ...]] = [
     # a fused qkv by columns, reshaped by sizes read from the block's input (``reshape(b, n, 3, h, c // h)``): whole
     # sizes where the device holds a share of the features, so the reshape reads it whole (found by the fuzz).
     ("user-vit-col-qkv-2-uneven", "pool2", "tests.user_models:vit", {13: "col"}, UNEVEN_2),
-    # a reshape sized by the model's input (``b = x.size(0)``) before a column split: the size is of the rows the
-    # device reads, which the stage therefore need not hold whole (found by the fuzz).
-    ("rows-col-proj-2-uneven", "pool2", "tests.tuple_models:rows", {5: "col"}, UNEVEN_2),
 ]
 
 
@@ -148,8 +145,12 @@ def test_a_sharded_stage_trains_like_one_device(
         ("1f1b", "mlp", (3,), (("d0", "d1"), ("d2",)), {1: "col"}, ()),
         # a one-device stage feeding a sharded last stage (cut input S0 -> B allgather; output leaves partial)
         ("gpipe", "tiny_cnn", (2,), (("d0",), ("d1", "d2")), {2: "col", 6: "row"}, ((1.0,), (0.6, 0.4))),
+        # a reshape sized by the model's input (``b = x.size(0)``) before a column split: the size is of the rows
+        # the device reads, which the stage therefore need not hold whole (found by the fuzz). The layers that
+        # regroup rows between samples (``reshape(-1, c)``) are on the one-device stage, as the rule asks.
+        ("gpipe", "tests.tuple_models:rows", (19,), (("d0", "d1"), ("d2",)), {5: "col"}, ((0.7, 0.3), (1.0,))),
     ],
-    ids=["sharded-then-pipelined-1f1b", "pipelined-then-sharded-gpipe-uneven"],
+    ids=["sharded-then-pipelined-1f1b", "pipelined-then-sharded-gpipe-uneven", "rows-col-proj-then-pipelined-gpipe"],
 )
 def test_a_sharded_stage_in_a_pipeline_trains_like_one_device(
     pool3: WorkerPool,
