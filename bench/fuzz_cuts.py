@@ -16,6 +16,7 @@ prints one line per case and ends with ``cases N failures F``: the failures are 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import traceback
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from tapp_core.measure.metrics import run_length
-from tapp_core.model.graph import layer_nodes
+from tapp_core.model.graph import LayerSpec
 from tapp_core.model.zoo import build_traced_model
 from tapp_core.plan.placement import DATA, SIGNATURES
 from tapp_core.plan.plan import Plan
@@ -53,6 +54,12 @@ WITH_BATCH_NORM = {USER_MODELS[0]}
 SCHEDULES = ("gpipe", "1f1b", "async")
 
 
+@functools.cache
+def model_specs(model: str) -> tuple[LayerSpec, ...]:
+    """The layers of ``model``'s traced graph, traced once per model for every draw."""
+    return tuple(ModelGraph.of(build_traced_model(model)).specs)
+
+
 @dataclass(frozen=True)
 class Case:
     seed: int
@@ -64,7 +71,7 @@ class Case:
 
     @property
     def plan(self) -> Plan:
-        n_layers = len(layer_nodes(build_traced_model(self.model)))
+        n_layers = len(model_specs(self.model))
         stage_of = tuple(sum(layer >= cut for cut in self.cuts) for layer in range(n_layers))
         return Plan(self.model, BATCH, MICRO_BATCHES, self.schedule, stage_of, self.devices, signatures=self.signatures)
 
@@ -87,7 +94,7 @@ def draw(seed: int) -> Case:
 
 def _draw_once(rng: random.Random, seed: int) -> Case:
     model = rng.choice(MODELS)
-    n_layers = len(layer_nodes(build_traced_model(model)))
+    n_layers = len(model_specs(model))
     n_stages = rng.choice((1, 2, 2, 3)) if n_layers > 2 else 1
     cuts = tuple(sorted(rng.sample(range(1, n_layers), n_stages - 1)))
     schedule = rng.choice(SCHEDULES) if n_stages > 1 else rng.choice(("gpipe", "1f1b"))
@@ -105,7 +112,7 @@ def _draw_once(rng: random.Random, seed: int) -> Case:
 def draw_signatures(rng: random.Random, model: str, cuts: tuple[int, ...], stage: int) -> tuple[tuple[int, str], ...]:
     """One to three layers of ``stage`` that have split signatures (``placement.SIGNATURES``), each given one of
     them at random; a draw the runtime's check refuses is drawn again (``draw``)."""
-    specs = ModelGraph.of(build_traced_model(model)).specs
+    specs = model_specs(model)
     signed = [s for s in specs if cuts_stage(cuts, s.index) == stage and len(SIGNATURES.get(s.op, ())) > 1]
     chosen = rng.sample(signed, min(len(signed), rng.randint(1, 3)))
     return tuple(sorted((s.index, rng.choice([g for g in SIGNATURES[s.op] if g != DATA])) for s in chosen))
