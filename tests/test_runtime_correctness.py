@@ -8,8 +8,11 @@ replay of PipeDream's rule: each micro-batch's gradient is taken at the weights 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
+from torch import nn
 
 from tapp_core.measure.metrics import Measurement, run_length
 from tapp_core.model.graph import layer_nodes, layer_parameters
@@ -36,15 +39,44 @@ def stages_by_cuts(model: str, cuts: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sum(layer >= cut for cut in cuts) for layer in range(n_layers))
 
 
-def reference(model: str, micro_batches: int, steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[float]]:
+@dataclass(frozen=True)
+class Precision:
+    """How a reference trains: its floating dtype, and each initial weight scaled by ``1 + relative * N(0, 1)``
+    (drawn from ``seed``): a float64 reference, perturbed at float32's rounding, shows how far rounding alone can
+    move a case's result (``reference_spread``)."""
+
+    dtype: torch.dtype = torch.float32
+    relative: float = 0.0
+    seed: int = 0
+
+    def model(self, model: str) -> nn.Module:
+        net = build_model(model, seed=SEED).to(self.dtype)
+        if self.relative:
+            generator = torch.Generator().manual_seed(self.seed)
+            with torch.no_grad():
+                for param in net.parameters():
+                    param.mul_(1 + self.relative * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+        return net
+
+    def batch(self, batches: SyntheticBatches, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batches.get(step)
+        return (x.to(self.dtype) if x.is_floating_point() else x), y
+
+
+FLOAT32 = Precision()
+
+
+def reference(
+    model: str, micro_batches: int, steps: int = STEPS, precision: Precision = FLOAT32
+) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Single-device training: the same micro-batches, gradients accumulated, one update per step."""
-    net = build_model(model, seed=SEED)
+    net = precision.model(model)
     optimizer = make_optimizer(net.parameters(), OPTIMIZER)
     batches = SyntheticBatches(BATCH, seed=SEED)
     size = BATCH // micro_batches
     losses = []
     for step in range(steps):
-        x, y = batches.get(step)
+        x, y = precision.batch(batches, step)
         total = 0.0
         for j in range(micro_batches):
             loss = micro_batch_loss(net(x[j * size : (j + 1) * size]), y[j * size : (j + 1) * size], BATCH)
@@ -139,6 +171,7 @@ def async_reference(
     staleness: int | None = None,
     steps: int = STEPS,
     config: OptimizerConfig = OPTIMIZER,
+    precision: Precision = FLOAT32,
 ) -> dict[str, torch.Tensor]:
     """PipeDream's rule replayed in one process: micro-batch g's gradient is taken, on every stage, at the
     weights that stage had when it ran g's forward (the number of updates before it in the stage's order), or,
@@ -163,7 +196,7 @@ def async_reference(
     names_of_stage: list[set[str]] = [set() for _ in range(n_stages)]
     for layer, own in enumerate(layer_parameters(traced)):  # a layer's modules' and the get_attr ones it reads
         names_of_stage[stage_of[layer]] |= set(own)
-    net = build_model(model, seed=SEED)
+    net = precision.model(model)
     live = dict(net.named_parameters())
     # One optimiser per stage, at the stage's rate, as the runtime has (a stage without parameters has none).
     optimizers = [
@@ -179,7 +212,7 @@ def async_reference(
     batches = SyntheticBatches(BATCH, seed=SEED)
     size = BATCH // MICRO_BATCHES
     for step in range(steps):
-        x, y = batches.get(step)
+        x, y = precision.batch(batches, step)
         grads = {n: torch.zeros_like(p) for n, p in live.items()}
         for j in range(MICRO_BATCHES):
             g = step * MICRO_BATCHES + j
