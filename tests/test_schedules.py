@@ -19,7 +19,14 @@ from tapp_core.cost.estimate import Estimate
 from tapp_core.cost.simulation import estimate, simulated_programs
 from tapp_core.plan.plan import Plan
 from tapp_core.plan.program import BUCKET_BYTES, Route, ScheduleError, check_programs, plan_programs
-from tapp_core.plan.schedules import SCHEDULES, Action, ActionKind, schedule_for
+from tapp_core.plan.schedules import (
+    SCHEDULES,
+    Action,
+    ActionKind,
+    posted_receives,
+    receive_lookahead,
+    schedule_for,
+)
 from tests.factories import library_from_edges, make_cluster
 
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 4), (4, 2), (4, 8), (5, 3)]
@@ -260,3 +267,42 @@ def test_buckets_follow_the_backward_and_hold_whole_layers() -> None:
     assert [b.layers for b in buckets] == [(4, 3), (2,), (1,)]
     assert [b.nbytes for b in buckets] == [10 * 2**20, 30 * 2**20, 10 * 2**20]
     assert max(b.nbytes for b in buckets if len(b.layers) > 1) <= BUCKET_BYTES
+
+
+@pytest.mark.parametrize(("n_stages", "micro_batches"), SHAPES)
+@pytest.mark.parametrize(("schedule", "staleness"), SCHEDULE_CASES)
+def test_posted_receives_count_the_programs_receives(
+    schedule: str, staleness: int | None, n_stages: int, micro_batches: int
+) -> None:
+    """The memory model's receives posted and not yet taken (``posted_receives``) are the program's: over every
+    window of ``receive_lookahead`` actions past the current one, the most activations and gradients received, for
+    any sizes of the two."""
+    plan = Plan(
+        model="toy",
+        batch_size=micro_batches,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        stage_of_layer=tuple(range(n_stages)),
+        stage_devices=tuple((f"d{s}",) for s in range(n_stages)),
+        staleness=staleness,
+    )
+    runtime = schedule_for(schedule, staleness)
+    steps = sum(runtime.window(n_stages, micro_batches)) + 1
+    programs = plan_programs(plan, [(i, i + 1) for i in range(n_stages - 1)], [0] * n_stages, steps)
+    window = receive_lookahead(micro_batches, n_stages) + 1
+    for program in programs:
+        actions = list(program.actions())
+        seen = {
+            (
+                sum(a.kind == "recv_forward" for a in actions[i : i + window]),
+                sum(a.kind == "recv_backward" for a in actions[i : i + window]),
+            )
+            for i in range(len(actions))
+        }
+        counted = posted_receives(
+            runtime, program.stage, n_stages, micro_batches, program.stage > 0, program.stage < n_stages - 1
+        )
+        for forward, backward in ((1, 0), (0, 1), (1, 1), (3, 1), (1, 3)):
+            assert max(f * forward + b * backward for f, b in counted) == max(
+                f * forward + b * backward for f, b in seen
+            ), f"stage {program.stage}, sizes {forward}:{backward}"

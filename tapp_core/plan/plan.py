@@ -45,7 +45,13 @@ from tapp_core.plan.placement import (
     split_ranges,
     stage_layouts,
 )
-from tapp_core.plan.schedules import PipelineSchedule, UnknownScheduleError, schedule_for, schedule_spec
+from tapp_core.plan.schedules import (
+    PipelineSchedule,
+    UnknownScheduleError,
+    posted_receives,
+    schedule_for,
+    schedule_spec,
+)
 from tapp_core.plan.ties import tied_copy_bytes
 from tapp_core.platform.cluster import Cluster
 from tapp_core.profile.library import Layer, LayerLibrary
@@ -63,6 +69,7 @@ MEMORY_TERMS = (
     "backward working memory",
     "gradient transient",
     "gradient buckets",
+    "posted receives",
     "runtime",
     "model trace",
 )
@@ -80,6 +87,9 @@ MEMORY_TERMS = (
   several backwards a step, or stashes), the largest layer's;
 - gradient buckets: on a stage of several devices, the flat buffer each bucket is reduced in and MPI's working
   memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced;
+- posted receives: the buffers of the receives a device posts ahead of its forwards and backwards
+  (``schedules.receive_lookahead``) that none has taken yet, at most (a later stage's activations and an earlier
+  stage's gradients of about a step's micro-batches beyond those in flight);
 - runtime: what a stage costs a rank whatever its layers (its traced program, the transport's buffers);
 - model trace: how far the rank's run of the whole model at the plan's start (``model_trace_bytes``) goes beyond
   the other terms: a transient before the stage is built, so the device's peak is the larger of the two."""
@@ -415,14 +425,15 @@ def device_memory_terms(
     largest_activation_bytes: float = 0.0,
     optimizer_state: int = SGD_MOMENTUM_STATE,
     trace_bytes: float = 0.0,
+    received_bytes: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """The memory of a device of ``stage`` at its peak, by named term (``MEMORY_TERMS``), for a device that computes
     ``samples`` rows of each micro-batch and holds ``param_bytes`` of parameters (the largest layer's
     ``largest_param_bytes``) whose layers output ``activation_bytes`` per sample, and whose group sums
     ``reduced_bytes`` of gradients across its devices; ``largest_activation_bytes`` per sample is its largest layer
     output; ``optimizer_state`` the optimiser's tensors per parameter; ``trace_bytes`` the model's
-    ``model_trace_bytes``. A stage keeps its inputs and its layers'
-    outputs of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the
+    ``model_trace_bytes``; ``received_bytes`` per sample the activations and gradients it receives of a micro-batch
+    (``InputCounter.received``). A stage keeps its inputs and its layers' outputs of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the
     one whose backward it runs.
     What is left out, and how the terms were checked against the machine: the README, "Memory"."""
     schedule = plan.pipeline_schedule
@@ -441,10 +452,22 @@ def device_memory_terms(
         "backward working memory": 2 * largest_activation_bytes * samples,
         "gradient transient": largest_param_bytes if accumulates else 0.0,
         "gradient buckets": BUCKET_COPIES * reduced_bytes if len(plan.stage_devices[stage]) > 1 else 0.0,
+        "posted receives": samples * _posted_receive_bytes(plan, stage, *received_bytes),
         "runtime": float(RUNTIME_BYTES),
     }
     terms["model trace"] = max(0.0, trace_bytes - sum(terms.values()))
     return terms
+
+
+def _posted_receive_bytes(plan: Plan, stage: int, forward: float, backward: float) -> float:
+    """Per sample, the most that the receives a device of ``stage`` has posted ahead hold at once
+    (``schedules.posted_receives``)."""
+    if not (forward or backward):
+        return 0.0
+    counts = posted_receives(
+        plan.pipeline_schedule, stage, plan.n_stages, plan.micro_batches, forward > 0, backward > 0
+    )
+    return max(n_forward * forward + n_backward * backward for n_forward, n_backward in counts)
 
 
 def held_activation_bytes(layer: Layer) -> int:
@@ -500,15 +523,29 @@ class InputCounter:
 
     def per_stage(self, stage_of_layer: Sequence[int], n_stages: int) -> np.ndarray:
         stage = np.asarray(stage_of_layer, dtype=np.int64)
-        crossing = self.edges[stage[self.edges[:, 0]] != stage[self.edges[:, 1]]]
-        # each (producing layer, reading stage) once, as one integer: np.unique on rows is many times slower
-        width = int(stage.max(initial=0)) + 1
-        pairs = np.unique(crossing[:, 0] * width + stage[crossing[:, 1]])
-        layer, reader = np.divmod(pairs, width)
+        layer, reader = self._crossings(stage)
         taken = np.bincount(reader, self.outputs[layer], n_stages)
         reads_input = np.bincount(stage[self.first], minlength=n_stages)[:n_stages] > 0
         result: np.ndarray = taken + self.input_bytes * reads_input
         return result
+
+    def received(self, stage_of_layer: Sequence[int], n_stages: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage, bytes per sample of what it receives for each micro-batch: the activations of earlier
+        stages (its inputs but the model's), and the gradients of its outputs, one from each later stage reading
+        them."""
+        stage = np.asarray(stage_of_layer, dtype=np.int64)
+        layer, reader = self._crossings(stage)
+        outputs = self.outputs[layer]
+        return np.bincount(reader, outputs, n_stages), np.bincount(stage[layer], outputs, n_stages)
+
+    def _crossings(self, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each (producing layer, reading stage) of a value that crosses a cut, once."""
+        crossing = self.edges[stage[self.edges[:, 0]] != stage[self.edges[:, 1]]]
+        # each pair once, as one integer: np.unique on rows is many times slower
+        width = int(stage.max(initial=0)) + 1
+        pairs = np.unique(crossing[:, 0] * width + stage[crossing[:, 1]])
+        layer, reader = np.divmod(pairs, width)
+        return layer, reader
 
 
 def stage_memory_bytes(
@@ -542,15 +579,23 @@ class StageShares:
 
     inputs: np.ndarray
     copies: np.ndarray | None
+    received: tuple[np.ndarray, np.ndarray]
+    """``InputCounter.received``: per stage, the activations and the gradients it receives, per sample."""
 
     @classmethod
     def of(cls, plan: Plan, library: LayerLibrary) -> StageShares:
         copies = tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared) if library.shared else None
         n_stages = max(plan.n_stages, max(plan.stage_of_layer, default=-1) + 1)
-        return cls(stages_input_bytes(library, plan.stage_of_layer, n_stages), copies)
+        counter = InputCounter.of(library)
+        return cls(
+            counter.per_stage(plan.stage_of_layer, n_stages), copies, counter.received(plan.stage_of_layer, n_stages)
+        )
 
     def input_bytes(self, stage: int) -> int:
         return int(self.inputs[stage])
+
+    def received_bytes(self, stage: int) -> tuple[float, float]:
+        return float(self.received[0][stage]), float(self.received[1][stage])
 
     def copy_bytes(self, stage: int) -> float:
         return float(self.copies[stage]) if self.copies is not None else 0.0
@@ -577,7 +622,18 @@ def stage_memory_terms(
         kept = shared.input_bytes(stage)
         return {
             device: device_memory_terms(
-                plan, stage, stop - start, params, activations, kept, largest, params, widest, optimizer_state, trace
+                plan,
+                stage,
+                stop - start,
+                params,
+                activations,
+                kept,
+                largest,
+                params,
+                widest,
+                optimizer_state,
+                trace,
+                shared.received_bytes(stage),
             )
             for device, (start, stop) in zip(devices, plan.rows(stage), strict=True)
         }
@@ -604,6 +660,7 @@ def stage_memory_terms(
             widest,
             optimizer_state,
             trace,
+            shared.received_bytes(stage),
         )
     return out
 

@@ -172,6 +172,38 @@ def _peaks(schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches:
     return peak_flying, (peak_versions if stashes else 0), delay
 
 
+def receive_lookahead(micro_batches: int, n_stages: int) -> int:
+    """Actions past the current one whose receives a device has posted (``runtime.engine``): more than a step's, so
+    that a message finds its receive posted and arrives while the device computes. A posted receive holds its
+    buffer until its forward or backward takes it: the memory model's "posted receives" (``posted_receives``)."""
+    return 4 * (micro_batches + n_stages) + 8
+
+
+@functools.lru_cache(maxsize=4096)
+def posted_receives(
+    schedule: PipelineSchedule, stage: int, n_stages: int, micro_batches: int, forward: bool, backward: bool
+) -> tuple[tuple[int, int], ...]:
+    """The (forward, backward) receives a device of ``stage`` has posted and not yet taken at once, at the points
+    of its program where no other point has as many of both (``forward``/``backward``: whether the stage receives
+    activations / gradients). Its program as ``program.DeviceProgram.actions`` lays it out with one peer each way:
+    a forward's receive, the forward and its send (a stage that receives gradients sends activations), a backward
+    likewise, and the update; the receives posted are those of the next ``receive_lookahead`` actions."""
+    warmup, measured, tail = schedule.window(n_stages, micro_batches)
+    marks: list[tuple[int, int]] = []
+    for action in schedule.compute_order(stage, n_stages, micro_batches, warmup + measured + tail + 1):
+        takes, gives, mark = (forward, backward, (1, 0)) if action.kind == "forward" else (backward, forward, (0, 1))
+        if action.kind != "update" and takes:
+            marks.append(mark)
+        marks.append((0, 0))
+        if action.kind != "update" and gives:
+            marks.append((0, 0))
+    window = receive_lookahead(micro_batches, n_stages) + 1
+    counts = {
+        (sum(m[0] for m in marks[i : i + window]), sum(m[1] for m in marks[i : i + window])) for i in range(len(marks))
+    }
+    return tuple(sorted(c for c in counts if not any(o != c and o[0] >= c[0] and o[1] >= c[1] for o in counts)))
+
+
 class GPipe(PipelineSchedule):
     """Fill and drain: every forward, then every backward, the last micro-batch's first (GPipe, torchgpipe)."""
 

@@ -68,6 +68,7 @@ class MemoryScreen:
         np.maximum.at(largest, stages, self.params)
         np.maximum.at(widest, stages, self.activations)
         inputs = self.inputs.per_stage(plan.stage_of_layer, plan.n_stages)
+        received_forward, received_backward = self.inputs.received(plan.stage_of_layer, plan.n_stages)
         for stage, devices in enumerate(plan.stage_devices):
             if len(devices) > plan.micro_batch_size:
                 return False
@@ -85,6 +86,7 @@ class MemoryScreen:
                     float(widest[stage]),
                     self.optimizer_state,
                     self.trace,
+                    (float(received_forward[stage]), float(received_backward[stage])),
                 )
                 if sum(terms.values()) > self.memory.get(device, 0):
                     return False

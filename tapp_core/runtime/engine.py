@@ -32,7 +32,7 @@ from tapp_core.model.graph import MODEL_INPUT
 from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.plan.program import BACKWARD, FORWARD, DeviceProgram, plan_programs
-from tapp_core.plan.schedules import FORWARD_ONLY, Action, PipelineSchedule
+from tapp_core.plan.schedules import FORWARD_ONLY, Action, PipelineSchedule, receive_lookahead
 from tapp_core.platform import gpu
 from tapp_core.runtime.batches import IGNORED_LABEL, BatchSource, DeviceBatches
 from tapp_core.runtime.collectives import Group, Segments
@@ -220,7 +220,7 @@ class StageEngine:
         self._values = {v.layer: v for v in (*stage.inputs, *stage.outputs)}
         check_routes(template, stage)
         self._step_loss: dict[int, torch.Tensor] = {}
-        self._lookahead = 4 * (self.plan.micro_batches + self.plan.n_stages) + 8
+        self._lookahead = receive_lookahead(self.plan.micro_batches, self.plan.n_stages)
         self._in_flight: dict[int, _InFlight] = {}
         self._to_send: dict[str, dict[int, ValueMap]] = {FORWARD: {}, BACKWARD: {}}
         """Per direction and micro-batch: the tensors the sends after the last compute action take rows of."""
