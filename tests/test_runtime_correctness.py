@@ -164,6 +164,20 @@ def test_skip_value_really_skips_a_stage() -> None:
     assert len(graph.stage_inputs[1]) == 2, "two tensors must cross the first cut"
 
 
+def test_a_reference_in_float64_and_perturbed_moves_by_rounding_only() -> None:
+    """The fuzz's conditioning check (``bench/fuzz_cuts.py``'s ``reference_spread``) rests on this: on a smooth model
+    the float64 reference agrees with float32's, and a float32-sized move of the initial weights moves it by about
+    that much, not more."""
+    single = reference("mlp", MICRO_BATCHES)[0]
+    double = reference("mlp", MICRO_BATCHES, precision=Precision(torch.float64))[0]
+    moved = reference("mlp", MICRO_BATCHES, precision=Precision(torch.float64, 1e-6, seed=1))[0]
+    assert all(t.dtype == torch.float64 for t in double.values())
+    for name, tensor in single.items():
+        torch.testing.assert_close(double[name].float(), tensor, rtol=RTOL, atol=ATOL)
+    spread = max(float((moved[n] - double[n]).abs().max()) for n in double)
+    assert 0 < spread < ATOL
+
+
 def async_reference(
     model: str,
     cuts: tuple[int, ...],
