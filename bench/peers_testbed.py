@@ -10,7 +10,7 @@ profile cache), calibrates the testbed (``tapp calibrate``'s code, in memory), p
 registry, and races the distinct plans on the testbed's ranks: ``rounds`` interleaved rounds of a warm-up and
 ``steps`` timed steps, none dropped. A plan that several methods chose runs once, under all their names.
 
-Each cell (cluster, model) prints every plan's median and interval, the best group (the plans whose interval
+Each cell (cluster, model) prints every plan's median and interval and its estimate, the best group (the plans whose interval
 overlaps the best's), and TAPP's ratio to its best peer: the method other than TAPP and ``tapp-rl`` with the lowest
 median, as the median of the per-round ratios with its interval (``RaceResult.ratio``). TAPP is ahead when that
 interval lies below 1, behind when above, and otherwise tied within the noise; "same plan" when the peer chose
@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 
 from tapp_core.cost.calibration import Calibration  # noqa: E402
 from tapp_core.cost.context import CostContext  # noqa: E402
+from tapp_core.cost.simulation import estimate  # noqa: E402
 from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps  # noqa: E402
 from tapp_core.measure.stats import Interval  # noqa: E402
 from tapp_core.plan.plan import Plan  # noqa: E402
@@ -63,6 +64,8 @@ class Cell:
     model: str
     result: RaceResult
     chosen: dict[str, str]
+    estimated: dict[str, float]
+    """Each plan's step time by the cost model (the testbed calibrated), by plan id."""
 
     def plan_of(self, method: str) -> Plan | None:
         plan_id = self.chosen.get(method)
@@ -129,7 +132,8 @@ def layout(plan: Plan) -> str:
 def run_cell(testbed: Cluster, emulated: Cluster, model: str, args: argparse.Namespace) -> Cell:
     library: LayerLibrary = ProfileCache().cluster_libraries(model, args.batch_size, emulated)
     calibration: Calibration = calibrate(testbed, library, log=lambda line: print(f"  calibration: {line}"))
-    plans, chosen = methods_plans(CostContext(library, testbed, calibration), args.batch_size, args.tapp_rounds)
+    context = CostContext(library, testbed, calibration)
+    plans, chosen = methods_plans(context, args.batch_size, args.tapp_rounds)
     print(f"  {len(plans)} distinct plans; racing them {args.rounds} rounds of 1 + {args.steps} steps")
     options = RaceOptions(min_rounds=args.rounds, max_rounds=args.rounds, budget_s=7200.0, eliminate=False)
     with WorkerPool(testbed) as pool:
@@ -138,7 +142,7 @@ def run_cell(testbed: Cluster, emulated: Cluster, model: str, args: argparse.Nam
     print(
         f"  {result.rounds} rounds in {result.elapsed_s:.0f} s, load {result.load_before:.2f} -> {result.load_after:.2f}"
     )
-    return Cell(testbed.name, model, result, chosen)
+    return Cell(testbed.name, model, result, chosen, {p.id: estimate(p, context).step_time_s for p in plans})
 
 
 def print_cell(cell: Cell) -> None:
@@ -148,7 +152,7 @@ def print_cell(cell: Cell) -> None:
         interval = measured.interval
         figure = f"{interval.median:.4f} s [{interval.low:.4f}, {interval.high:.4f}]" if interval else measured.error
         mark = "*" if plan.id in group else " "
-        print(f"  {mark} {plan.planner or '':34s} {layout(plan):44s} {figure}")
+        print(f"  {mark} {plan.planner or '':34s} {layout(plan):44s} {figure}  est. {cell.estimated[plan.id]:.4f} s")
     verdict, ratio = cell.verdict()
     peer = cell.best_peer()
     ratio_text = f"{ratio.median:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]" if ratio else "-"
