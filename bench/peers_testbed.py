@@ -39,7 +39,7 @@ from tapp_core.cost.context import CostContext  # noqa: E402
 from tapp_core.cost.simulation import estimate  # noqa: E402
 from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps  # noqa: E402
 from tapp_core.measure.stats import Interval  # noqa: E402
-from tapp_core.plan.plan import Plan  # noqa: E402
+from tapp_core.plan.plan import Plan, plan_execution_id  # noqa: E402
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner  # noqa: E402
 from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.platform.testbed import down, state_folder, up  # noqa: E402
@@ -97,13 +97,6 @@ class Cell:
         return "within noise", ratio
 
 
-def runs_as(plan: Plan) -> str:
-    """What the runtime runs: a single stage of one micro-batch runs the same under every schedule."""
-    if plan.n_stages == 1 and plan.micro_batches == 1:
-        return dataclasses.replace(plan, schedule="gpipe", staleness=None).id
-    return plan.id
-
-
 def methods_plans(context: CostContext, batch: int, tapp_rounds: int) -> tuple[list[Plan], dict[str, str]]:
     """The distinct plans of every CPU method, each named by the methods that chose it; each method's plan id."""
     plans: dict[str, Plan] = {}
@@ -117,7 +110,7 @@ def methods_plans(context: CostContext, batch: int, tapp_rounds: int) -> tuple[l
         except PlannerError as exc:
             print(f"  {method}: no plan: {exc}")
             continue
-        key = runs_as(plan)
+        key = plan_execution_id(plan)
         plans.setdefault(key, plan)
         names.setdefault(key, []).append(method)
     named = {key: dataclasses.replace(plan, planner=",".join(names[key])) for key, plan in plans.items()}

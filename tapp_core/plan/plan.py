@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -433,7 +433,7 @@ def device_memory_terms(
     ``reduced_bytes`` of gradients across its devices; ``largest_activation_bytes`` per sample is its largest layer
     output; ``optimizer_state`` the optimiser's tensors per parameter; ``trace_bytes`` the model's
     ``model_trace_bytes``; ``received_bytes`` per sample the activations and gradients it receives of a micro-batch
-    (``InputCounter.received``). A stage keeps its inputs and its layers' outputs of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the
+    (``StageCounts.received``). A stage keeps its inputs and its layers' outputs of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the
     one whose backward it runs.
     What is left out, and how the terms were checked against the machine: the README, "Memory"."""
     schedule = plan.pipeline_schedule
@@ -497,6 +497,15 @@ def stages_input_bytes(library: LayerLibrary, stage_of_layer: Sequence[int], n_s
     return InputCounter.of(library).per_stage(stage_of_layer, n_stages)
 
 
+class StageCounts(NamedTuple):
+    """Per stage, bytes per sample: ``inputs``, what it takes in and keeps (``stage_input_bytes``); ``received``,
+    what it receives for each micro-batch: the activations of earlier stages (its inputs but the model's), and the
+    gradients of its outputs, one from each later stage reading them."""
+
+    inputs: np.ndarray
+    received: tuple[np.ndarray, np.ndarray]
+
+
 class InputCounter:
     """``stage_input_bytes`` of every stage of any plan of one library, vectorised over its layers and edges (the
     arrays made once: a search counts thousands of plans)."""
@@ -522,21 +531,17 @@ class InputCounter:
         return counter
 
     def per_stage(self, stage_of_layer: Sequence[int], n_stages: int) -> np.ndarray:
-        stage = np.asarray(stage_of_layer, dtype=np.int64)
-        layer, reader = self._crossings(stage)
-        taken = np.bincount(reader, self.outputs[layer], n_stages)
-        reads_input = np.bincount(stage[self.first], minlength=n_stages)[:n_stages] > 0
-        result: np.ndarray = taken + self.input_bytes * reads_input
-        return result
+        return self.counts(stage_of_layer, n_stages).inputs
 
-    def received(self, stage_of_layer: Sequence[int], n_stages: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per stage, bytes per sample of what it receives for each micro-batch: the activations of earlier
-        stages (its inputs but the model's), and the gradients of its outputs, one from each later stage reading
-        them."""
+    def counts(self, stage_of_layer: Sequence[int], n_stages: int) -> StageCounts:
+        """Every stage's inputs and what it receives, from one pass over the values that cross a cut."""
         stage = np.asarray(stage_of_layer, dtype=np.int64)
         layer, reader = self._crossings(stage)
         outputs = self.outputs[layer]
-        return np.bincount(reader, outputs, n_stages), np.bincount(stage[layer], outputs, n_stages)
+        taken = np.bincount(reader, outputs, n_stages)
+        reads_input = np.bincount(stage[self.first], minlength=n_stages)[:n_stages] > 0
+        gradients = np.bincount(stage[layer], outputs, n_stages)
+        return StageCounts(taken + self.input_bytes * reads_input, (taken, gradients))
 
     def _crossings(self, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each (producing layer, reading stage) of a value that crosses a cut, once."""
@@ -580,16 +585,14 @@ class StageShares:
     inputs: np.ndarray
     copies: np.ndarray | None
     received: tuple[np.ndarray, np.ndarray]
-    """``InputCounter.received``: per stage, the activations and the gradients it receives, per sample."""
+    """``StageCounts.received``: per stage, the activations and the gradients it receives, per sample."""
 
     @classmethod
     def of(cls, plan: Plan, library: LayerLibrary) -> StageShares:
         copies = tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared) if library.shared else None
         n_stages = max(plan.n_stages, max(plan.stage_of_layer, default=-1) + 1)
-        counter = InputCounter.of(library)
-        return cls(
-            counter.per_stage(plan.stage_of_layer, n_stages), copies, counter.received(plan.stage_of_layer, n_stages)
-        )
+        counts = InputCounter.of(library).counts(plan.stage_of_layer, n_stages)
+        return cls(counts.inputs, copies, counts.received)
 
     def input_bytes(self, stage: int) -> int:
         return int(self.inputs[stage])

@@ -23,6 +23,7 @@ it was computed on were current. K = 0 is synchronous 1F1B; no bound (None) lets
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -198,9 +199,9 @@ def posted_receives(
         if action.kind != "update" and gives:
             marks.append((0, 0))
     window = receive_lookahead(micro_batches, n_stages) + 1
-    counts = {
-        (sum(m[0] for m in marks[i : i + window]), sum(m[1] for m in marks[i : i + window])) for i in range(len(marks))
-    }
+    sums = [(0, 0), *itertools.accumulate(marks, lambda a, b: (a[0] + b[0], a[1] + b[1]))]
+    ends = [sums[min(i + window, len(marks))] for i in range(len(marks))]
+    counts = {(end[0] - start[0], end[1] - start[1]) for start, end in zip(sums, ends, strict=False)}
     return tuple(sorted(c for c in counts if not any(o != c and o[0] >= c[0] and o[1] >= c[1] for o in counts)))
 
 

@@ -67,8 +67,7 @@ class MemoryScreen:
         largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
         np.maximum.at(largest, stages, self.params)
         np.maximum.at(widest, stages, self.activations)
-        inputs = self.inputs.per_stage(plan.stage_of_layer, plan.n_stages)
-        received_forward, received_backward = self.inputs.received(plan.stage_of_layer, plan.n_stages)
+        inputs, (received_forward, received_backward) = self.inputs.counts(plan.stage_of_layer, plan.n_stages)
         for stage, devices in enumerate(plan.stage_devices):
             if len(devices) > plan.micro_batch_size:
                 return False
