@@ -79,23 +79,16 @@ def one_library(
     return dataclasses.replace(library, kinds={}), scaled, single
 
 
-def runs_as(plan: Plan) -> str:
-    """What the runtime runs: a single stage of one micro-batch runs the same under every schedule."""
-    if plan.n_stages == 1 and plan.micro_batches == 1:
-        return dataclasses.replace(plan, schedule="gpipe").id
-    return plan.id
-
-
 def candidate_plans(
     library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, tapp_rounds: int, schedule: str
 ) -> dict[str, Plan]:
     """Every planner's plan under the per-kind model and the one-library model, and each device alone; one of
-    each that runs the same (``runs_as``)."""
+    each that runs the same (``Plan.execution_id``)."""
     base, scaled, single_calibration = one_library(library, cluster, calibration)
     plans: dict[str, Plan] = {}
     for device in cluster.device_names:
         plan = single_stage_plan(library, [device], batch_size=batch)
-        plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"alone on {device}"))
+        plans.setdefault(plan.execution_id, dataclasses.replace(plan, planner=f"alone on {device}"))
     for name in PLANNERS:
         options: dict[str, object] = {"batch_size": batch, "seed": 0, "schedule": schedule}
         if name == "tapp":
@@ -109,7 +102,7 @@ def candidate_plans(
             except PlannerError as exc:
                 print(f"{name} ({tag}): no plan: {exc}")
                 continue
-            plans.setdefault(runs_as(plan), dataclasses.replace(plan, planner=f"{name} ({tag})"))
+            plans.setdefault(plan.execution_id, dataclasses.replace(plan, planner=f"{name} ({tag})"))
     return plans
 
 

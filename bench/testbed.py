@@ -65,13 +65,6 @@ MEDIAN_BAR = 0.15
 WORST_BAR = 0.35
 
 
-def runs_as(plan: Plan) -> str:
-    """What the runtime runs: a single stage of one micro-batch runs the same under every schedule."""
-    if plan.n_stages == 1 and plan.micro_batches == 1:
-        return dataclasses.replace(plan, schedule="gpipe").id
-    return plan.id
-
-
 def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, batch: int, rounds: int) -> list[Plan]:
     """Each device alone, then every planner's plan on ``cluster``; one of each that runs the same, named (its
     ``planner``) by every planner that chose it and by the device it runs alone on."""
@@ -79,8 +72,8 @@ def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, 
     names: dict[str, list[str]] = {}
     for device in cluster.device_names:
         plan = single_stage_plan(library, [device], batch_size=batch)
-        plans.setdefault(runs_as(plan), plan)
-        names.setdefault(runs_as(plan), []).append(f"{ALONE}{device}")
+        plans.setdefault(plan.execution_id, plan)
+        names.setdefault(plan.execution_id, []).append(f"{ALONE}{device}")
     for name in PLANNERS:
         options: dict[str, object] = {"batch_size": batch, "seed": 0, **({"rounds": rounds} if name == "tapp" else {})}
         try:
@@ -88,8 +81,8 @@ def plans_of(library: LayerLibrary, cluster: Cluster, calibration: Calibration, 
         except PlannerError as exc:
             print(f"{name}: no plan: {exc}")
             continue
-        plans.setdefault(runs_as(plan), plan)
-        names.setdefault(runs_as(plan), []).append(name)
+        plans.setdefault(plan.execution_id, plan)
+        names.setdefault(plan.execution_id, []).append(name)
     return [dataclasses.replace(plan, planner=",".join(names[key])) for key, plan in plans.items()]
 
 

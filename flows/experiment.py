@@ -353,7 +353,7 @@ def _run_stages(
             prefect_ui.log(f"resuming the search of run {work.resume_from} from {where}")
         sampling = budget.sampling_runtime(work.runtime)
         hybrid = budget.options.reward != "simulated"
-        measurer = PoolRounds(work.pool, config.model, sampling.round_steps()) if hybrid else None
+        measurer = PoolRounds(work.pool, config.workload(), sampling.round_steps()) if hybrid else None
         session = search_stage(parent.ref, tags, context, config, budget, workdir, measurer)
         outcome: SearchOutcome = sampling_task(parent.ref, tags, session)
     tapp_plan = outcome.plan
@@ -387,7 +387,7 @@ def _evaluate(
     planned = [plan_method(method, context, config, tapp_plan if method == "tapp" else None) for method in methods]
     race = None
     if runtime.enabled:
-        planned, race = race_methods(planned, work.pool, config.model, runtime)
+        planned, race = race_methods(planned, work.pool, config.workload(), runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
     first_with_plan: dict[str, str] = {}

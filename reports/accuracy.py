@@ -214,7 +214,8 @@ def _optimiser(group: pd.DataFrame) -> str:
     if len(names) != 1:
         return ""
     optimiser, lr = names.pop()
-    return f", {'AdamW' if optimiser == 'adamw' else optimiser.upper()} at lr {float(lr):g}"
+    named = {"adamw": "AdamW", "sgd": "SGD"}.get(optimiser, optimiser)  # runs before the class name was logged
+    return f", {named} at lr {float(lr):g}"
 
 
 def _shared_note(group: pd.DataFrame) -> str:

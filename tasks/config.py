@@ -18,6 +18,7 @@ This module imports no prefect, mlflow or torch at import time (the command line
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -72,6 +73,8 @@ TRAIN_OPTIMIZERS: dict[str, str] = {"adamw": "AdamW", "sgd": "SGD"}
 """Each training optimiser's ``torch.optim`` class: the ``name`` of its ``tapp_core.model.workload.OptimizerConfig``
 (the stale-weight compensation predicts both)."""
 DEFAULT_LEARNING_RATES: dict[str, float] = {"adamw": 1e-3, "sgd": 0.01}
+DEFAULT_TRAIN_OPTIMIZER: TrainOptimizer = "adamw"
+"""The experiment's optimiser for a model whose workload declares none."""
 DEFAULT_TEST_SAMPLES = 1_000
 DEFAULT_ACCURACY_POINTS = 3
 """Test evaluations during a budgeted training: the points of the time-to-accuracy curve."""
@@ -192,9 +195,16 @@ class ExperimentSettings(BaseModel):
         allow_inf_nan=False,
         description="a time budget per method instead of train_samples: a faster plan trains more samples (0: none)",
     )
-    train_optimizer: TrainOptimizer = Field(default="adamw", description="the training's optimiser: adamw | sgd")
+    train_optimizer: TrainOptimizer | None = Field(
+        default=None,
+        description="the experiment's optimiser, which the races time and the training uses: adamw | sgd (default: "
+        "the one the model's workload declares, else adamw)",
+    )
     train_lr: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="its learning rate (default: adamw 1e-3, sgd 0.01)"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="its learning rate (default: the declared optimiser's, else adamw 1e-3, sgd 0.01)",
     )
     train_epochs: int | None = Field(
         default=None, ge=1, description="whole epochs of training instead of a time budget"
@@ -310,16 +320,6 @@ class ExperimentSettings(BaseModel):
         """Whether every method trains the same samples (``train_samples`` or whole epochs, not a time budget)."""
         return self.train_epochs is not None or self.train_seconds is None
 
-    @property
-    def learning_rate(self) -> float:
-        """The training's learning rate: ``train_lr``, else its optimiser's default."""
-        return self.train_lr if self.train_lr is not None else DEFAULT_LEARNING_RATES[self.train_optimizer]
-
-    @property
-    def optimizer(self) -> OptimizerConfig:
-        """The training's optimiser: what trains every method's plan, and whose state the memory model counts."""
-        return OptimizerConfig(name=TRAIN_OPTIMIZERS[self.train_optimizer], lr=self.learning_rate)
-
 
 def found_dataset(data_dir: str | None, model: object = None) -> tuple[str, str | None]:
     """(dataset, folder) when none is named. A ``model`` whose workload takes no images: the data it declares
@@ -376,6 +376,32 @@ class ExperimentConfig(ExperimentSettings):
 
     def model_post_init(self, context: Any) -> None:
         self._target = self.cluster.scaled(self.power)
+
+    @property
+    def learning_rate(self) -> float:
+        """The experiment's learning rate: ``train_lr``, else its optimiser's."""
+        return self.optimizer.lr
+
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        """The experiment's one optimiser: the one every race times, every method's plan trains with, and whose
+        state the memory model counts. ``train_optimizer`` when given; else the one the model's workload declares
+        (the GPT's AdamW); else AdamW, which trains a classifier well within ``make run``'s samples. ``train_lr``
+        replaces its rate."""
+        from tapp_core.model.workload import declared_optimizer
+
+        declared = declared_optimizer(self.model) if self.train_optimizer is None else None
+        if declared is not None:
+            return declared if self.train_lr is None else dataclasses.replace(declared, lr=self.train_lr)
+        name = self.train_optimizer or DEFAULT_TRAIN_OPTIMIZER
+        lr = self.train_lr if self.train_lr is not None else DEFAULT_LEARNING_RATES[name]
+        return OptimizerConfig(name=TRAIN_OPTIMIZERS[name], lr=lr)
+
+    def workload(self) -> Workload:
+        """The model's workload with the experiment's optimiser: what the races measure."""
+        from tapp_core.model.workload import workload_of
+
+        return dataclasses.replace(workload_of(self.model), optimizer=self.optimizer)
 
     @property
     def target(self) -> Cluster:

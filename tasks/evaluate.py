@@ -33,6 +33,7 @@ from tapp_core.cost.estimate import Estimate
 from tapp_core.cost.simulation import estimate
 from tapp_core.measure.metrics import Measurement
 from tapp_core.measure.races import RaceResult
+from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner, planner_options
 from tapp_core.planners.tapp.options import SearchOptions
@@ -235,7 +236,7 @@ def raced_plan(race: RaceResult | None, plan: Plan) -> Plan | None:
 
 
 def race_methods(
-    planned: Sequence[PlannedMethod], pool: WorkerPool, model: str, runtime: RuntimeSettings
+    planned: Sequence[PlannedMethod], pool: WorkerPool, model: str | Workload, runtime: RuntimeSettings
 ) -> tuple[list[PlannedMethod], RaceResult | None]:
     """One race on the flow's worker pool ``pool`` of the plans the methods chose, each way of running once
     (``same_execution``: the first method's plan stands for the others'; a method without a plan is left out). When

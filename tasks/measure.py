@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import State
 
 from tapp_core.errors import TappError
 from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps
+from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
 from tapp_core.runtime.pool_race import race
@@ -74,7 +75,7 @@ def pool_failed(task: object, task_run: object, state: State[Any]) -> bool:
     retry_condition_fn=pool_failed,
     cache_policy=NO_CACHE,
 )
-def race_plans(plans: list[Plan], pool: WorkerPool, model: str, settings: RuntimeSettings) -> RaceResult:
+def race_plans(plans: list[Plan], pool: WorkerPool, model: str | Workload, settings: RuntimeSettings) -> RaceResult:
     """Race ``plans`` on the flow's worker pool (identical plans once); failed plans come back with ``error`` set."""
     options = settings.race
     progress = StageProgress("race", options.max_rounds, f"race of {len(plans)} plans: rounds")

@@ -83,7 +83,7 @@ def train_method(
             "train_budget_s": config.train_seconds if config.train_epochs is None else None,
             "train_samples": epochs * steps * config.batch_size if steps is not None else None,
             "test_samples": config.test_samples,
-            "optimizer": config.train_optimizer,
+            "optimizer": optimizer.name,
             "lr": optimizer.lr,
         }
         run.log_params({k: v for k, v in params.items() if v is not None})

@@ -3,6 +3,7 @@ remember their file and their computing-power family."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from tapp_core.cost.calibration import calibration_path, cluster_calibration
 from tapp_core.model.graph import ModelError
+from tapp_core.model.workload import OptimizerConfig, workload_of
 from tapp_core.planners import PLANNER_NAMES, method_description, method_label
 from tapp_core.platform.cluster import Cluster, ClusterError, load_cluster, parse_cluster
 from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ConfigError, ExperimentConfig, SweepConfig, build
@@ -61,7 +63,7 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
         and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
     )
     assert config.training and config.equal_samples and config.train_seconds is None
-    assert (config.train_samples, config.train_optimizer, config.learning_rate) == (3_200, "adamw", 1e-3)
+    assert (config.train_samples, config.optimizer.name, config.learning_rate) == (3_200, "AdamW", 1e-3)
     monkeypatch.setattr("tapp_core.model.data.FASHION_MNIST_ROOT", "/nowhere")
     nothing = ExperimentConfig()  # no real data anywhere: the step times need none, and nothing is trained
     assert nothing.dataset == NO_DATA and not nothing.training
@@ -176,3 +178,30 @@ def test_the_training_optimiser_is_the_one_the_memory_model_counts() -> None:
     adamw = ExperimentConfig(train_optimizer="adamw").optimizer
     assert adamw.name == "AdamW" and adamw.state_per_param == 2
     assert ExperimentConfig(train_optimizer="sgd").optimizer.state_per_param == 1
+
+
+def test_an_experiment_has_one_optimiser_which_its_races_time_and_its_training_uses() -> None:
+    gpt = ExperimentConfig(model="gpt", dataset="synthetic")
+    declared = workload_of("gpt").optimizer
+    assert gpt.optimizer == declared and declared.name == "AdamW" and declared.lr == 3e-3  # the GPT's own
+    assert gpt.workload().optimizer == declared  # what the races measure
+    assert ExperimentConfig(model="gpt", dataset="synthetic", train_lr=1e-4).optimizer == dataclasses.replace(
+        declared, lr=1e-4
+    )
+    assert ExperimentConfig(model="gpt", dataset="synthetic", train_optimizer="sgd").optimizer.name == "SGD"
+    alexnet = ExperimentConfig(dataset="synthetic")  # declares none: AdamW, for the races and the training alike
+    assert alexnet.workload().optimizer == alexnet.optimizer == OptimizerConfig(name="AdamW", lr=1e-3)
+    assert workload_of("alexnet").optimizer.name == "SGD"  # the workload's own default is untouched elsewhere
+
+
+def test_a_model_files_declared_optimiser_is_the_experiments(tmp_path: Path) -> None:
+    model = tmp_path / "declared.py"
+    model.write_text(
+        "import torch.nn as nn\n"
+        "workload = {'optimizer': {'name': 'Adam', 'lr': 0.002}}\n"
+        "def build(num_classes=10):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, num_classes))\n"
+    )
+    config = ExperimentConfig(model=f"{model}:build", dataset="synthetic")
+    assert (config.optimizer.name, config.optimizer.lr) == ("Adam", 0.002)
+    assert config.workload().optimizer == config.optimizer

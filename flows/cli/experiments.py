@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -44,7 +45,7 @@ from flows.cli.common import (
 from reports import schema
 from tapp_core.errors import TappError
 from tapp_core.planners.base import PLANNER_NAMES
-from tasks.config import DEFAULT_MEASURED_ROUNDS, ExperimentConfig, ExperimentSettings, SweepConfig
+from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ExperimentConfig, ExperimentSettings, SweepConfig
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -97,8 +98,16 @@ TrainSecondsOpt = Annotated[
         "plan trains more images; 0: no training)",
     ),
 ]
-TrainOptimizerOpt = Annotated[str, typer.Option(help="the training's optimiser: adamw | sgd")]
-TrainLrOpt = Annotated[float | None, typer.Option(help="its learning rate (default: adamw 1e-3, sgd 0.01)")]
+TrainOptimizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the experiment's optimiser, which the races time and the training uses: adamw | sgd (default: the "
+        "one the model's workload declares, else adamw)"
+    ),
+]
+TrainLrOpt = Annotated[
+    float | None, typer.Option(help="its learning rate (default: the declared optimiser's, else adamw 1e-3, sgd 0.01)")
+]
 TrainEpochsOpt = Annotated[int | None, typer.Option(min=1, help="train whole epochs instead of --train-seconds")]
 TestSamplesOpt = Annotated[
     int, typer.Option(min=0, help="test images each accuracy is measured on (0: the whole test set)")
@@ -340,17 +349,15 @@ def _open(uri: str) -> None:
 def _announce(config: ExperimentConfig, uri: str, experiment: str, resume: str | None) -> None:
     from tapp_core.model.workload import check_workload, workload_of
 
-    workload = workload_of(config.model)
-    check_workload(workload)  # a model whose inputs TAPP cannot infer: one line saying what to give, exit 2
+    check_workload(workload_of(config.model))  # a model whose inputs TAPP cannot infer: one line, exit 2
+    workload = config.workload()
+    if config.training and config.dataset not in ("synthetic", NO_DATA):
+        workload = dataclasses.replace(workload, data=config.dataset)  # the races' batches are synthetic, of its shape
     target = config.target
     resuming = f"; resuming run {resume}" if resume else ""
-    trained = (
-        f"trained on {config.dataset} with {config.optimizer.describe()}"
-        if config.training
-        else f"not trained: {config.training_skipped}"
-    )
+    trained = f"trained on {config.dataset}" if config.training else f"not trained: {config.training_skipped}"
     console.print(
-        f"[bold]tapp_experiment[/]: workload {workload.describe()} (the races' steps); on {target.name} ({len(target.devices)} devices), batch "
+        f"[bold]tapp_experiment[/]: workload {workload.describe()}; on {target.name} ({len(target.devices)} devices), batch "
         f"{config.batch_size}; {trained}; MLflow store {uri}, experiment {experiment!r}{resuming}",
         highlight=False,
         soft_wrap=True,

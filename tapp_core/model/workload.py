@@ -321,13 +321,23 @@ def workload_of(spec: str, **overrides: Any) -> Workload:
     on text), else the default (CIFAR-10, SGD); a model file's is what its module-level ``workload`` (a dict, or a
     callable returning one) gives over the default. ``overrides`` (fields of ``Workload``, None for unset) win over
     both. Raises ``WorkloadError`` saying what to give."""
+    fields = {**_given_fields(spec), **{k: v for k, v in overrides.items() if v is not None}}
+    return Workload(model=spec, **fields)
+
+
+def declared_optimizer(spec: str) -> OptimizerConfig | None:
+    """The optimiser model ``spec``'s workload declares (the GPT's AdamW, a model file's ``optimizer``), None
+    where it declares none and takes the default."""
+    declared = _given_fields(spec).get("optimizer")
+    return declared if isinstance(declared, OptimizerConfig) else None
+
+
+def _given_fields(spec: str) -> dict[str, Any]:
+    """The workload fields model ``spec`` declares: a registered model's, else its file's (none for the rest)."""
     registered = registered_workload(spec)
     if registered is not None:
-        given = _fields_of(spec, registered)
-    else:
-        given = {} if spec.strip() in MODEL_NAMES else _declared(spec)
-    fields = {**given, **{k: v for k, v in overrides.items() if v is not None}}
-    return Workload(model=spec, **fields)
+        return _fields_of(spec, registered)
+    return {} if spec.strip() in MODEL_NAMES else _declared(spec)
 
 
 def _declared(spec: str) -> dict[str, Any]:

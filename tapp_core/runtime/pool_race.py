@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from tapp_core.measure.metrics import Measurement
 from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps, run_race
+from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.platform.hosts import ranks_on_host
 from tapp_core.runtime.pool import WorkerPool
@@ -14,7 +15,7 @@ from tapp_core.runtime.pool import WorkerPool
 def race(
     pool: WorkerPool,
     plans: Sequence[Plan],
-    model: str | None = None,
+    model: str | Workload | None = None,
     options: RaceOptions = RaceOptions(),
     steps: RoundSteps = RoundSteps(),
     *,
@@ -39,7 +40,7 @@ class PoolRounds:
     def __init__(
         self,
         pool: WorkerPool,
-        model: str | None = None,
+        model: str | Workload | None = None,
         steps: RoundSteps = RoundSteps(),
         emulate: bool | None = None,
     ) -> None:
