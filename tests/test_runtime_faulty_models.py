@@ -11,10 +11,15 @@ import torch
 import torch.fx
 from torch import nn
 
+from tapp_core.model.crossing import CUT_SAMPLES
+
 SAMPLES_WHEN_BUILDING = 2
+SAMPLES_WHEN_CUTTING = CUT_SAMPLES
 STALL_S = 4.0
 HANG_S = 120.0
 """Longer than any time limit and grace the tests give: a rank in it cannot answer."""
+FILL_BYTES = 3 * 2**30
+"""More than a testbed host of the tests has (2 GiB), less than this machine: only a memory limit stops it."""
 
 
 def raise_on_real_batch(x: torch.Tensor) -> torch.Tensor:
@@ -30,6 +35,13 @@ def exhaust_memory_on_real_batch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def fill_memory_on_real_batch(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] > SAMPLES_WHEN_CUTTING:  # every rank runs the whole model on that many when it cuts its stage
+        filled = torch.ones(FILL_BYTES, dtype=torch.uint8)  # every page touched: past a memory limit, the kernel kills
+        return x + filled[:1].float()
+    return x
+
+
 def stall_on_real_batch(x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] > SAMPLES_WHEN_BUILDING:
         time.sleep(STALL_S)
@@ -42,7 +54,13 @@ def hang_on_real_batch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-for _fault in ("raise_on_real_batch", "exhaust_memory_on_real_batch", "stall_on_real_batch", "hang_on_real_batch"):
+for _fault in (
+    "raise_on_real_batch",
+    "exhaust_memory_on_real_batch",
+    "fill_memory_on_real_batch",
+    "stall_on_real_batch",
+    "hang_on_real_batch",
+):
     torch.fx.wrap(_fault)
 
 
@@ -66,6 +84,8 @@ class FaultyMLP(nn.Module):
             h = exhaust_memory_on_real_batch(h)
         elif self.fault == "hang":
             h = hang_on_real_batch(h)
+        elif self.fault == "fill":
+            h = fill_memory_on_real_batch(h)
         else:
             h = stall_on_real_batch(h)
         return self.fc3(self.relu2(self.fc2(h)))
@@ -77,6 +97,10 @@ def raising() -> FaultyMLP:
 
 def out_of_memory() -> FaultyMLP:
     return FaultyMLP("memory")
+
+
+def filling() -> FaultyMLP:
+    return FaultyMLP("fill")
 
 
 def stalling() -> FaultyMLP:
@@ -94,7 +118,7 @@ FAULT_LAYER_STAGES = (0, 0, 0, 1, 1, 2, 2)
 def test_faults_trace_as_their_own_layer_and_pass_small_batches() -> None:
     from tapp_core.model.graph import layer_nodes, trace_model
 
-    for build in (raising, out_of_memory, stalling, hanging):
+    for build in (raising, out_of_memory, filling, stalling, hanging):
         model = build()
         graph_module = trace_model(model)
         names = [node.name for node in layer_nodes(graph_module)]

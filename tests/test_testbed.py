@@ -177,9 +177,31 @@ def test_a_rank_killed_during_a_measurement_is_named_and_the_pool_restarts(
         measurement = pool.measure(stalling_plan(), steps=40, warmup=1, timeout_s=60)
         assert not measurement.ok
         assert "rank 2 (c on host 10.215.0.12) ended first" in (measurement.error or ""), measurement.error
+        assert "out of memory" not in (measurement.error or "") and pool.last_fault is not None
+        assert pool.last_fault.out_of_memory == ()  # killed, but not for memory
         assert "the pool was restarted" in (measurement.error or "") and pool.restarts == 1
         after = pool.measure(good_plan(), steps=3, warmup=1, timeout_s=60)
         assert after.ok, after.error
+    assert_nothing_left(pool, cluster, cgroups)
+
+
+def test_a_rank_over_its_hosts_memory_limit_is_named_out_of_memory_and_the_pool_goes_on(
+    bed: tuple[Cluster, Path], cgroups: Cgroups
+) -> None:
+    cluster, _ = bed
+    filling = Plan("tests.test_runtime_faulty_models:filling", 32, 4, "gpipe", FAULT_LAYER_STAGES, DEVICES)
+    with WorkerPool(cluster, grace_s=5.0) as pool:
+        measurement = pool.measure(filling, steps=3, warmup=1, timeout_s=60)  # host b's rank fills 3 GiB of its 2
+        assert not measurement.ok
+        error = measurement.error or ""
+        assert (
+            "out of memory on device 'b' (rank 1 (b on host 10.215.0.11)): the kernel killed it at its memory "
+            "limit of 2 GiB" in error
+        ), error
+        assert pool.last_fault is not None and pool.last_fault.out_of_memory == ("b",)
+        after = pool.measure(good_plan(), steps=3, warmup=1, timeout_s=60)
+        assert after.ok, after.error
+        assert pool.last_fault.out_of_memory == ("b",)  # the last fault's, not cleared by a good job
     assert_nothing_left(pool, cluster, cgroups)
 
 

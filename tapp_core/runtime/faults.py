@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tapp_core.platform.cluster import Cluster
 from tapp_core.platform.hosts import is_local_host
 from tapp_core.runtime.jobs import RankInfo
+from tapp_core.runtime.oom_watch import OutOfMemory
 
 ANSWER_TIMEOUT_S = 8.0
 _BAD_END = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*(EXIT CODE: \d+|KILLED BY SIGNAL: [^\n=]+?)\s*\n")
@@ -98,26 +99,49 @@ class Fault:
 
     report: str = ""
     devices: tuple[str, ...] = ()
+    out_of_memory: tuple[str, ...] = ()
+    """The devices whose ranks the kernel killed for memory (``oom_watch``)."""
     noticed_at: float = 0.0
     """When the pool noticed the failure (``time.monotonic``), before asking the witnesses."""
 
 
 def witness(
-    log: str, ranks: Sequence[RankInfo], cluster: Cluster, devices: Sequence[str], seen_first: int | None = None
+    log: str,
+    ranks: Sequence[RankInfo],
+    cluster: Cluster,
+    devices: Sequence[str],
+    seen_first: int | None = None,
+    out_of_memory: Sequence[OutOfMemory] = (),
 ) -> Fault:
     """Ask the witnesses (the module's doc) about a failure of the pool of ``devices``. ``seen_first``, the rank
-    the pool saw end alone before the others (``rank_watch``), is believed before Hydra's report."""
+    the pool saw end alone before the others (``rank_watch``), is believed before Hydra's report;
+    ``out_of_memory``, the memory groups whose OOM-kill count rose (``oom_watch``), is said first."""
     if seen_first is not None:
         line: str | None = f"{rank_name(cluster, devices, seen_first)} ended first (seen ending by the pool)"
         device: str | None = devices[seen_first]
     else:
         line, device = _first_ended(log, ranks, cluster, devices)
-    lines = [line] if line is not None else []
+    killed = [_killed_for_memory(group, cluster, devices, device) for group in out_of_memory]
+    lines = [said for said, _ in killed] + ([line] if line is not None else [])
     named = [device] if device is not None else []
     for silent, held in _unanswering(cluster, devices, ANSWER_TIMEOUT_S):
         lines.append(silent)
         named += held
-    return Fault("".join(f"\n{line}" for line in lines), tuple(dict.fromkeys(named)))
+    oom = tuple(dict.fromkeys(name for _, names in killed for name in names))
+    return Fault("".join(f"\n{line}" for line in lines), tuple(dict.fromkeys(named)), oom)
+
+
+def _killed_for_memory(
+    group: OutOfMemory, cluster: Cluster, devices: Sequence[str], first: str | None
+) -> tuple[str, list[str]]:
+    """The line naming the device(s) of a memory group the kernel killed in: the rank that ended first where it
+    is one of the group's, else every rank of the group."""
+    ranks = [r for r in group.ranks if devices[r] == first] or list(group.ranks)
+    names = [devices[r] for r in ranks]
+    limit = f"its memory limit of {group.limit_bytes / 2**30:.3g} GiB" if group.limit_bytes else "the machine's memory"
+    which = ", ".join(repr(n) for n in names)
+    ranked = ", ".join(rank_name(cluster, devices, r) for r in ranks)
+    return f"out of memory on device {which} ({ranked}): the kernel killed it at {limit}", names
 
 
 def where(

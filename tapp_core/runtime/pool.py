@@ -71,6 +71,7 @@ from tapp_core.runtime.jobs import (
     TrainJob,
     WorkJob,
 )
+from tapp_core.runtime.oom_watch import OomWatch
 from tapp_core.runtime.rank_watch import RankWatch
 from tapp_core.runtime.results import Reply, TrainResult
 from tapp_core.runtime.temp_folders import make_pool_folder, remove_pool_folder, sweep_pool_folders
@@ -248,8 +249,9 @@ class WorkerPool:
         self.ranks: tuple[RankInfo, ...] = ()
         """Every rank's process, in rank order (the pool's devices' order), once started."""
         self.rank_pids: list[int] = []
-        self._watch: RankWatch | None = None
         """The processes of the ranks that run on this machine (its kernel), once started."""
+        self._watch: RankWatch | None = None
+        self._oom: OomWatch | None = None
         self.port: int | None = None
         """The port the pool listens on while it starts (None otherwise)."""
         self._token = secrets.token_hex(8)  # on the ranks' command lines: how the pool recognises its own ranks
@@ -349,7 +351,9 @@ class WorkerPool:
             raise PoolError(f"the worker pool failed while starting: {exc}{self._log_tail()}") from exc
         self.ranks = hello.ranks
         self.rank_pids = [r.pid for r in hello.ranks if r.boot == boot_id()]
-        self._watch = RankWatch([r.pid if r.boot == boot_id() else None for r in hello.ranks], self._is_our_rank)
+        local = [r.pid if r.boot == boot_id() else None for r in hello.ranks]
+        self._watch = RankWatch(local, self._is_our_rank)
+        self._oom = OomWatch(local)
 
     def _listen(self) -> socket.socket:
         """A listening socket on ``bind_host``: any free port, or the first free one of ``ports``."""
@@ -523,7 +527,8 @@ class WorkerPool:
         (``faults.where``), how mpiexec ended and the end of its log, and how the restart went."""
         noticed = time.monotonic()
         report = self._exit_report(exit_wait_s)
-        fault = faults.witness(self._log_text(), self.ranks, self.cluster, self.devices, self._seen_first())
+        killed = self._oom.killed() if self._oom is not None else []
+        fault = faults.witness(self._log_text(), self.ranks, self.cluster, self.devices, self._seen_first(), killed)
         self.last_fault = replace(fault, noticed_at=noticed)
         message = what + self.last_fault.report + report
         self._kill()

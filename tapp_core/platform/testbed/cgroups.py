@@ -116,6 +116,27 @@ class Cgroups:
         text = _read(self.memory / name / ("memory.limit_in_bytes" if self.version == 1 else "memory.max"))
         return int(text) if text.isdigit() and int(text) < 2**62 else None
 
+    def memory_group_of(self, pid: int) -> str | None:
+        """The memory control group process ``pid`` is in, relative to the memory root ("" for the root itself;
+        None: no memory controller, or no such process)."""
+        if self.memory is None:
+            return None
+        for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+            _, controllers, path = line.split(":", 2)
+            if (self.version == 1 and "memory" in controllers.split(",")) or (self.version == 2 and not controllers):
+                return path.strip("/")
+        return None
+
+    def oom_kills(self, name: str) -> int | None:
+        """How many processes the kernel has killed in group ``name`` for its memory limit (``oom_kill`` of v2's
+        ``memory.events``, of v1's ``memory.oom_control``); None where the kernel does not say."""
+        if self.memory is None:
+            return None
+        text = _read(self.memory / name / ("memory.oom_control" if self.version == 1 else "memory.events"))
+        counts = dict(line.split(maxsplit=1) for line in text.splitlines() if " " in line)
+        value = counts.get("oom_kill", "").strip()
+        return int(value) if value.isdigit() else None
+
     def _enable_v2(self, cpuset: bool, memory: bool = False) -> None:
         """Let the unified root's children use the cpu (and cpuset, and memory) controllers."""
         wanted = ["cpu"] + (["cpuset"] if cpuset and self.cpuset is not None else [])
