@@ -45,7 +45,7 @@ from flows.cli.common import (
 from reports import schema
 from tapp_core.errors import TappError
 from tapp_core.planners.base import PLANNER_NAMES
-from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ExperimentConfig, ExperimentSettings, SweepConfig
+from tasks.config import DEFAULT_MEASURED_ROUNDS, ExperimentConfig, ExperimentSettings, SweepConfig
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -351,11 +351,11 @@ def _announce(config: ExperimentConfig, uri: str, experiment: str, resume: str |
 
     check_workload(workload_of(config.model))  # a model whose inputs TAPP cannot infer: one line, exit 2
     workload = config.workload()
-    if config.training and config.dataset not in ("synthetic", NO_DATA):
+    if config.training:
         workload = dataclasses.replace(workload, data=config.dataset)  # the races' batches are synthetic, of its shape
     target = config.target
     resuming = f"; resuming run {resume}" if resume else ""
-    trained = f"trained on {config.dataset}" if config.training else f"not trained: {config.training_skipped}"
+    trained = "each method's plan trained" if config.training else f"not trained: {config.training_skipped}"
     console.print(
         f"[bold]tapp_experiment[/]: workload {workload.describe()}; on {target.name} ({len(target.devices)} devices), batch "
         f"{config.batch_size}; {trained}; MLflow store {uri}, experiment {experiment!r}{resuming}",

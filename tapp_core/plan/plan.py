@@ -413,46 +413,55 @@ def _items(value: object) -> list[object]:
     raise TypeError(f"expected a list, got {value!r}")
 
 
+class DeviceFootprint(NamedTuple):
+    """What a device of a stage holds, in the quantities ``device_memory_terms`` counts (per sample where said)."""
+
+    param_bytes: float
+    """Its parameters (its share of a split layer's)."""
+    activation_bytes: float
+    """Per sample, its layers' outputs that a micro-batch in flight holds."""
+    kept_bytes: float = 0.0
+    """Per sample, the inputs it keeps of each micro-batch in flight (``stage_input_bytes``)."""
+    largest_param_bytes: float = 0.0
+    """Its largest layer's parameters."""
+    reduced_bytes: float = 0.0
+    """The gradients its group sums across its devices."""
+    largest_activation_bytes: float = 0.0
+    """Per sample, its largest layer output."""
+    received_bytes: tuple[float, float] = (0.0, 0.0)
+    """Per sample, the activations and gradients it receives of a micro-batch (``StageCounts.received``)."""
+
+
 def device_memory_terms(
     plan: Plan,
     stage: int,
     samples: int,
-    param_bytes: float,
-    activation_bytes: float,
-    kept_bytes: float | None = None,
-    largest_param_bytes: float = 0.0,
-    reduced_bytes: float = 0.0,
-    largest_activation_bytes: float = 0.0,
+    footprint: DeviceFootprint,
     optimizer_state: int = SGD_MOMENTUM_STATE,
     trace_bytes: float = 0.0,
-    received_bytes: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """The memory of a device of ``stage`` at its peak, by named term (``MEMORY_TERMS``), for a device that computes
-    ``samples`` rows of each micro-batch and holds ``param_bytes`` of parameters (the largest layer's
-    ``largest_param_bytes``) whose layers output ``activation_bytes`` per sample, and whose group sums
-    ``reduced_bytes`` of gradients across its devices; ``largest_activation_bytes`` per sample is its largest layer
-    output; ``optimizer_state`` the optimiser's tensors per parameter; ``trace_bytes`` the model's
-    ``model_trace_bytes``; ``received_bytes`` per sample the activations and gradients it receives of a micro-batch
-    (``StageCounts.received``). A stage keeps its inputs and its layers' outputs of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the
-    one whose backward it runs.
-    What is left out, and how the terms were checked against the machine: the README, "Memory"."""
+    ``samples`` rows of each micro-batch and holds ``footprint``; ``optimizer_state`` is the optimiser's tensors per
+    parameter, ``trace_bytes`` the model's ``model_trace_bytes``. A stage keeps its inputs and its layers' outputs
+    of each micro-batch in flight; one that recomputes keeps only its inputs, and every activation of the one whose
+    backward it runs. What is left out, and how the terms were checked against the machine: the README, "Memory"."""
+    f = footprint
     schedule = plan.pipeline_schedule
     in_flight = schedule.in_flight(stage, plan.n_stages, plan.micro_batches)
     versions = schedule.weight_versions(stage, plan.n_stages, plan.micro_batches)
-    inputs = kept_bytes or 0.0
     if plan.recomputes(stage):
-        activations = in_flight * inputs * samples + activation_bytes * samples
+        activations = in_flight * f.kept_bytes * samples + f.activation_bytes * samples
     else:
-        activations = in_flight * (activation_bytes + inputs) * samples
+        activations = in_flight * (f.activation_bytes + f.kept_bytes) * samples
     accumulates = plan.micro_batches > 1 or versions > 0
     terms = {
-        "training state": (WEIGHT_AND_GRADIENT + optimizer_state) * param_bytes,
-        "stashed weights": (versions + 1) * param_bytes if versions else 0.0,
+        "training state": (WEIGHT_AND_GRADIENT + optimizer_state) * f.param_bytes,
+        "stashed weights": (versions + 1) * f.param_bytes if versions else 0.0,
         "activations": activations,
-        "backward working memory": 2 * largest_activation_bytes * samples,
-        "gradient transient": largest_param_bytes if accumulates else 0.0,
-        "gradient buckets": BUCKET_COPIES * reduced_bytes if len(plan.stage_devices[stage]) > 1 else 0.0,
-        "posted receives": samples * _posted_receive_bytes(plan, stage, *received_bytes),
+        "backward working memory": 2 * f.largest_activation_bytes * samples,
+        "gradient transient": f.largest_param_bytes if accumulates else 0.0,
+        "gradient buckets": BUCKET_COPIES * f.reduced_bytes if len(plan.stage_devices[stage]) > 1 else 0.0,
+        "posted receives": samples * _posted_receive_bytes(plan, stage, *f.received_bytes),
         "runtime": float(RUNTIME_BYTES),
     }
     terms["model trace"] = max(0.0, trace_bytes - sum(terms.values()))
@@ -621,23 +630,17 @@ def stage_memory_terms(
     trace = model_trace_bytes(library)
     if not plan.runs_split(stage):
         params = copies + sum(layer.param_bytes for layer in layers)
-        activations = sum(held_activation_bytes(layer) for layer in layers)
-        kept = shared.input_bytes(stage)
+        footprint = DeviceFootprint(
+            param_bytes=params,
+            activation_bytes=sum(held_activation_bytes(layer) for layer in layers),
+            kept_bytes=shared.input_bytes(stage),
+            largest_param_bytes=largest,
+            reduced_bytes=params,
+            largest_activation_bytes=widest,
+            received_bytes=shared.received_bytes(stage),
+        )
         return {
-            device: device_memory_terms(
-                plan,
-                stage,
-                stop - start,
-                params,
-                activations,
-                kept,
-                largest,
-                params,
-                widest,
-                optimizer_state,
-                trace,
-                shared.received_bytes(stage),
-            )
+            device: device_memory_terms(plan, stage, stop - start, footprint, optimizer_state, trace)
             for device, (start, stop) in zip(devices, plan.rows(stage), strict=True)
         }
     layouts = plan.layouts(library, stage)
@@ -651,20 +654,16 @@ def stage_memory_terms(
         per_row = sum(
             held_activation_bytes(x) * _rows_held(layouts.outputs[x.index], shares[d], rows, plan) for x in layers
         )
-        out[device] = device_memory_terms(
-            plan,
-            stage,
-            rows,
-            copies + sum(held),
-            per_row,
-            inputs,
-            max(held, default=0.0),
-            reduced,
-            widest,
-            optimizer_state,
-            trace,
-            shared.received_bytes(stage),
+        footprint = DeviceFootprint(
+            param_bytes=copies + sum(held),
+            activation_bytes=per_row,
+            kept_bytes=inputs,
+            largest_param_bytes=max(held, default=0.0),
+            reduced_bytes=reduced,
+            largest_activation_bytes=widest,
+            received_bytes=shared.received_bytes(stage),
         )
+        out[device] = device_memory_terms(plan, stage, rows, footprint, optimizer_state, trace)
     return out
 
 

@@ -24,6 +24,7 @@ from tapp_core.cost.context import CostContext
 from tapp_core.cost.simulation import estimate
 from tapp_core.measure.step import StepTerms
 from tapp_core.plan.plan import (
+    DeviceFootprint,
     InputCounter,
     Plan,
     PlanError,
@@ -72,21 +73,17 @@ class MemoryScreen:
             if len(devices) > plan.micro_batch_size:
                 return False
             held = float(params[stage])
+            footprint = DeviceFootprint(
+                param_bytes=held,
+                activation_bytes=float(activations[stage]),
+                kept_bytes=float(inputs[stage]),
+                largest_param_bytes=float(largest[stage]),
+                reduced_bytes=held,
+                largest_activation_bytes=float(widest[stage]),
+                received_bytes=(float(received_forward[stage]), float(received_backward[stage])),
+            )
             for device, (start, stop) in zip(devices, plan.rows(stage), strict=True):
-                terms = device_memory_terms(
-                    plan,
-                    stage,
-                    stop - start,
-                    held,
-                    float(activations[stage]),
-                    float(inputs[stage]),
-                    float(largest[stage]),
-                    held,
-                    float(widest[stage]),
-                    self.optimizer_state,
-                    self.trace,
-                    (float(received_forward[stage]), float(received_backward[stage])),
-                )
+                terms = device_memory_terms(plan, stage, stop - start, footprint, self.optimizer_state, self.trace)
                 if sum(terms.values()) > self.memory.get(device, 0):
                     return False
         return True
