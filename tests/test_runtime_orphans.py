@@ -203,6 +203,24 @@ def test_a_process_is_told_apart_from_a_later_one_with_its_pid() -> None:
     assert ProcessId("another-host-or-boot", me.pid, me.start).alive() is None
 
 
+def test_a_killed_process_its_parent_has_not_reaped_is_gone() -> None:
+    """A zombie keeps its /proc entry and start time until its parent waits for it: the ranks' guards must not
+    take it for their pool's process still running (a parent that reaps late would keep the ranks alive)."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        owner = ProcessId(ProcessId.current().boot, child.pid, start_time(child.pid) or 1)
+        assert owner.alive() is True
+        child.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed child never became a zombie"
+            time.sleep(0.05)
+        assert start_time(child.pid) == owner.start and owner.alive() is False  # a zombie, not yet reaped
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_the_sweep_removes_only_folders_whose_owner_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     mine = make_pool_folder()

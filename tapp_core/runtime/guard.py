@@ -63,12 +63,24 @@ def boot_id() -> str:
 
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (Linux); None if there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22 of proc(5), counting from the state (field 3)
+
+
+def running_since(pid: int) -> int | None:
+    """``start_time`` of process ``pid`` while it runs; None once it has ended, a zombie its parent has not
+    reaped yet included (its entry stays, with its start time, until then)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and fields[0] not in ("Z", "X", "x") else None
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` from the state on (proc(5)'s field 3); [] if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
-    return int(fields[19])  # field 22 of proc(5), counting from the state (field 3)
+        return []
+    return stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class ProcessId:
         here = boot_id()
         if not here or here != self.boot:
             return None
-        return start_time(self.pid) == self.start
+        return running_since(self.pid) == self.start
 
 
 class RankGuard:
