@@ -38,7 +38,7 @@ from tapp_core.cost.context import CostContext
 from tapp_core.measure.races import RaceResult
 from tapp_core.measure.stats import proportion_interval
 from tapp_core.model.data import check_dataset_present
-from tapp_core.model.workload import check_workload_data, workload_of
+from tapp_core.model.workload import check_workload_data
 from tapp_core.plan.plan import Plan
 from tapp_core.planners import PAPER_METHODS
 from tapp_core.planners.tapp import SearchOptions
@@ -116,7 +116,7 @@ def check_inputs(
         check_report_folder(out, experiment)
     check_choices(config)
     if config.training and config.dataset not in ("synthetic", NO_DATA):
-        workload = dataclasses.replace(workload_of(config.model), data=config.dataset)
+        workload = dataclasses.replace(config.workload(), data=config.dataset)
         check_workload_data(workload, config.data_dir)  # the data fit the workload's inputs, every file read
     elif config.dataset not in ("synthetic", NO_DATA):
         check_dataset_present(config.dataset, config.data_dir)
@@ -481,7 +481,7 @@ def _accuracy(
     """A trained method's accuracy, its interval over the test images, and the training images it took."""
     epochs, steps = config.train_plan(step_time_s)
     images = epochs * (steps or 0) * config.batch_size  # whole epochs (steps None) count no images here
-    perplexity = result.test_perplexity if workload_of(config.model).language_model else None
+    perplexity = result.test_perplexity if config.workload().language_model else None
     tested = proportion_interval(result.test_accuracy, result.test_samples)
     return summary.Accuracy(method, tested, images, source, perplexity)
 

@@ -367,6 +367,7 @@ class ExperimentConfig(ExperimentSettings):
     batch_size: int = Field(default=64, ge=1, description="mini-batch size")
     power: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="factor on the speed of the slow devices")
     _target: Cluster = PrivateAttr()
+    _declared: tuple[Workload, OptimizerConfig | None] | None = PrivateAttr(default=None)
 
     @field_validator("model", mode="after")
     @classmethod
@@ -388,9 +389,7 @@ class ExperimentConfig(ExperimentSettings):
         state the memory model counts. ``train_optimizer`` when given; else the one the model's workload declares
         (the GPT's AdamW); else AdamW, which trains a classifier well within ``make run``'s samples. ``train_lr``
         replaces its rate."""
-        from tapp_core.model.workload import declared_optimizer
-
-        declared = declared_optimizer(self.model) if self.train_optimizer is None else None
+        declared = self._declared_workload()[1] if self.train_optimizer is None else None
         if declared is not None:
             return declared if self.train_lr is None else dataclasses.replace(declared, lr=self.train_lr)
         name = self.train_optimizer or DEFAULT_TRAIN_OPTIMIZER
@@ -399,9 +398,15 @@ class ExperimentConfig(ExperimentSettings):
 
     def workload(self) -> Workload:
         """The model's workload with the experiment's optimiser: what the races measure."""
-        from tapp_core.model.workload import workload_of
+        return dataclasses.replace(self._declared_workload()[0], optimizer=self.optimizer)
 
-        return dataclasses.replace(workload_of(self.model), optimizer=self.optimizer)
+    def _declared_workload(self) -> tuple[Workload, OptimizerConfig | None]:
+        """The model's workload and the optimiser it declares, read once (a model file is imported to read them)."""
+        if self._declared is None:
+            from tapp_core.model.workload import declared_workload
+
+            self._declared = declared_workload(self.model)
+        return self._declared
 
     @property
     def target(self) -> Cluster:

@@ -26,7 +26,7 @@ from reports import schema
 from reports.figures import method_colour
 from tapp_core.cost.context import CostContext
 from tapp_core.model.checkpoint_options import CheckpointOptions
-from tapp_core.model.workload import RunSpec, workload_of
+from tapp_core.model.workload import RunSpec
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import TrainResult, WorkerPool
 from tapp_core.runtime.checkpoint import TrainingCheckpointError, newest_complete
@@ -115,7 +115,7 @@ def train_method(
         run.log_dict(result.to_dict(), "train.json")
         if not result.ok:
             raise TrainingFailed(f"{method}: training plan {plan.id} failed: {result.error}")
-        record_curve(run, result, steps, scale, workload_of(config.model).language_model)
+        record_curve(run, result, steps, scale, config.workload().language_model)
     return result
 
 

@@ -347,10 +347,10 @@ def _open(uri: str) -> None:
 
 
 def _announce(config: ExperimentConfig, uri: str, experiment: str, resume: str | None) -> None:
-    from tapp_core.model.workload import check_workload, workload_of
+    from tapp_core.model.workload import check_workload
 
-    check_workload(workload_of(config.model))  # a model whose inputs TAPP cannot infer: one line, exit 2
     workload = config.workload()
+    check_workload(workload)  # a model whose inputs TAPP cannot infer: one line, exit 2
     if config.training:
         workload = dataclasses.replace(workload, data=config.dataset)  # the races' batches are synthetic, of its shape
     target = config.target

@@ -325,11 +325,12 @@ def workload_of(spec: str, **overrides: Any) -> Workload:
     return Workload(model=spec, **fields)
 
 
-def declared_optimizer(spec: str) -> OptimizerConfig | None:
-    """The optimiser model ``spec``'s workload declares (the GPT's AdamW, a model file's ``optimizer``), None
-    where it declares none and takes the default."""
-    declared = _given_fields(spec).get("optimizer")
-    return declared if isinstance(declared, OptimizerConfig) else None
+def declared_workload(spec: str) -> tuple[Workload, OptimizerConfig | None]:
+    """The workload of model ``spec`` (``workload_of``) and the optimiser it declares (the GPT's AdamW, a model
+    file's ``optimizer``; None where it declares none and takes the default), from one read of its declaration."""
+    fields = _given_fields(spec)
+    declared = fields.get("optimizer")
+    return Workload(model=spec, **fields), declared if isinstance(declared, OptimizerConfig) else None
 
 
 def _given_fields(spec: str) -> dict[str, Any]:
