@@ -1,14 +1,14 @@
 """Fuzz the runtime's cuts: random valid plans of small models run on real MPI ranks train like one device.
 
-Each case draws, from its own seed, a model (the registered small ones, ``tests.user_models`` and
-``tests.tuple_models``), one or two cuts anywhere in its traced graph, a schedule (gpipe, 1f1b, async) and the
+Each case draws, from its own seed, a model (the registered small ones, ``tests.user_models``, ``tests.tuple_models``
+and ``tests.wild_models``; ``--models`` keeps those whose spec contains a given text), one or two cuts anywhere in its traced graph, a schedule (gpipe, 1f1b, async) and the
 devices of each stage (2-3 ranks; a stage of two devices on some, with SBP signatures on one to three of its
 layers on some of those, drawn among every signature the layers' operations have). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
 per-step losses with one device (``tests.test_runtime_correctness.reference``), or, for an asynchronous plan, with
 the single-process replay (``async_reference``). A plan the runtime's own check refuses (``check_before_launch``)
 is drawn again.
 
-    python bench/fuzz_cuts.py --cases 40 [--seed 0]
+    python bench/fuzz_cuts.py --cases 40 [--seed 0] [--models wild_models mlp]
 
 prints one line per case and ends with ``cases N failures F ill-conditioned I``. A case that misses the tolerance
 is compared once more with how far float32 rounding alone moves its reference (``reference_spread``): within
@@ -53,9 +53,11 @@ from tests.test_runtime_correctness import (
 )
 from tests.tuple_models import TUPLE_MODELS
 from tests.user_models import USER_MODELS
+from tests.wild_models import WILD_MODELS
+from tests.wild_models import WITH_BATCH_NORM as WILD_BATCH_NORM
 
-MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS)
-WITH_BATCH_NORM = {USER_MODELS[0]}
+MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS)
+WITH_BATCH_NORM = {USER_MODELS[0], *WILD_BATCH_NORM}
 """Models whose BatchNorm normalises over a device's rows: a stage of several devices differs from one device."""
 SCHEDULES = ("gpipe", "1f1b", "async")
 
@@ -86,11 +88,11 @@ class Case:
         return f"#{self.seed} {self.model} {self.schedule} cuts {self.cuts} devices {self.devices}{signatures}"
 
 
-def draw(seed: int) -> Case:
-    """Case ``seed``: redrawn (from the same stream) until the runtime's own check accepts it."""
+def draw(seed: int, models: tuple[str, ...] = MODELS) -> Case:
+    """Case ``seed`` among ``models``: redrawn (from the same stream) until the runtime's own check accepts it."""
     rng = random.Random(seed)
     while True:
-        case = _draw_once(rng, seed)
+        case = _draw_once(rng, seed, models)
         try:
             check_before_launch(case.plan, plain_cluster(max(2, sum(len(d) for d in case.devices))))
         except Exception:  # a plan the runtime refuses is not a case; the property test holds planners to it
@@ -98,8 +100,8 @@ def draw(seed: int) -> Case:
         return case
 
 
-def _draw_once(rng: random.Random, seed: int) -> Case:
-    model = rng.choice(MODELS)
+def _draw_once(rng: random.Random, seed: int, models: tuple[str, ...]) -> Case:
+    model = rng.choice(models)
     n_layers = len(model_specs(model))
     n_stages = rng.choice((1, 2, 2, 3)) if n_layers > 2 else 1
     cuts = tuple(sorted(rng.sample(range(1, n_layers), n_stages - 1)))
@@ -185,13 +187,14 @@ def reference_spread(case: Case) -> float:
     return max(float((a[n] - b[n]).abs().max()) for i, a in enumerate(runs) for b in runs[i + 1 :] for n in a)
 
 
-def run(cases: int, seed: int) -> int:
-    """Run ``cases`` cases from ``seed``; prints each and the totals; returns the number of failures."""
+def run(cases: int, seed: int, models: tuple[str, ...] = MODELS) -> int:
+    """Run ``cases`` cases from ``seed`` among ``models``; prints each and the totals; returns the number of
+    failures."""
     failures = ill = 0
     with WorkerPool(plain_cluster(2)) as pool2, WorkerPool(plain_cluster(3)) as pool3:
         pools = {2: pool2, 3: pool3}
         for i in range(cases):
-            case = draw(seed + i)
+            case = draw(seed + i, models)
             try:
                 verdict = run_case(case, pools)
                 if verdict == "ok":
@@ -212,10 +215,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--models", nargs="+", metavar="TEXT", help="only the models whose spec contains a TEXT")
     args = parser.parse_args()
     if args.cases < 1:
         parser.error("--cases must be at least 1")
-    sys.exit(1 if run(args.cases, args.seed) else 0)
+    models = tuple(m for m in MODELS if not args.models or any(text in m for text in args.models))
+    if not models:
+        parser.error(f"no model matches --models {' '.join(args.models)}; the models: {', '.join(MODELS)}")
+    sys.exit(1 if run(args.cases, args.seed, models) else 0)
 
 
 if __name__ == "__main__":

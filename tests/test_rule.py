@@ -1,5 +1,6 @@
 """The one rule of what the runtime runs (``tapp_core.plan.rule``), and the property that every planner keeps it:
-every planner of the registry, on every registered model, every example and the tied models, on ``local``,
+every planner of the registry, on every registered model, every example, the tied models and the models written as
+their authors publish them (``tests.wild_models``), on ``local``,
 ``hetero4`` and a seeded random cluster, returns only plans that the runtime's own check passes
 (``runtime.launch.check_before_launch`` with stages: the rule, the programs, and each stage built and routed, as the
 ranks would, without starting any). Issue 32, item 2's bar: zero refused plans.
@@ -22,6 +23,7 @@ from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.formulas import allreduce_s
 from tapp_core.cost.simulation import estimate
+from tapp_core.model.graph import GROUPED_CONV2D
 from tapp_core.model.zoo import MODEL_NAMES
 from tapp_core.plan.plan import Plan, PlanError, stage_memory_bytes
 from tapp_core.plan.rule import ModelFacts, check_runs
@@ -32,6 +34,7 @@ from tapp_core.profile.library import LayerLibrary
 from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime.launch import check_before_launch
 from tapp_core.runtime.stage import StageFactory
+from tests.wild_models import WILD_MODELS
 
 ZOO_EXAMPLES = {"hf_gpt2.py": "transformers"}
 """Examples that need an optional extra (``pip install -e '.[zoo]'``): the module each imports."""
@@ -55,6 +58,7 @@ MODELS = (
     *EXAMPLES,
     *TIED,
     AWKWARD,
+    *WILD_MODELS,
 )
 BATCH = 8
 BUDGET = 60
@@ -156,3 +160,24 @@ def test_each_holder_counts_its_copy_in_memory_and_the_tie_is_charged_its_allred
     ties = [op for op in tied_estimate.timeline if op.kind == "reduce"]
     assert {op.device for op in ties} == {"cpu0", "cpu1"}
     assert all(op.end - op.start == pytest.approx(tie_s) for op in ties)
+
+
+@pytest.mark.parametrize("signature", ["col", "row"])
+def test_a_grouped_convolution_is_refused_a_split_signature_before_launch(signature: str, stages: StageFactory) -> None:
+    """A depthwise Conv2d (``groups`` = its channels) reads only its own channels: splitting its weight as a plain
+    Conv2d's would be wrong, and the ranks refused it at launch after the check had passed it (found by the fuzz)."""
+    model = "tests.wild_models:convmixer"
+    lib = library(model)
+    depthwise = next(layer for layer in lib.layers if layer.name == "_3_0_fn_0")
+    assert depthwise.op == GROUPED_CONV2D
+    plan = Plan(
+        model,
+        BATCH,
+        2,
+        "1f1b",
+        tuple(0 for _ in lib.layers),
+        (("cpu0", "cpu1"),),
+        signatures=((depthwise.index, signature),),
+    )
+    with pytest.raises(PlanError, match=rf"layer _3_0_fn_0 \(GroupedConv2d\) cannot run signature '{signature}'"):
+        check_before_launch(plan, load_cluster("local"), model, stages=stages)

@@ -151,10 +151,19 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+GROUPED_CONV2D = "GroupedConv2d"
+"""The operation of an ``nn.Conv2d`` of several groups (a depthwise one): each output channel reads only its
+group's input channels, so it cannot split its features as a plain Conv2d does (``placement.SIGNATURES``)."""
+
+
 def op_type(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str:
-    """A short operation name: the leaf module's class (Conv2d) or the function/method name (add, flatten)."""
+    """A short operation name: the leaf module's class (Conv2d; ``GROUPED_CONV2D`` for a grouped one) or the
+    function/method name (add, flatten)."""
     if node.op == "call_module":
-        return type(graph_module.get_submodule(str(node.target))).__name__
+        module = graph_module.get_submodule(str(node.target))
+        if type(module) is nn.Conv2d and module.groups != 1:
+            return GROUPED_CONV2D
+        return type(module).__name__
     if node.op == "get_attr":
         return "get_attr"
     target = node.target

@@ -29,7 +29,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from tapp_core.errors import TappError
-from tapp_core.model.graph import LayerSpec
+from tapp_core.model.graph import GROUPED_CONV2D, LayerSpec
 from tapp_core.plan.placement import (
     DATA,
     SAMPLES,
@@ -112,7 +112,7 @@ TRACE_SAMPLES = 5
 """Samples of every layer's output a rank holds at once while it cuts the model for a plan
 (``tapp_core.runtime.stage.split_stages``: the whole model run on 2 samples, then on 3 while the first run's values
 are kept), with the autograd graph that keeps them."""
-CONVOLUTIONS = ("Conv1d", "Conv2d", "Conv3d")
+CONVOLUTIONS = ("Conv1d", "Conv2d", GROUPED_CONV2D, "Conv3d")
 """Layer ops whose weights oneDNN copies into its own layout for each call on a CPU."""
 
 LayerName = Callable[[int], str]

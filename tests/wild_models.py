@@ -1,0 +1,304 @@
+"""Models written the way their authors publish them, not for TAPP: CIFAR-shaped (3x32x32 in, 10 logits out) and
+small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each is built as
+``tests.wild_models:NAME``.
+
+- ``mobilenet``: MobileNetV2's inverted residuals (``nn.Sequential`` subclasses, ``ReLU6(inplace=True)``, a residual
+  chosen at construction), ``adaptive_avg_pool2d`` and ``torch.flatten``;
+- ``densenet``: dense blocks that concatenate a growing list of features in a loop, and transitions;
+- ``senet``: squeeze-and-excitation blocks (``x * w.sigmoid()`` broadcast over the image), an in-place residual
+  ``out += identity`` and ``F.relu(..., inplace=True)``;
+- ``convmixer``: a ``Residual`` wrapper module, depthwise convolutions, a ``Sequential`` built from a comprehension;
+- ``timm_vit``: timm's attention (``qkv.reshape(...).permute(2, 0, 3, 1, 4).unbind(0)``,
+  ``F.scaled_dot_product_attention``), a class token expanded over the batch, a learned position embedding;
+- ``torch_encoder``: ``nn.TransformerEncoder`` of ``nn.TransformerEncoderLayer`` (batch first, pre-norm);
+- ``lstm_rows``: a two-layer ``nn.LSTM`` over the image's rows, unpacked as ``out, (h, c) = self.lstm(x)``;
+- ``recurrent``: one block applied three times (its weights shared across depth, as ALBERT shares them), input
+  normalised by buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NUM_CLASSES = 10
+
+
+class ConvBNReLU(nn.Sequential):
+    def __init__(self, inp: int, out: int, stride: int = 1, groups: int = 1) -> None:
+        super().__init__(
+            nn.Conv2d(inp, out, 3, stride, 1, groups=groups, bias=False),
+            nn.BatchNorm2d(out),
+            nn.ReLU6(inplace=True),
+        )
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, inp: int, out: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = inp * expand
+        self.use_res_connect = stride == 1 and inp == out
+        self.conv = nn.Sequential(
+            ConvBNReLU(inp, hidden, stride, groups=1),
+            ConvBNReLU(hidden, hidden, 1, groups=hidden),
+            nn.Conv2d(hidden, out, 1, bias=False),
+            nn.BatchNorm2d(out),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_res_connect:
+            return x + self.conv(x)
+        out: torch.Tensor = self.conv(x)
+        return out
+
+
+class MobileNet(nn.Module):
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        settings = [(8, 1, 1), (12, 2, 2), (12, 1, 2), (16, 2, 2)]
+        layers: list[nn.Module] = [ConvBNReLU(3, 8, stride=2)]
+        channels = 8
+        for out, stride, expand in settings:
+            layers.append(InvertedResidual(channels, out, stride, expand))
+            channels = out
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(0.0), nn.Linear(channels, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        x = nn.functional.adaptive_avg_pool2d(x, 1)
+        x = torch.flatten(x, 1)
+        logits: torch.Tensor = self.classifier(x)
+        return logits
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, inp: int, growth: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(1, inp)
+        self.conv = nn.Conv2d(inp, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        out: torch.Tensor = self.conv(F.relu(self.norm(torch.cat(features, 1))))
+        return out
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, layers: int, inp: int, growth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DenseLayer(inp + i * growth, growth) for i in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet(nn.Module):
+    def __init__(self, growth: int = 4, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False)
+        self.block1 = DenseBlock(3, 8, growth)
+        self.transition = nn.Sequential(nn.Conv2d(8 + 3 * growth, 8, 1, bias=False), nn.AvgPool2d(2))
+        self.block2 = DenseBlock(2, 8, growth)
+        self.fc = nn.Linear(8 + 2 * growth, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.transition(self.block1(self.stem(x)))
+        x = F.relu(self.block2(x))
+        logits: torch.Tensor = self.fc(x.mean(dim=(2, 3)))
+        return logits
+
+
+class SEBlock(nn.Module):
+    def __init__(self, channels: int, reduction: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.fc1 = nn.Conv2d(channels, channels // reduction, 1)
+        self.fc2 = nn.Conv2d(channels // reduction, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = F.relu(self.conv1(x), inplace=True)
+        out = self.conv2(out)
+        w = out.mean((2, 3), keepdim=True)
+        w = self.fc2(F.relu(self.fc1(w)))
+        out = out * w.sigmoid()
+        out += identity
+        return F.relu(out, inplace=True)
+
+
+class SENet(nn.Module):
+    def __init__(self, channels: int = 8, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, stride=2, padding=1)
+        self.blocks = nn.Sequential(SEBlock(channels), nn.MaxPool2d(2), SEBlock(channels))
+        self.head = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.relu(self.stem(x)))
+        logits: torch.Tensor = self.head(x.view(x.size(0), x.size(1), -1).mean(-1))
+        return logits
+
+
+class Residual(nn.Module):
+    def __init__(self, fn: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fn(x) + x
+        return out
+
+
+def convmixer(dim: int = 16, depth: int = 3, kernel_size: int = 5, patch_size: int = 4) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size),
+        nn.GELU(),
+        nn.GroupNorm(1, dim),
+        *[
+            nn.Sequential(
+                Residual(nn.Sequential(nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"), nn.GELU())),
+                nn.Conv2d(dim, dim, kernel_size=1),
+                nn.GELU(),
+            )
+            for _ in range(depth)
+        ],
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(),
+        nn.Linear(dim, NUM_CLASSES),
+    )
+
+
+class TimmAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int = 2) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        out: torch.Tensor = self.proj(x)
+        return out
+
+
+class TimmBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = TimmAttention(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class TimmViT(nn.Module):
+    def __init__(self, dim: int = 16, depth: int = 2, patch: int = 8) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, (32 // patch) ** 2 + 1, dim) * 0.02)
+        self.blocks = nn.Sequential(*[TimmBlock(dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        x = x + self.pos_embed
+        x = self.norm(self.blocks(x))
+        logits: torch.Tensor = self.head(x[:, 0])
+        return logits
+
+
+class TorchEncoder(nn.Module):
+    def __init__(self, dim: int = 16, patch: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, patch, patch)
+        layer = nn.TransformerEncoderLayer(dim, 2, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).permute(0, 2, 1)
+        logits: torch.Tensor = self.head(self.encoder(tokens).mean(dim=1))
+        return logits
+
+
+class LSTMRows(nn.Module):
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3 * 32, hidden, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(2 * hidden, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.permute(0, 2, 1, 3).reshape(x.size(0), 32, -1)
+        out, (h, c) = self.lstm(rows)
+        logits: torch.Tensor = self.fc(torch.cat([out.mean(dim=1), h[0] + c[-1]], dim=1))
+        return logits
+
+
+class Recurrent(nn.Module):
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.49, 0.48, 0.45]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.25, 0.24, 0.26]).view(1, 3, 1, 1))
+        self.embed = nn.Linear(3 * 8 * 8, dim)
+        self.block = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Tanh())
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x - self.mean) / self.std
+        h = self.embed(F.avg_pool2d(x, 4).flatten(1))
+        for _ in range(3):
+            h = h + self.block(h)
+        logits: torch.Tensor = self.head(h)
+        return logits
+
+
+def mobilenet() -> MobileNet:
+    return MobileNet()
+
+
+def densenet() -> DenseNet:
+    return DenseNet()
+
+
+def senet() -> SENet:
+    return SENet()
+
+
+def timm_vit() -> TimmViT:
+    return TimmViT()
+
+
+def torch_encoder() -> TorchEncoder:
+    return TorchEncoder()
+
+
+def lstm_rows() -> LSTMRows:
+    return LSTMRows()
+
+
+def recurrent() -> Recurrent:
+    return Recurrent()
+
+
+WILD_MODELS = tuple(
+    f"tests.wild_models:{name}"
+    for name in ("mobilenet", "densenet", "senet", "convmixer", "timm_vit", "torch_encoder", "lstm_rows", "recurrent")
+)
+WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)
