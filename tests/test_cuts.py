@@ -22,12 +22,13 @@ from tapp_core.runtime.launch import check_before_launch
 from tapp_core.runtime.stage import ModelGraph, Stage, split_stages
 from tests.tuple_models import TUPLE_MODELS
 from tests.user_models import USER_MODELS
+from tests.wild_models import WILD_MODELS
 
 if TYPE_CHECKING:
     from tapp_core.runtime import WorkerPool
 
 TIED = "tests.user_models:tied"
-MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS)
+MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS)
 PLANS_PER_MODEL = 4
 
 
@@ -35,10 +36,18 @@ def stages_of(n_layers: int, cuts: tuple[int, ...]) -> list[int]:
     return [sum(layer >= cut for cut in cuts) for layer in range(n_layers)]
 
 
-def drawn_cuts(n_layers: int, seed: int) -> list[tuple[int, ...]]:
-    """Seeded draws of one, two and three cuts (``bench/fuzz_cuts.py`` runs many more, on MPI ranks)."""
+def drawn_cuts(graph: ModelGraph, seed: int) -> list[tuple[int, ...]]:
+    """Seeded draws of one, two and three cuts, redrawn where one would carry a value that no cut can
+    (``ModelGraph.refusals``: the rule refuses such plans; ``bench/fuzz_cuts.py`` runs many more, on MPI ranks)."""
     rng = random.Random(seed)
-    return [tuple(sorted(rng.sample(range(1, n_layers), rng.choice((1, 2, 3))))) for _ in range(PLANS_PER_MODEL)]
+    n_layers, refused = len(graph.specs), dict(graph.refusals)
+    drawn: list[tuple[int, ...]] = []
+    while len(drawn) < PLANS_PER_MODEL:
+        cuts = tuple(sorted(rng.sample(range(1, n_layers), rng.choice((1, 2, 3)))))
+        stage_of = stages_of(n_layers, cuts)
+        if all(stage_of[u] == stage_of[v] for u, v in graph.layer_edges if u in refused):
+            drawn.append(cuts)
+    return drawn
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -46,7 +55,7 @@ def test_every_cut_routes_what_its_stages_take(model: str) -> None:
     traced = build_traced_model(model)
     graph = ModelGraph.of(traced)
     n_layers = len(layer_nodes(traced))
-    for cuts in drawn_cuts(n_layers, seed=len(model)):
+    for cuts in drawn_cuts(graph, seed=len(model)):
         stage_of = stages_of(n_layers, cuts)
         n_stages = len(cuts) + 1
         split, pipeline = split_stages(traced, stage_of, n_stages)
@@ -103,6 +112,8 @@ MPI_CASES = [
     ("vit-after-permute-1f1b-3", USER_MODELS[1], "1f1b", ("getitem_4", "mul"), 3),
     # a residual add feeding two layers of the next stage
     ("vit-after-residual-add-gpipe-2", USER_MODELS[1], "gpipe", ("blocks_0_norm2",), 2),
+    # `torch.arange(n, device=x.device)` on the next stage: a size and a device cross (found by a user's text model)
+    ("encoder-after-device-1f1b-2", "tests.wild_models:torch_encoder", "1f1b", ("arange",), 2),
 ]
 
 

@@ -10,7 +10,8 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
 - ``convmixer``: a ``Residual`` wrapper module, depthwise convolutions, a ``Sequential`` built from a comprehension;
 - ``timm_vit``: timm's attention (``qkv.reshape(...).permute(2, 0, 3, 1, 4).unbind(0)``,
   ``F.scaled_dot_product_attention``), a class token expanded over the batch, a learned position embedding;
-- ``torch_encoder``: ``nn.TransformerEncoder`` of ``nn.TransformerEncoderLayer`` (batch first, pre-norm);
+- ``torch_encoder``: ``nn.TransformerEncoder`` of ``nn.TransformerEncoderLayer`` (batch first, pre-norm), learned
+  positions looked up by ``torch.arange(n, device=x.device)``;
 - ``lstm_rows``: a two-layer ``nn.LSTM`` over the image's rows, unpacked as ``out, (h, c) = self.lstm(x)``;
 - ``recurrent``: one block applied three times (its weights shared across depth, as ALBERT shares them), input
   normalised by buffers.
@@ -228,12 +229,14 @@ class TorchEncoder(nn.Module):
     def __init__(self, dim: int = 16, patch: int = 8) -> None:
         super().__init__()
         self.embed = nn.Conv2d(3, dim, patch, patch)
+        self.positions = nn.Embedding((32 // patch) ** 2, dim)
         layer = nn.TransformerEncoderLayer(dim, 2, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
         self.head = nn.Linear(dim, NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.embed(x).flatten(2).permute(0, 2, 1)
+        tokens = tokens + self.positions(torch.arange(tokens.size(1), device=tokens.device))
         logits: torch.Tensor = self.head(self.encoder(tokens).mean(dim=1))
         return logits
 

@@ -410,16 +410,20 @@ def _rebuild_shape_values(
 
 
 def _is_shape_value(value: object) -> bool:
-    """A number or a (nested) tuple or list of numbers: what reading a tensor's shape gives."""
+    """A number or a (nested) tuple or list of numbers, what reading a tensor's shape gives, or what else a model
+    reads of a tensor to make another like it: its device (``x.device``) or dtype."""
     if isinstance(value, tuple | list):
         return all(_is_shape_value(item) for item in value)
-    return isinstance(value, int | float)
+    return isinstance(value, int | float | torch.device | torch.dtype)
 
 
 def _shape_template(runs: Sequence[Any], name: str) -> tuple[Any, ...]:
     """How a shape value depends on the samples, from its values at ``_SAMPLE_COUNTS`` samples: ``("const", v)``,
-    ``("samples", a, b)`` for ``a * samples + b``, or ``(kind, items)`` for a torch.Size, tuple or list."""
+    ``("samples", a, b)`` for ``a * samples + b``, ``("device",)`` for a device (the consuming stage's own, which
+    may not be the producing stage's), or ``(kind, items)`` for a torch.Size, tuple or list."""
     first = runs[0]
+    if isinstance(first, torch.device):
+        return ("device",)
     if isinstance(first, tuple | list):
         kind = "size" if isinstance(first, torch.Size) else type(first).__name__
         if all(type(run) is type(first) and len(run) == len(first) for run in runs):
@@ -442,6 +446,8 @@ def shape_value(anchor: torch.Tensor, template: tuple[Any, ...]) -> Any:
     kind = template[0]
     if kind == "const":
         return template[1]
+    if kind == "device":
+        return anchor.device
     if kind == "samples":
         return template[1] * anchor.shape[0] + template[2]
     items = [shape_value(anchor, item) for item in template[1]]
