@@ -26,6 +26,7 @@ from tapp_core.cost.calibration import (
 from tapp_core.platform.cluster import load_cluster, parse_cluster
 from tapp_core.platform.hosts import host_cpus
 from tapp_core.profile.library import PROFILE_VERSION, load_libraries
+from tapp_core.profile.profiler import ProfileRequest, profile_model
 
 MODEL = ["--model", "tiny_cnn", "--batch-size", "8"]
 TWO_THREAD_COUNTS = """name: unequal
@@ -139,7 +140,7 @@ def test_the_first_command_that_needs_a_calibration_measures_it_and_later_ones_k
     first = tapp(*plan)
     assert "calibrating the cost model for cluster unequal" in first and "on first use" in first
     kept = list((work_dir / ".tapp" / CALIBRATIONS_FOLDER).iterdir())
-    assert kept == [cached_calibration_path(load_cluster(cluster_file), work_dir / ".tapp")]
+    assert kept == [cached_calibration_path(load_cluster(cluster_file), "tiny_cnn", work_dir / ".tapp")]
     assert not (work_dir / "unequal.calibration.json").exists()  # kept in the cache, not beside the cluster file
 
     simulate = ("simulate", "--model", "tiny_cnn", "--cluster", str(cluster_file), "--plan", "plan.json")
@@ -149,17 +150,24 @@ def test_the_first_command_that_needs_a_calibration_measures_it_and_later_ones_k
     assert "calibration: ideal (--no-calibrate)" in tapp(*simulate, "--no-calibrate")
 
 
-def test_a_kept_calibration_is_keyed_by_the_cluster_and_this_host(tmp_path: Path, cluster_file: Path) -> None:
+def test_a_kept_calibration_is_keyed_by_the_cluster_the_model_and_this_host(tmp_path: Path, cluster_file: Path) -> None:
     cluster = load_cluster(cluster_file)
-    path = cached_calibration_path(cluster, tmp_path)
-    assert path == cached_calibration_path(load_cluster(cluster_file), tmp_path)  # the same cluster, the same key
+    path = cached_calibration_path(cluster, "tiny_cnn", tmp_path)
+    same = cached_calibration_path(load_cluster(cluster_file), "tiny_cnn", tmp_path)
+    assert path == same  # the same cluster and model, the same key
     slower = parse_cluster(yaml.safe_load(TWO_THREAD_COUNTS.replace("threads: 2", "threads: 2, speed: 0.5")))
-    assert cached_calibration_path(slower, tmp_path) != path  # a changed cluster is measured afresh
+    assert cached_calibration_path(slower, "tiny_cnn", tmp_path) != path  # a changed cluster is measured afresh
+    # another model too: its compute scale and cost per operation are fitted to its own steps
+    assert cached_calibration_path(cluster, "alexnet", tmp_path) != path
     measured = Calibration(per_step_s=0.5, made_for=_made_for(platform.node()), note="kept")
     measured.save(path)
+    library = profile_model(ProfileRequest("tiny_cnn", 8, repeats=1, warmup=0))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TAPP_CACHE_DIR", str(tmp_path))
-        assert cluster_calibration(cluster_file, cluster).per_step_s == 0.5
-        assert cluster_calibration(cluster_file, cluster, kept=False) == Calibration()
+        assert cluster_calibration(cluster_file, cluster, library).per_step_s == 0.5
+        assert cluster_calibration(cluster_file, cluster, library, kept=False) == Calibration()
+        other = profile_model(ProfileRequest("mlp", 8, repeats=1, warmup=0))
+        assert cluster_calibration(cluster_file, cluster, other) == Calibration()  # none kept for this model
         Calibration(per_step_s=0.5, made_for=_made_for("a-gpu-box")).save(path)
-        assert cluster_calibration(cluster_file, cluster) == Calibration()  # refused: measured afresh where allowed
+        refused = cluster_calibration(cluster_file, cluster, library)
+        assert refused == Calibration()  # refused: measured afresh where allowed

@@ -320,21 +320,24 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
     }
 
 
-def cached_calibration_path(cluster: Cluster, root: Path | None = None) -> Path:
-    """Where a calibration measured on first use is kept (``root``: default ``default_cache_dir()``), keyed as
-    the profile cache keys a layer library: by this host, the cluster's every field, torch, the profiler and the
-    MPI's CUDA-awareness. A changed cluster or host finds no entry and is measured afresh."""
+def cached_calibration_path(cluster: Cluster, model: str, root: Path | None = None) -> Path:
+    """Where a calibration of ``cluster`` measured on first use with ``model`` is kept (``root``: default
+    ``default_cache_dir()``), keyed as the profile cache keys a layer library: by this host, the cluster's every
+    field, the model, torch, the profiler and the MPI's CUDA-awareness. A changed cluster or host, or another model,
+    finds no entry and is measured afresh: the compute scale and the cost per operation are fitted to the model's
+    own steps (a tiny model's, where fixed costs are the whole step, put AlexNet's at a twentieth of its time)."""
     import torch
 
     key = {
         "host": platform.node(),
         "cluster": cluster.model_dump(mode="json"),
+        "model": model,
         "torch": torch.__version__,
         "profiler": PROFILE_VERSION,
         "cuda_aware_mpi": cuda_aware_mpi(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster.name)
+    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster.name}_{model}")[-80:]
     return (root or default_cache_dir()) / CALIBRATIONS_FOLDER / f"{readable}_{digest}{CALIBRATION_SUFFIX}"
 
 
@@ -372,15 +375,17 @@ def cluster_calibration(
 ) -> Calibration:
     """The calibration at ``path``; without one, the one ``tapp calibrate`` wrote beside the cluster file of
     ``cluster_name`` (a loaded cluster names its own file), else (where ``kept``) the one measured on first use
-    and kept in the cache (``cached_calibration_path``), checked against this machine, ``cluster`` and
+    with ``library``'s model and kept in the cache (``cached_calibration_path``), checked against this machine, ``cluster`` and
     ``library`` (``check_calibration``); the ideal one when there is none."""
     if path is not None:
         return _checked(Calibration.load(path), cluster, library, str(path))
     beside = _beside_cluster_file(cluster_name)
     if beside is not None and beside.is_file():
         return _checked(Calibration.load(beside), cluster, library, str(beside))
-    cached = cached_calibration_path(cluster)
-    if kept and cached.is_file():
+    if not kept or library is None:
+        return DEFAULT_CALIBRATION
+    cached = cached_calibration_path(cluster, library.model)
+    if cached.is_file():
         try:
             return _checked(Calibration.load(cached), cluster, library, str(cached))
         except CalibrationError:

@@ -227,7 +227,7 @@ def calibration_on_first_use(
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log(f"could not calibrate cluster {cluster.name} here ({first}): the cost model stays ideal")
         return replace(DEFAULT_CALIBRATION, note=f"ideal (calibrating failed: {first})")
-    path = cached_calibration_path(cluster)
+    path = cached_calibration_path(cluster, library.model)
     kept = replace(measured, note=measured.note.replace("by tapp calibrate", "on first use", 1) + f", kept in {path}")
     kept.save(path)
     return kept
