@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from reports.figures import gantt
-from tapp_core.cost.calibration import DEFAULT_CALIBRATION, Calibration, CalibrationError, KindCalibration
+from tapp_core.cost.calibration import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    CalibrationError,
+    KindCalibration,
+    StepPoint,
+    fit_compute,
+)
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.estimate import NO_MICRO_BATCH, Estimate, TimelineOp, breakdown
 from tapp_core.cost.simulation import estimate
@@ -546,3 +553,22 @@ def test_sharing_needs_the_shared_host_in_the_plan() -> None:
     alone = single_stage_plan(lib, ["far"], micro_batches=1)
     # The whole batch on "far", alone on its host: 2 s forward, 4 s backward; d0 and d1 share a core, idle.
     assert_close(estimate(alone, CostContext(lib, cl, sharing(1, {"cpu-t1": 2.0}))).step_time_s, 6.0)
+
+
+def test_the_compute_fit_recovers_its_terms_and_keeps_the_profile_where_noise_would_set_the_scale() -> None:
+    """``fit_compute`` over the calibration's three single-device steps: exact steps give back their scale and
+    fixed costs; steps a few milliseconds long whose noise makes the smaller batch the slower (a small text
+    classifier's, measured) give a scale past ``PLAUSIBLE_COMPUTE_SCALES``, so the scale is the profile's (1) and
+    only the fixed costs are fitted."""
+    lib = library(chain(2), [0.004, 0.004], [0.008, 0.008], [10, 20], batch_size=16)  # 24 ms per batch of 16
+    per_sample = lib.layer_time_sum_s / 16
+
+    def step(b: int, m: int, scale: float = 1.2, per_op: float = 0.002, per_step: float = 0.001) -> StepPoint:
+        return StepPoint(b, m, scale * per_sample * b + 2 * m * per_op + per_step)
+
+    fit = fit_compute(lib, [step(16, 1), step(16, 8), step(4, 1)])
+    assert (fit.compute_scale, fit.per_operation_s, fit.per_step_s) == pytest.approx((1.2, 0.002, 0.001))
+    noisy = [StepPoint(16, 1, 0.0030), StepPoint(16, 8, 0.0184), StepPoint(4, 1, 0.0033)]
+    fit = fit_compute(lib, noisy)
+    assert fit.compute_scale == 1.0
+    assert fit.per_operation_s >= 0 and fit.per_step_s >= 0

@@ -500,22 +500,40 @@ def fit_compute(library: LayerLibrary, points: Sequence[StepPoint], slowdown: fl
     A plan of ``b`` samples in ``M`` micro-batches does ``M F + P b`` seconds of ``library`` work (``F``: the
     layers' fixed parts, ``P``: their time per sample), times ``slowdown``, in ``2 M`` operations; its step is
     ``scale * slowdown * (M F + P b) + 2 M per_operation + per_step``. Least squares over the points; a negative
-    per-operation or per-step cost (noise) is pinned to 0 and the rest refitted."""
+    per-operation or per-step cost (noise) is pinned to 0 and the rest refitted, and a scale past
+    ``PLAUSIBLE_COMPUTE_SCALES`` is 1 with the fixed costs refitted."""
     fixed = sum(layer.forward_fixed_s + layer.backward_fixed_s for layer in library.layers)
     per_sample = (library.layer_time_sum_s - fixed) / library.batch_size
     rows = np.array(
         [[slowdown * (p.micro_batches * fixed + per_sample * p.batch_size), 2 * p.micro_batches, 1.0] for p in points]
     )
     y = np.array([p.step_s for p in points])
-    free = [0, 1, 2]
+    solution = _non_negative_fit(rows, y, [0, 1, 2])
+    low, high = PLAUSIBLE_COMPUTE_SCALES
+    if not low <= solution[0] <= high:  # the steps cannot tell compute from fixed costs: the profile's own times
+        solution = _non_negative_fit(rows, y - rows[:, 0], [1, 2])
+        solution[0] = 1.0
+    return ComputeFit(float(solution[0]), float(solution[1]), float(solution[2]))
+
+
+PLAUSIBLE_COMPUTE_SCALES = (0.5, 3.0)
+"""The compute scales a fit may give; past them it is the steps' noise, not the host, and the scale is 1 (the
+profile's own times). A model whose steps are a few milliseconds of fixed costs (a small text classifier) gave
+0.001 on one cluster and 1.12 on another, on the same host the same hour; AlexNet's is 1.2, and 1.8 on a host
+busy with other jobs."""
+
+
+def _non_negative_fit(rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
+    """Least squares of ``y`` over the ``free`` columns of ``rows`` (the others 0); a negative coefficient of any
+    free column but column 0 (noise) is pinned to 0 and the rest refitted."""
+    free = list(free)
     while True:
-        solution = np.zeros(3)
+        solution = np.zeros(rows.shape[1])
         solution[free] = np.linalg.lstsq(rows[:, free], y, rcond=None)[0]
-        negative = [i for i in free[1:] if solution[i] < 0]
+        negative = [i for i in free if i != 0 and solution[i] < 0]
         if not negative:
-            break
+            return solution
         free.remove(negative[0])
-    return ComputeFit(max(float(solution[0]), 1e-3), float(solution[1]), float(solution[2]))
 
 
 PROBE_MESSAGE_BYTES = 4
