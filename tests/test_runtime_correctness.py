@@ -97,6 +97,10 @@ def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.T
         torch.testing.assert_close(got[name], tensor, rtol=RTOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
+FINETUNE = "tests.wild_models:finetune"
+"""A frozen backbone under a trained head (``tests.wild_models``)."""
+
+
 def trains_like_one_device(pool: WorkerPool, plan: Plan, rel: float = 1e-5) -> Measurement:
     """Run ``plan`` for ``STEPS`` steps on ``pool``: its parameters and per-step losses must be one device's."""
     measurement, parameters = pool.run_steps(
@@ -124,6 +128,9 @@ SYNC_CASES = [
     ("bsp-3-uneven", "pool3", "tiny_cnn", "gpipe", (), (("d0", "d1", "d2"),), ((0.5, 0.3, 0.2),)),
     ("uneven-replicas-1f1b-3", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",)), ((0.75, 0.25), (1.0,))),
     ("async-staleness-0-is-1f1b", "pool3", "tiny_branchy", "async:0", (3, 8), (("d0",), ("d1",), ("d2",))),
+    # a frozen backbone (requires_grad False) on replicas: nothing of it is hooked, summed or updated
+    ("frozen-backbone-bsp-2", "pool2", FINETUNE, "gpipe", (), (("d0", "d1"),)),
+    ("frozen-stage-replicated-1f1b-3", "pool3", FINETUNE, "1f1b", (5,), (("d0", "d2"), ("d1",))),
 ]
 
 
@@ -207,11 +214,11 @@ def async_reference(
 
     traced = build_traced_model(model, seed=SEED)
     stage_of = stages_by_cuts(model, cuts)
+    net = precision.model(model)
+    live = {n: p for n, p in net.named_parameters() if p.requires_grad}  # a frozen parameter is not trained
     names_of_stage: list[set[str]] = [set() for _ in range(n_stages)]
     for layer, own in enumerate(layer_parameters(traced)):  # a layer's modules' and the get_attr ones it reads
-        names_of_stage[stage_of[layer]] |= set(own)
-    net = precision.model(model)
-    live = dict(net.named_parameters())
+        names_of_stage[stage_of[layer]] |= set(own) & set(live)
     # One optimiser per stage, at the stage's rate, as the runtime has (a stage without parameters has none).
     optimizers = [
         make_optimizer([live[n] for n in sorted(names)], config, delay) if names else None
@@ -245,7 +252,7 @@ def async_reference(
                 sgd.step()
         for stage in range(n_stages):
             history[stage].append(snapshot(stage))
-    return {n: p.detach().clone() for n, p in live.items()}
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
 
 
 PLAIN = OptimizerConfig(lr=OPTIMIZER.lr, momentum=OPTIMIZER.momentum, stale_compensation=False)
@@ -259,8 +266,16 @@ PLAIN = OptimizerConfig(lr=OPTIMIZER.lr, momentum=OPTIMIZER.momentum, stale_comp
         ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), None, PLAIN),
         ("pool3", "tiny_branchy", (3, 8), (("d0",), ("d1",), ("d2",)), 1, OPTIMIZER),
         ("pool3", "tiny_cnn", (4,), (("d0", "d2"), ("d1",)), None, OPTIMIZER),
+        ("pool3", FINETUNE, (8,), (("d0", "d2"), ("d1",)), None, OPTIMIZER),  # frozen and trained, replicated
     ],
-    ids=["mlp-2", "branchy-3", "branchy-3-uncompensated", "branchy-3-staleness-1", "replicated-first-cnn"],
+    ids=[
+        "mlp-2",
+        "branchy-3",
+        "branchy-3-uncompensated",
+        "branchy-3-staleness-1",
+        "replicated-first-cnn",
+        "replicated-frozen-backbone",
+    ],
 )
 def test_async_uses_the_weights_of_each_forward(
     request: pytest.FixtureRequest,

@@ -14,7 +14,9 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
   positions looked up by ``torch.arange(n, device=x.device)``;
 - ``lstm_rows``: a two-layer ``nn.LSTM`` over the image's rows, unpacked as ``out, (h, c) = self.lstm(x)``;
 - ``recurrent``: one block applied three times (its weights shared across depth, as ALBERT shares them), input
-  normalised by buffers.
+  normalised by buffers;
+- ``finetune``: a frozen backbone (``requires_grad = False``) under a trained head, its logits scaled by a learned
+  temperature (``self.logit_scale.exp()``, a value of a weight alone).
 """
 
 from __future__ import annotations
@@ -272,6 +274,26 @@ class Recurrent(nn.Module):
         return logits
 
 
+class Finetune(nn.Module):
+    """A classifier fine-tuned on a frozen backbone, its logits scaled by a learned temperature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU()
+        )
+        for parameter in self.backbone.parameters():
+            parameter.requires_grad = False
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, NUM_CLASSES)
+        self.logit_scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.backbone(x), 1).flatten(1)
+        logits: torch.Tensor = self.fc2(torch.relu(self.fc1(x))) * self.logit_scale.exp()
+        return logits
+
+
 def mobilenet() -> MobileNet:
     return MobileNet()
 
@@ -300,8 +322,22 @@ def recurrent() -> Recurrent:
     return Recurrent()
 
 
+def finetune() -> Finetune:
+    return Finetune()
+
+
 WILD_MODELS = tuple(
     f"tests.wild_models:{name}"
-    for name in ("mobilenet", "densenet", "senet", "convmixer", "timm_vit", "torch_encoder", "lstm_rows", "recurrent")
+    for name in (
+        "mobilenet",
+        "densenet",
+        "senet",
+        "convmixer",
+        "timm_vit",
+        "torch_encoder",
+        "lstm_rows",
+        "recurrent",
+        "finetune",
+    )
 )
 WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)

@@ -189,7 +189,9 @@ class StageEngine:
         """The rows of each micro-batch of the model's input this device reads."""
         if self.plan.runs_split(stage.index):
             self._shard(members, layout_comm)
-        self.params = dict(stage.module.named_parameters())
+        # Frozen parameters (requires_grad False, a fine-tuned model's backbone) have no gradient to sum, hook or
+        # stash, and the optimiser must not touch them (AdamW's decay would).
+        self.params = {name: p for name, p in stage.module.named_parameters() if p.requires_grad}
         group = [rank for rank in members if rank != place.pool_ranks[place.position]]
         stashes = self.schedule.stashes_weights(stage.index, self.plan.n_stages, self.plan.micro_batches)
         layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
@@ -208,6 +210,7 @@ class StageEngine:
                 [place.pool_ranks[p] for p in tie.devices if p != place.position],
             )
             for tie in template.ties
+            if local[tie.name] in self.params  # a frozen tied weight has no gradient to sum
         ]
         self.gradients = StageGradients(
             self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict, ties=ties

@@ -142,7 +142,7 @@ class StageGradients:
     def start_reduction(self, bucket: int) -> None:
         """Start summing ``bucket``'s gradients across the stage's devices (once per step)."""
         state = self._buckets[bucket]
-        if state.reduction is not None or self.comm is None:
+        if state.reduction is not None or self.comm is None or not state.names:  # no names: every one frozen
             return
         grads = [self._step_gradient(name) for name in state.names]
         parts = [
@@ -155,9 +155,10 @@ class StageGradients:
         state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
 
     def start_tie(self, index: int) -> None:
-        """Start summing tie ``index``'s gradient among every device holding its parameter (once per step)."""
-        tie = self._ties[index]
-        if tie.reduction is not None:
+        """Start summing tie ``index``'s gradient among every device holding its parameter (once per step); a tie
+        the stage was not given (its parameter frozen on every holder) sums nothing."""
+        tie = self._ties.get(index)
+        if tie is None or tie.reduction is not None:
             return
         grad = self._step_gradient(tie.name)
         part = grad if grad is not None else torch.zeros_like(self.params[tie.name])
@@ -184,7 +185,7 @@ class StageGradients:
             self.start_reduction(bucket)
         self.transport.finish_reductions([s.reduction for s in self._buckets if s.reduction is not None])
         reduced: set[str] = set()
-        for state in self._buckets:
+        for state in (s for s in self._buckets if s.names):
             assert state.flat is not None
             offset = 0
             for name in state.names:
