@@ -16,7 +16,9 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
 - ``recurrent``: one block applied three times (its weights shared across depth, as ALBERT shares them), input
   normalised by buffers;
 - ``finetune``: a frozen backbone (``requires_grad = False``) under a trained head, its logits scaled by a learned
-  temperature (``self.logit_scale.exp()``, a value of a weight alone).
+  temperature (``self.logit_scale.exp()``, a value of a weight alone);
+- ``mixer_mha``: ``nn.MultiheadAttention`` unpacked as ``mixed, _ = attn(x, x, x, need_weights=False)``, a
+  weight-normed ``Linear`` (``nn.utils.parametrizations.weight_norm``), ``torch.stack`` of token statistics.
 """
 
 from __future__ import annotations
@@ -294,6 +296,28 @@ class Finetune(nn.Module):
         return logits
 
 
+class MixerMHA(nn.Module):
+    """Patches mixed by ``nn.MultiheadAttention``, a weight-normed projection, token statistics stacked with
+    ``torch.stack``, and the tanh GELU."""
+
+    def __init__(self, dim: int = 16, patch: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, patch, patch)
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.norm = nn.LayerNorm(dim)
+        self.proj = nn.utils.parametrizations.weight_norm(nn.Linear(dim, dim))
+        self.head = nn.Linear(3 * dim, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).transpose(1, 2).contiguous()
+        mixed, _ = self.attn(tokens, tokens, tokens, need_weights=False)
+        tokens = self.norm(tokens + mixed)
+        tokens = F.gelu(self.proj(tokens), approximate="tanh")
+        stats = torch.stack([tokens.mean(1), tokens.amax(1), tokens[:, 0]], dim=1)
+        logits: torch.Tensor = self.head(stats.flatten(1))
+        return logits
+
+
 def mobilenet() -> MobileNet:
     return MobileNet()
 
@@ -326,6 +350,10 @@ def finetune() -> Finetune:
     return Finetune()
 
 
+def mixer_mha() -> MixerMHA:
+    return MixerMHA()
+
+
 WILD_MODELS = tuple(
     f"tests.wild_models:{name}"
     for name in (
@@ -338,6 +366,7 @@ WILD_MODELS = tuple(
         "lstm_rows",
         "recurrent",
         "finetune",
+        "mixer_mha",
     )
 )
 WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)
