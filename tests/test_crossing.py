@@ -88,7 +88,7 @@ def test_a_pair_of_values_and_indices_crosses_in_float64_and_comes_back_as_it_wa
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("t", "computed from weights alone"),
+        ("t", "computed from weights and shapes alone"),
         ("reshape_1", "rows do not follow the samples"),
     ],
 )

@@ -50,30 +50,41 @@ class CutFacts:
     layouts: dict[int, Layout]
     refusals: dict[int, str]
 
+    @property
+    def sample_free(self) -> frozenset[int]:
+        """The layers whose output no sample's data reaches (``SAMPLE_FREE``)."""
+        return frozenset(i for i, reason in self.refusals.items() if reason == SAMPLE_FREE)
+
 
 def is_plain(layout: Layout) -> bool:
     """Whether the output already is a tensor with one row per sample along its first dimension."""
     return bool(layout[0] == "tensor" and layout[1] == 0 and layout[2] == PLAIN_ROWS)
 
 
+SAMPLE_FREE = "it is computed from weights and shapes alone: it has no sample dimension to split into micro-batches"
+"""The refusal of a tensor that no sample's data reaches (a weight read by ``get_attr``, a position table looked up
+by ``torch.arange(x.size(1))``): every device of a stage holds it whole (``LayerSpec.sample_free``)."""
+SAMPLE_FREE_REFUSALS = frozenset(
+    {SAMPLE_FREE, "it is computed from weights alone: it has no sample dimension to split into micro-batches"}
+)
+"""``SAMPLE_FREE`` and what libraries made before it say of a weight read alone."""
+
+
 def cut_facts(graph_module: torch.fx.GraphModule, sample: torch.Tensor) -> CutFacts:
     """The layouts and refusals of ``graph_module``'s layers, from ``sample``: an input of 5 samples."""
     whole = _run(graph_module, sample)
     parts = [_run(graph_module, part) for part in torch.split(sample, list(_COUNTS))]
-    from_input = _reads_samples(graph_module)
+    from_input = _reads_sample_data(graph_module, whole)
     layouts: dict[int, Layout] = {}
     refusals: dict[int, str] = {}
     for node, i in layer_index(graph_module).items():
         value = whole.get(node)
         if not _holds_tensor(value):
             continue  # numbers, such as a shape read from a tensor: rebuilt on each stage that needs them
-        if node not in from_input:
-            refusals[i] = "it is computed from weights alone: it has no sample dimension to split into micro-batches"
-            continue
         try:
             layouts[i] = _layout(value, [part[node] for part in parts])
-        except _Refused as exc:
-            refusals[i] = str(exc)
+        except _Refused as exc:  # a class token expanded to x.size(0) has samples that no data reached
+            refusals[i] = SAMPLE_FREE if node not in from_input else str(exc)
     return CutFacts(layouts, refusals)
 
 
@@ -101,11 +112,13 @@ def _run(graph_module: torch.fx.GraphModule, inputs: torch.Tensor) -> dict[torch
     return values
 
 
-def _reads_samples(graph_module: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The nodes whose value the input reaches through the graph's data flow."""
+def _reads_sample_data(graph_module: torch.fx.GraphModule, values: dict[torch.fx.Node, Any]) -> set[torch.fx.Node]:
+    """The nodes whose value the input's data reaches through the graph's data flow: through tensors, not through
+    the numbers read from their shapes (``torch.arange(x.size(1))`` is the same for every sample)."""
     reached: set[torch.fx.Node] = set()
     for node in graph_module.graph.nodes:
-        if node.op == "placeholder" or any(arg in reached for arg in node.all_input_nodes):
+        reads = (arg for arg in node.all_input_nodes if arg in reached and _holds_tensor(values.get(arg)))
+        if node.op == "placeholder" or any(True for _ in reads):
             reached.add(node)
     return reached
 

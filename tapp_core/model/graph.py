@@ -42,6 +42,9 @@ class LayerSpec:
     """The dimensions of the whole tensor (samples first, counted from 0) the operation acts along, where the layout
     pass needs them: a transpose's two, a permute's order, a softmax's one (``graph.op_axes``); () if none or
     unknown."""
+    sample_free: bool = False
+    """Its output is a tensor that no sample's data reaches (a weight read alone, a position table looked up by
+    ``torch.arange``: ``crossing.SAMPLE_FREE``): it has no samples, and every device of a stage holds it whole."""
 
 
 class ModelError(TappError):

@@ -478,6 +478,8 @@ class _LayoutPass:
             self.outputs[spec.index] = BROADCAST  # every device holds its numbers; no change ever moves them
         elif signature != DATA:
             self._chosen(spec, signature)
+        elif spec.sample_free:  # a weight read alone, a table looked up by arange: every device holds it whole
+            self._read(spec, BROADCAST)
         elif self._carry(spec):
             pass
         elif spec.op in ELEMENTWISE or spec.op in CHANNELWISE or self._scaling(spec):
@@ -527,6 +529,13 @@ class _LayoutPass:
         read from the data as needed) and writes ``output`` (default: ``layout``)."""
         for value in spec.inputs:
             source = self.layout_of(value)
+            if value != MODEL_INPUT and self.layers[value].sample_free:
+                if layout not in (SAMPLES, BROADCAST):
+                    raise SignatureError(
+                        f"layer {spec.name} ({spec.op}) would read {self.layers[value].name}, a tensor with no "
+                        f"samples (made from weights or shapes alone), split as {layout}; it is held whole"
+                    )
+                continue  # held whole by every device, and read so against rows as against whole tensors
             if value != MODEL_INPUT and source != layout and not self.shape_value(value):
                 done = [i for i, c in enumerate(self.changes) if (c.value, c.target) == (value, layout)]
                 if done:  # another layer reads it in this layout already: the same change serves both
@@ -553,12 +562,14 @@ class _LayoutPass:
         (SAMPLES) or whole values (BROADCAST): a feature split would add a whole tensor to a share of the features,
         a partial sum would add it once per device."""
         layout = self._first_input(spec)
-        if spec.has_params and layout not in (SAMPLES, BROADCAST):
+        if (spec.has_params or self._reads_sample_free(spec)) and layout not in (SAMPLES, BROADCAST):
             return BROADCAST
         return layout
 
     def _first_input(self, spec: LayerSpec) -> Layout:
-        return self.layout_of(spec.inputs[0]) if spec.inputs else SAMPLES
+        """The layout of the first input that has samples (a tensor of none is held whole whatever its readers)."""
+        with_samples = [v for v in spec.inputs if v == MODEL_INPUT or not self.layers[v].sample_free]
+        return self.layout_of(with_samples[0]) if with_samples else BROADCAST if spec.inputs else SAMPLES
 
     def _pointwise(self, spec: LayerSpec) -> None:
         layout = self._first_input(spec)
@@ -567,8 +578,13 @@ class _LayoutPass:
             layout = Split(1) if features >= self.devices else BROADCAST
         if spec.op in CHANNELWISE and isinstance(layout, Split) and layout.dim > 1:
             layout = BROADCAST
+        if self._reads_sample_free(spec) and layout not in (SAMPLES, BROADCAST):
+            layout = BROADCAST  # a whole tensor of no samples (a layer scale, a mask) meets whole features only
         self._read(spec, layout)
         self._passed(spec)
+
+    def _reads_sample_free(self, spec: LayerSpec) -> bool:
+        return any(v != MODEL_INPUT and self.layers[v].sample_free for v in spec.inputs)
 
     def _scaling(self, spec: LayerSpec) -> bool:
         return spec.op in SCALING and not spec.has_params and len(self._tensor_inputs(spec)) == 1

@@ -49,6 +49,7 @@ _SOURCES = (
     _CORE / "profile" / "profiler.py",
     _CORE / "model" / "flops.py",
     _CORE / "model" / "graph.py",
+    _CORE / "model" / "crossing.py",
     _CORE / "profile" / "library.py",
     *sorted((_CORE / "model" / "zoo").glob("*.py")),
 )

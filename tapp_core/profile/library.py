@@ -30,6 +30,7 @@ from typing import SupportsFloat, SupportsInt
 import pandas as pd
 
 from tapp_core.errors import TappError
+from tapp_core.model.crossing import SAMPLE_FREE_REFUSALS
 from tapp_core.model.graph import MODEL_INPUT, LayerSpec, SharedParameter
 from tapp_core.platform.kinds import DeviceKind
 
@@ -163,6 +164,7 @@ class LayerLibrary:
                     shape=tuple(x.output_shape[1:]),
                     has_params=x.param_bytes > 0,
                     axes=x.axes,
+                    sample_free=x.cut_refusal in SAMPLE_FREE_REFUSALS,
                 )
                 for x in snapshot
             )

@@ -806,17 +806,18 @@ class ModelGraph:
         param_bytes = tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners)
         outputs = _trace_values(graph_module, example_input(input_shape, 2))
         nodes = layer_nodes(graph_module)
+        facts = _cut_facts(graph_module, input_shape)
         return cls(
             edges=tuple(
                 (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
             ),
             param_bytes=param_bytes,
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
-            specs=layer_specs(graph_module, param_bytes, input_shape),
+            specs=layer_specs(graph_module, param_bytes, input_shape, facts.sample_free),
             input_shape=input_shape.shape if isinstance(input_shape, TensorSpec) else tuple(input_shape),
             shared=shared_parameters(graph_module),
             layer_edges=tuple(layer_edges(graph_module)),
-            refusals=tuple(sorted(_cut_facts(graph_module, input_shape).refusals.items())),
+            refusals=tuple(sorted(facts.refusals.items())),
         )
 
 
@@ -824,10 +825,12 @@ def layer_specs(
     graph_module: torch.fx.GraphModule,
     param_bytes: Sequence[int],
     input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE,
+    sample_free: frozenset[int] = frozenset(),
 ) -> tuple[LayerSpec, ...]:
     """Every layer's ``LayerSpec``, as the profiler records the layer (``tapp_core.profile.profiler``): its operation
     (``graph.op_type``), the layers it reads (the model's input when none), its first output tensor's shape per
-    sample (found by running the model on two samples, in eval mode) and whether it holds parameters."""
+    sample (found by running the model on two samples, in eval mode), whether it holds parameters, and whether it
+    is one of the ``sample_free`` layers (``crossing.CutFacts.sample_free``)."""
     index = layer_index(graph_module)
     shapes: dict[torch.fx.Node, tuple[int, ...]] = {}
 
@@ -855,6 +858,7 @@ def layer_specs(
             shape=shapes.get(node, ()),
             has_params=param_bytes[i] > 0,
             axes=op_axes(node, len(shapes.get(node, ())) + 1),
+            sample_free=i in sample_free,
         )
         for node, i in index.items()
     )
