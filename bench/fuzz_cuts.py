@@ -32,7 +32,7 @@ import torch
 
 from tapp_core.measure.metrics import run_length
 from tapp_core.model.graph import LayerSpec
-from tapp_core.model.zoo import build_traced_model
+from tapp_core.model.workload import build_traced_workload, workload_of
 from tapp_core.plan.placement import DATA, SIGNATURES
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import WorkerPool, check_before_launch
@@ -65,7 +65,8 @@ SCHEDULES = ("gpipe", "1f1b", "async")
 @functools.cache
 def model_specs(model: str) -> tuple[LayerSpec, ...]:
     """The layers of ``model``'s traced graph, traced once per model for every draw."""
-    return tuple(ModelGraph.of(build_traced_model(model)).specs)
+    workload = workload_of(model)  # traced as the ranks trace it: exported where torch.fx cannot (nanoGPT)
+    return tuple(ModelGraph.of(build_traced_workload(workload), workload.feed).specs)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.fx
 from torch import nn
 
 from tapp_core.measure.metrics import Measurement, run_length
 from tapp_core.model.graph import layer_nodes, layer_parameters
+from tapp_core.model.workload import build_traced_workload, workload_of
 from tapp_core.model.zoo import build_model, build_traced_model
 from tapp_core.plan.plan import Plan
 from tapp_core.plan.schedules import Async
@@ -33,9 +35,14 @@ OPTIMIZER = OptimizerConfig(lr=0.05, momentum=0.9)
 RTOL, ATOL = 1e-4, 1e-5
 
 
+def traced_as_ranks_trace(model: str, seed: int = SEED) -> torch.fx.GraphModule:
+    """``model`` traced as the ranks trace it: by torch.fx, else exported (nanoGPT's sliced mask needs it)."""
+    return build_traced_workload(workload_of(model), seed)
+
+
 def stages_by_cuts(model: str, cuts: tuple[int, ...]) -> tuple[int, ...]:
     """Stage of every layer when stage s starts at layer ``cuts[s-1]``."""
-    n_layers = len(layer_nodes(build_traced_model(model)))
+    n_layers = len(layer_nodes(traced_as_ranks_trace(model)))
     return tuple(sum(layer >= cut for cut in cuts) for layer in range(n_layers))
 
 
@@ -212,7 +219,7 @@ def async_reference(
     stale = sum(version_at_forward[s][g] < g // MICRO_BATCHES for s in range(n_stages) for g in version_at_forward[s])
     assert stale > 0, "the replay must have micro-batches that ran on old weights"
 
-    traced = build_traced_model(model, seed=SEED)
+    traced = traced_as_ranks_trace(model)
     stage_of = stages_by_cuts(model, cuts)
     net = precision.model(model)
     live = {n: p for n, p in net.named_parameters() if p.requires_grad}  # a frozen parameter is not trained

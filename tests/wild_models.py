@@ -18,10 +18,14 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
 - ``finetune``: a frozen backbone (``requires_grad = False``) under a trained head, its logits scaled by a learned
   temperature (``self.logit_scale.exp()``, a value of a weight alone);
 - ``mixer_mha``: ``nn.MultiheadAttention`` unpacked as ``mixed, _ = attn(x, x, x, need_weights=False)``, a
-  weight-normed ``Linear`` (``nn.utils.parametrizations.weight_norm``), ``torch.stack`` of token statistics.
+  weight-normed ``Linear`` (``nn.utils.parametrizations.weight_norm``), ``torch.stack`` of token statistics;
+- ``nano_gpt``: nanoGPT's model over the image's rows: positions looked up by ``torch.arange``, a causal mask kept
+  as a buffer, sliced and applied with ``masked_fill``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -318,6 +322,66 @@ class MixerMHA(nn.Module):
         return logits
 
 
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one fused projection split by ``.split``, heads by ``view(...).transpose(1, 2)``, and a
+    causal mask kept as a buffer, sliced to the sequence and applied with ``masked_fill``."""
+
+    def __init__(self, dim: int, heads: int, block: int) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(dim, 3 * dim)
+        self.c_proj = nn.Linear(dim, dim)
+        self.n_head, self.n_embd = heads, dim
+        self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        out: torch.Tensor = self.c_proj(y)
+        return out
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's model over an image's rows as tokens: token and position embeddings (``self.wpe(pos)``, with
+    ``pos = torch.arange(0, t, dtype=torch.long, device=device)``), pre-norm blocks, a head on the last token."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, layers: int = 2, block: int = 32) -> None:
+        super().__init__()
+        self.wte = nn.Linear(3 * 32, dim)
+        self.wpe = nn.Embedding(block, dim)
+        self.h = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "ln_1": nn.LayerNorm(dim),
+                    "attn": CausalSelfAttention(dim, heads, block),
+                    "ln_2": nn.LayerNorm(dim),
+                    "mlp": nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, NUM_CLASSES, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = x.permute(0, 2, 1, 3).flatten(2)
+        device = idx.device
+        _, t, _ = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=device)
+        h = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            h = h + block["attn"](block["ln_1"](h))
+            h = h + block["mlp"](block["ln_2"](h))
+        logits: torch.Tensor = self.lm_head(self.ln_f(h)[:, -1, :])
+        return logits
+
+
 def mobilenet() -> MobileNet:
     return MobileNet()
 
@@ -354,6 +418,10 @@ def mixer_mha() -> MixerMHA:
     return MixerMHA()
 
 
+def nano_gpt() -> NanoGPT:
+    return NanoGPT()
+
+
 WILD_MODELS = tuple(
     f"tests.wild_models:{name}"
     for name in (
@@ -367,6 +435,7 @@ WILD_MODELS = tuple(
         "recurrent",
         "finetune",
         "mixer_mha",
+        "nano_gpt",
     )
 )
 WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)
