@@ -38,6 +38,7 @@ from tapp_core.plan.plan import Plan
 from tapp_core.runtime import WorkerPool, check_before_launch
 from tapp_core.runtime.stage import ModelGraph
 from tests.factories import plain_cluster
+from tests.output_models import OUTPUT_MODELS
 from tests.test_runtime_correctness import (
     ATOL,
     BATCH,
@@ -56,8 +57,8 @@ from tests.user_models import USER_MODELS
 from tests.wild_models import WILD_MODELS
 from tests.wild_models import WITH_BATCH_NORM as WILD_BATCH_NORM
 
-MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS)
-WITH_BATCH_NORM = {USER_MODELS[0], *WILD_BATCH_NORM}
+MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS, *OUTPUT_MODELS)
+WITH_BATCH_NORM = {USER_MODELS[0], *WILD_BATCH_NORM, "tests.output_models:aux_classifier"}
 """Models whose BatchNorm normalises over a device's rows: a stage of several devices differs from one device."""
 SCHEDULES = ("gpipe", "1f1b", "async")
 

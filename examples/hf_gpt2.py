@@ -6,11 +6,11 @@ downloaded), as a causal language model over byte ids trained with AdamW. Needs 
 
 torch.fx cannot trace transformers' models (their Python branches on the configuration and on which arguments
 were given); TAPP then exports the model with ``torch.export`` on the workload's example inputs and splits the
-exported graph, whose parameters keep the model's own names (``model.transformer.h.0.attn.c_attn.weight``...).
+exported graph, whose parameters keep the model's own names (``transformer.h.0.attn.c_attn.weight``...), so the
+trained ``model.safetensors`` loads back into ``GPT2LMHeadModel``.
 Dropout is off: an exported graph keeps the training mode it was exported in.
 """
 
-import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -22,18 +22,8 @@ workload = {
     "loss": "cross_entropy",
     "optimizer": {"name": "AdamW", "lr": 0.003, "weight_decay": 0.01, "betas": [0.9, 0.95]},
     "data": "synthetic",
+    "output": "logits",  # of the CausalLMOutputWithCrossAttentions it returns: TAPP's loss reads one tensor
 }
-
-
-class NextByteLogits(nn.Module):
-    """GPT-2 taking token ids and returning only its logits (TAPP's loss reads one tensor)."""
-
-    def __init__(self, model: GPT2LMHeadModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids).logits
 
 
 def build() -> nn.Module:
@@ -50,4 +40,4 @@ def build() -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
     )
-    return NextByteLogits(GPT2LMHeadModel(config))
+    return GPT2LMHeadModel(config)

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tapp_core.model.checkpoint_options import CheckpointOptions
+from tapp_core.model.workload import build_traced_workload, workload_of
 from tapp_core.model.zoo import build_model
 from tapp_core.runtime.checkpoint import (
     KEEP,
@@ -170,6 +171,24 @@ def test_a_checkpoint_of_another_model_or_batch_size_is_refused(tmp_path: Path) 
     # and every resumed segment trained to the end of the epoch).
     segment, _ = prepare_checkpoints(CheckpointOptions(resume=str(tmp_path), every=3, until=6), MODEL, 16)
     assert segment == CheckpointOptions(str(tmp_path), 3, str(step_folder(tmp_path, 1)), until=6)
+
+
+def test_a_model_with_weights_no_layer_uses_resumes_from_what_its_stages_hold(tmp_path: Path) -> None:
+    """An auxiliary head feeding no trained output (or a layer never called) is on no stage, so no checkpoint holds
+    it: resuming compares the checkpoint with what the stages hold (it compared with the whole model, and refused
+    every such checkpoint as "of model m, not m")."""
+    model = "tests.output_models:aux_classifier"
+    state = build_traced_workload(workload_of(model)).state_dict()
+    folder = step_folder(tmp_path, 1)
+    write_pieces(folder, "device-000", [Piece(STATE, name, tensor) for name, tensor in state.items()])
+    commit(folder, ["device-000"], {**META, "model": model, "step": 1, "epoch": 0, "epoch_step": 1})
+    resolved, _ = prepare_checkpoints(CheckpointOptions(resume=str(tmp_path)), model, 16)
+    assert resolved.resume == str(folder)
+    older = step_folder(tmp_path / "older", 1)  # the same model as it was before its file changed
+    write_pieces(older, "device-000", [Piece(STATE, name, t) for name, t in state.items() if not name.startswith("fc")])
+    commit(older, ["device-000"], {**META, "model": model, "step": 1, "epoch": 0, "epoch_step": 1})
+    with pytest.raises(TrainingCheckpointError, match=f"is of another '{model}' .they differ in 'fc.bias', 2 names"):
+        prepare_checkpoints(CheckpointOptions(resume=str(older)), model, 16)
 
 
 def test_tapp_export_writes_the_newest_checkpoints_model(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from tapp_core.plan.ties import plan_ties
 from tapp_core.runtime.engine import check_routes
 from tapp_core.runtime.launch import check_before_launch
 from tapp_core.runtime.stage import ModelGraph, Stage, split_stages
+from tests.output_models import OUTPUT_MODELS
 from tests.tuple_models import TUPLE_MODELS
 from tests.user_models import USER_MODELS
 from tests.wild_models import WILD_MODELS
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from tapp_core.runtime import WorkerPool
 
 TIED = "tests.user_models:tied"
-MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS)
+MODELS = ("mlp", "tiny_cnn", "tiny_branchy", "tiny_vit", *USER_MODELS, *TUPLE_MODELS, *WILD_MODELS, *OUTPUT_MODELS)
 PLANS_PER_MODEL = 4
 
 

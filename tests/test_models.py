@@ -344,3 +344,31 @@ def test_a_model_torch_fx_cannot_trace_is_exported_and_one_that_cannot_be_either
     assert {name for name, _ in traced.named_parameters()} == {"head.weight", "head.bias"}
     with pytest.raises(ModelError, match=r"cannot be traced by torch\.fx, .*; nor by torch\.export: "):
         build_traced_workload(workload_of(f"{path}:DependsOnValues"), seed=0)
+
+
+class _DeadAndInPlace(nn.Module):
+    """A layer whose value nothing uses, an in-place update whose result nothing uses, and a weight never read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.probe = nn.Linear(4, 2)
+        self.never = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.probe(y)  # computed and dropped
+        y.add_(1.0)  # changes y: its unused result must not take the change with it
+        return y * 2
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["fx", "export"])
+def test_tracing_drops_what_nothing_uses_and_keeps_what_changes_a_value(exported: bool) -> None:
+    from tapp_core.model.graph import _traced_by_export, drop_dead_nodes
+
+    model = _DeadAndInPlace()
+    x = torch.randn(3, 4)
+    traced = _traced_by_export(model, x, "dead", RuntimeError()) if exported else torch.fx.symbolic_trace(model)
+    drop_dead_nodes(traced)
+    assert torch.equal(traced(x), model(x))
+    assert not any(name.startswith(("probe", "never")) for name in traced.state_dict())

@@ -34,6 +34,7 @@ from tapp_core.profile.library import LayerLibrary
 from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime.launch import check_before_launch
 from tapp_core.runtime.stage import StageFactory
+from tests.output_models import OUTPUT_MODELS
 from tests.wild_models import WILD_MODELS
 
 ZOO_EXAMPLES = {"hf_gpt2.py": "transformers"}
@@ -59,6 +60,7 @@ MODELS = (
     *TIED,
     AWKWARD,
     *WILD_MODELS,
+    *OUTPUT_MODELS,
 )
 BATCH = 8
 BUDGET = 60

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,17 @@ from tapp_core.model.workload import (
     Workload,
     WorkloadError,
     build_traced_workload,
+    build_workload_model,
     check_workload,
+    select_output,
+    selected_output,
     synthetic_samples,
     workload_of,
 )
 from tapp_core.runtime.batches import SyntheticBatches, pad_batch
 from tapp_core.runtime.optim import compensation_warning, make_optimizer, predicted_weights
 from tapp_core.runtime.stage import split_stages
+from tests.output_models import OUTPUT_MODELS, InceptionOutputs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -149,3 +154,70 @@ def test_adam_is_fused_and_updates_as_pytorchs_loop_does(name: str) -> None:
     kept = make_optimizer([nn.Parameter(torch.zeros(2))], OptimizerConfig(name=name, options=(("fused", False),)))
     assert not kept.defaults["fused"]  # the configuration's own options win
     assert not make_optimizer([nn.Parameter(torch.zeros(2))], OptimizerConfig()).defaults.get("fused")  # SGD as it was
+
+
+@pytest.mark.parametrize("model", OUTPUT_MODELS)
+def test_a_model_of_several_outputs_trains_on_the_one_its_workload_names_under_its_own_parameter_names(
+    model: str,
+) -> None:
+    """A dict's key, a named tuple's field: the graph returns that output alone, the heads feeding only the others
+    are dropped (their weights no stage holds), and every name is the model's own, so the trained weights load
+    back into it."""
+    workload = workload_of(model)
+    assert workload.output == "logits"
+    check_workload(workload)
+    selecting = build_workload_model(workload).train()
+    as_written = type(selecting).__mro__[1]()  # the model's own class
+    feed = workload.example(4)
+    as_written.load_state_dict(selecting.state_dict())  # strict: the same names
+    written = as_written.train()(feed)
+    want = written["logits"] if isinstance(written, dict) else written.logits
+    assert torch.equal(selecting(feed), want)
+    traced = build_traced_workload(workload)
+    assert torch.equal(traced.train()(feed), want)
+    held = set(traced.state_dict())
+    assert held <= set(as_written.state_dict())
+    assert not any(name.startswith("aux.") for name in held)  # the auxiliary head feeds no trained output
+
+
+def test_an_output_is_a_key_a_field_or_a_position_and_a_wrong_one_says_what_the_model_returns() -> None:
+    logits, aux = torch.ones(2, 3), torch.zeros(2, 3)
+    assert selected_output({"logits": logits, "aux": aux}, "logits", "m") is logits
+    assert selected_output(InceptionOutputs(logits, aux), "logits", "m") is logits
+    assert selected_output((aux, logits), -1, "m") is logits
+    assert selected_output(logits, "logits", "m") is logits  # one tensor (torchvision's Inception in evaluation)
+    with pytest.raises(WorkloadError, match=r"returns no output 'logit'; it returns \['aux', 'logits'\]"):
+        selected_output({"logits": logits, "aux": aux}, "logit", "m")
+    with pytest.raises(WorkloadError, match="returns 2 outputs, so it has no output 2"):
+        selected_output((logits, aux), 2, "m")
+    with pytest.raises(WorkloadError, match="names a position in a tuple, and model 'm' returns a dict of"):
+        selected_output({"logits": logits}, 0, "m")
+    with pytest.raises(WorkloadError, match="neither a key"):
+        Workload("mlp", output=True)
+
+
+def test_a_model_of_several_outputs_without_one_named_stops_in_one_line_naming_them() -> None:
+    from tapp_core.profile.profiler import ProfileError, ProfileRequest, profile_model
+
+    unnamed = dataclasses.replace(workload_of(OUTPUT_MODELS[0]), output=None)
+    with pytest.raises(ProfileError, match=r"returns a dict of \['features', 'logits'\], not one tensor: name the"):
+        profile_model(ProfileRequest(unnamed, 4, repeats=1, warmup=0))
+
+
+class _Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 3, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        out: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] = self.lstm(x)
+        return out
+
+
+def test_an_output_of_a_tuple_torch_fx_cannot_see_into_is_taken_in_the_graph() -> None:
+    model = _Recurrent()
+    x = torch.randn(2, 5, 4)
+    want = model(x)[0]
+    select_output(model, 0)
+    traced = torch.fx.symbolic_trace(model)  # the LSTM is a leaf: its (out, (h, c)) is one value to the tracer
+    assert torch.equal(traced(x), want) and torch.equal(model(x), want)

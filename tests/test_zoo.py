@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from tapp_core.model.graph import ModelError, trace_model
 from tapp_core.model.workload import build_traced_workload, build_workload_model, workload_of
+from tapp_core.model.zoo import build_model
 from tapp_core.plan.plan import Plan
 from tests.test_examples import EXAMPLES, tapp
 
@@ -29,9 +30,11 @@ def test_torch_fx_cannot_trace_it_and_the_export_keeps_its_names_and_outputs() -
         trace_model(model)
     traced = build_traced_workload(workload, seed=0)
     names = {name for name, _ in traced.named_parameters()}
-    assert "model.transformer.h.0.attn.c_attn.weight" in names
+    assert "transformer.h.0.attn.c_attn.weight" in names  # the model's own: it returns a dict, and its
+    # workload names the output it trains on ("output": "logits"), without a wrapper to prefix the names
     ids = workload.example(3)  # another batch size than the export's
     assert torch.allclose(traced(ids), model(ids), atol=1e-5)
+    assert torch.allclose(traced(ids), type(model).__mro__[1].forward(model, ids).logits, atol=1e-5)
 
 
 @pytest.mark.mpi
@@ -52,4 +55,8 @@ def test_gpt2_profiles_plans_measures_and_trains(work_dir: Path) -> None:
     losses = [float(line.split("train loss ")[1].split(",")[0]) for line in output.splitlines() if "train loss" in line]
     assert len(losses) == 2 and losses[1] < losses[0], output
     weights = load_file(work_dir / "checkpoints" / "model.safetensors")
-    assert "model.transformer.wte.weight" in weights
+    fresh = build_model(GPT2)  # GPT2LMHeadModel as transformers builds it
+    missing, unexpected = fresh.load_state_dict(weights, strict=False)
+    assert set(missing) <= {"lm_head.weight"}, missing  # the head is tied to the embedding
+    assert all(name.startswith("_tensor_constant") for name in unexpected), unexpected  # the export's constants
+    assert torch.equal(fresh.transformer.wte.weight, weights["transformer.wte.weight"])

@@ -7,6 +7,7 @@ modules are leaves; user containers are traced through) plus every function and 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -65,9 +66,24 @@ def trace_model(model: nn.Module, name: str = "", example: torch.Tensor | None =
         if example is None:
             raise _untraceable(label, exc) from exc
         graph_module = _traced_by_export(model, example, label, exc)
+    drop_dead_nodes(graph_module)
     if not layer_nodes(graph_module):
         raise ModelError(f"model {label!r} has no layers after tracing")
     return graph_module
+
+
+def drop_dead_nodes(graph_module: torch.fx.GraphModule) -> None:
+    """Remove the nodes whose value nothing uses and that change nothing: a weight the model holds but never reads
+    (an exported model reads all it holds), a head whose output the model computes but does not return. An
+    in-place method (``x.add_(y)``, its result unused) changes its input, and stays."""
+
+    def changes_something(node: torch.fx.Node) -> bool:
+        in_place = node.op == "call_method" and str(node.target).endswith("_")
+        return in_place or node.target is operator.setitem or node.is_impure()
+
+    if graph_module.graph.eliminate_dead_code(is_impure_node=changes_something):
+        graph_module.delete_all_unused_submodules()
+        graph_module.recompile()
 
 
 def _first_line(exc: BaseException) -> str:

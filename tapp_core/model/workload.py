@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -200,10 +201,15 @@ class Workload:
     CIFAR-shaped image trains on ``synthetic`` samples of its own specs."""
     num_classes: int = 10
     """The classes a registered model is built with."""
+    output: str | int | None = None
+    """Which output it trains on where the model returns several: a key of the dict (or ``ModelOutput``) it
+    returns (``"logits"``), or a position in its tuple (``0``); None: the model returns one tensor."""
 
     def __post_init__(self) -> None:
         if not self.inputs:
             raise WorkloadError("a workload needs at least one input")
+        if self.output is not None and (isinstance(self.output, bool) or not isinstance(self.output, str | int)):
+            raise WorkloadError(f"output {self.output!r} is neither a key (a string) nor a position (an integer)")
         if self.loss not in LOSSES:
             raise WorkloadError(f"loss {self.loss!r} is not one of {', '.join(LOSSES)}")
         if self.targets not in TARGETS:
@@ -300,9 +306,74 @@ class PackedInputs(nn.Module):
 
 
 def build_workload_model(workload: Workload, seed: int | None = 0) -> nn.Module:
-    """The workload's model, taking ``Workload.feed``."""
+    """The workload's model, taking ``Workload.feed`` and returning the one tensor it trains on."""
     model = build_model(workload.model, num_classes=workload.num_classes, seed=seed)
+    if workload.output is not None:
+        select_output(model, workload.output, len(workload.inputs))
     return model if len(workload.inputs) == 1 else PackedInputs(model, workload.inputs)
+
+
+def select_output(model: nn.Module, output: str | int, inputs: int = 1) -> None:
+    """Make ``model`` (of ``inputs`` inputs) return only its output ``output`` (``Workload.output``). Its class
+    becomes a subclass whose ``forward`` selects, so its parameters keep their names (a wrapper would prefix
+    them, and the trained weights would no longer load into the model) and torch.fx and torch.export trace the
+    selection with it; the outputs left unused are then dropped from the graph (``graph.drop_dead_nodes``)."""
+    base = type(model)
+
+    def forward_of_one(self: nn.Module, x: Any) -> Any:  # torch.fx names the graph's inputs by these parameters
+        return selected_output(base.forward(self, x), output, base.__name__)
+
+    def forward_of_several(self: nn.Module, *given: Any) -> Any:  # reached inside PackedInputs, never a root
+        return selected_output(base.forward(self, *given), output, base.__name__)
+
+    forward = forward_of_one if inputs == 1 else forward_of_several
+    namespace = {"forward": forward, "__module__": base.__module__, "__qualname__": base.__qualname__}
+    model.__class__ = type(base.__name__, (base,), namespace)
+
+
+def selected_output(value: Any, output: str | int, model: str) -> Any:
+    """Output ``output`` of the ``value`` a model returned: a key of a dict or a field of a named tuple (the
+    ``logits`` of a ``ModelOutput`` or of torchvision's ``InceptionOutputs``), a position in a tuple or list. A
+    model that returns one tensor returns it (torchvision's Inception returns its auxiliary logits only when
+    training)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(output, str) and output in getattr(value, "_fields", ()):
+        return getattr(value, output)
+    if isinstance(output, str) and isinstance(value, Mapping):
+        if output not in value:
+            raise WorkloadError(f"model {model!r} returns no output {output!r}; it returns {sorted(value)}")
+        return value[output]
+    if isinstance(output, int) and isinstance(value, tuple | list):
+        if not -len(value) <= output < len(value):
+            raise WorkloadError(f"model {model!r} returns {len(value)} outputs, so it has no output {output}")
+        return value[output]
+    if isinstance(value, torch.fx.Proxy):  # a tuple torch.fx cannot see into (a traced call's result)
+        return operator.getitem(value, output)
+    raise WorkloadError(f"output {output!r} names {_kind(output)}, and model {model!r} returns {returned(value)}")
+
+
+NAME_THE_OUTPUT = (
+    "name the one it trains on as 'output' in its workload (a key such as 'logits', or a position such as 0; "
+    "README: Your own workload)"
+)
+
+
+def _kind(output: str | int) -> str:
+    return "a key of a dict" if isinstance(output, str) else "a position in a tuple"
+
+
+def returned(value: Any) -> str:
+    """What a model returned, in words: a dict's keys, a tuple's length, a tensor's shape."""
+    if isinstance(value, Mapping):
+        return f"a dict of {sorted(value)}"
+    if hasattr(value, "_fields"):
+        return f"a named tuple of {list(value._fields)}"
+    if isinstance(value, tuple | list):
+        return f"a {'list' if isinstance(value, list) else 'tuple'} of {len(value)} values"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def build_traced_workload(workload: Workload, seed: int | None = 0) -> torch.fx.GraphModule:
@@ -386,8 +457,9 @@ def check_inputs(workload: Workload) -> None:
     """``WorkloadError`` in one line, saying what to give, when the model's forward takes another number of inputs
     than the workload gives (it builds the model; it runs nothing)."""
     model = build_model(workload.model, num_classes=workload.num_classes)
-    takes = _positional_inputs(model)
-    if takes is not None and takes != len(workload.inputs):
+    required, accepted = _positional_inputs(model)
+    if not required <= len(workload.inputs) <= accepted:
+        takes = required if required == accepted else f"{required} to {accepted}"
         raise WorkloadError(
             f"model {workload.model!r} takes {takes} inputs and its workload gives {len(workload.inputs)} "
             f"({', '.join(s.describe() for s in workload.inputs)}): {_GIVE_INPUTS}"
@@ -416,13 +488,17 @@ def check_workload(workload: Workload) -> None:
 _GIVE_INPUTS = "give its inputs, targets and loss in a module-level 'workload' in its file (README: Your own workload)"
 
 
-def _positional_inputs(model: nn.Module) -> int | None:
-    """How many positional arguments the model's forward requires (None when it takes ``*args``)."""
+def _positional_inputs(model: nn.Module) -> tuple[int, float]:
+    """How many positional arguments the model's forward requires, and how many it accepts (those with defaults
+    too, as a zoo's ``forward(input_ids=None, ...)``; unbounded with ``*args``)."""
     parameters = inspect.signature(model.forward).parameters.values()
+    positional = [
+        p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = sum(1 for p in positional if p.default is inspect.Parameter.empty)
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
-        return None
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty)
+        return required, math.inf
+    return required, len(positional)
 
 
 @dataclass(frozen=True, kw_only=True)

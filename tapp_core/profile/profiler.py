@@ -35,7 +35,15 @@ from tapp_core.errors import TappError
 from tapp_core.model.crossing import CUT_SAMPLES, cut_facts
 from tapp_core.model.flops import node_flops, tensors_in
 from tapp_core.model.graph import ModelError, layer_index, layer_param_bytes, op_axes, op_type, shared_parameters
-from tapp_core.model.workload import TensorSpec, Workload, as_workload, build_traced_workload, example_input
+from tapp_core.model.workload import (
+    NAME_THE_OUTPUT,
+    TensorSpec,
+    Workload,
+    as_workload,
+    build_traced_workload,
+    example_input,
+    returned,
+)
 from tapp_core.platform import gpu
 from tapp_core.profile.library import PROFILE_VERSION, Layer, LayerLibrary
 
@@ -165,11 +173,12 @@ def _loss(output: torch.Tensor, labels: torch.Tensor, workload: Workload) -> tor
 
 def _check_output(output: object, batch_size: int, name: str) -> int:
     """The number of classes; the model must return one (batch, classes) tensor of logits."""
-    if not isinstance(output, torch.Tensor) or output.dim() != 2 or output.shape[0] != batch_size:
-        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+    if not isinstance(output, torch.Tensor):
+        raise ProfileError(f"model {name!r} returns {returned(output)}, not one tensor: {NAME_THE_OUTPUT}")
+    if output.dim() != 2 or output.shape[0] != batch_size:
         raise ProfileError(
             f"model {name!r} must return one tensor of logits shaped (batch={batch_size}, classes) for the "
-            f"cross-entropy loss of a training step; it returned {shape}"
+            f"cross-entropy loss of a training step; it returned {tuple(output.shape)}"
         )
     return int(output.shape[1])
 

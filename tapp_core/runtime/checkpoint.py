@@ -206,8 +206,9 @@ class Checkpoint:
         held = self.shapes(STATE)
         if held != dict(shapes):
             differ = sorted(set(held) ^ set(shapes)) or sorted(n for n in held if held[n] != shapes[n])
+            which = f"model {self.model!r}, not {model!r}" if self.model != model else f"another {model!r}"
             raise TrainingCheckpointError(
-                f"checkpoint {self.folder} is of model {self.model!r}, not {model!r} (they differ in {differ[0]!r})"
+                f"checkpoint {self.folder} is of {which} (they differ in {differ[0]!r}, {len(differ)} names in all)"
             )
 
     def _read(self, piece: Mapping[str, Any]) -> torch.Tensor:
@@ -309,7 +310,7 @@ def prepare_checkpoints(
     """``options`` with ``resume`` made the complete checkpoint it names, checked against ``model``'s workload (its
     model's state names and shapes) and ``batch_size`` (the data order counts batches), and the checkpoint's seed
     (its data order's); unchanged, and None, when not resuming. Raises ``TrainingCheckpointError``; writes nothing."""
-    from tapp_core.model.workload import as_workload, build_workload_model
+    from tapp_core.model.workload import as_workload, build_traced_workload
 
     if options.every < 0:
         raise TrainingCheckpointError(f"checkpoint interval must be 0 or more steps, got {options.every}")
@@ -320,7 +321,7 @@ def prepare_checkpoints(
     if checkpoint is None:
         return options, None
     workload = as_workload(model)
-    state = build_workload_model(workload).state_dict()
+    state = build_traced_workload(workload).state_dict()  # what the stages hold: a weight no layer uses is not
     checkpoint.check_model(workload.model, {name: tuple(tensor.shape) for name, tensor in state.items()})
     if int(checkpoint.manifest.get("batch_size", batch_size)) != batch_size:
         raise TrainingCheckpointError(

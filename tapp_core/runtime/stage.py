@@ -40,7 +40,14 @@ from tapp_core.model.graph import (
     op_type,
     shared_parameters,
 )
-from tapp_core.model.workload import TensorSpec, Workload, as_workload, build_traced_workload, example_input
+from tapp_core.model.workload import (
+    NAME_THE_OUTPUT,
+    TensorSpec,
+    Workload,
+    as_workload,
+    build_traced_workload,
+    example_input,
+)
 from tapp_core.model.zoo import INPUT_SHAPE
 from tapp_core.plan.plan import PlanError, check_edges, check_layers, check_stages_used
 from tapp_core.plan.rule import ModelFacts
@@ -552,7 +559,7 @@ class _ValueFlow:
             elif node.op == "output":
                 (result,) = node.args
                 if not isinstance(result, torch.fx.Node) or result not in flow.value_of_node:
-                    raise StageError("the model must return one tensor (the logits)")
+                    raise StageError(f"the model must return one tensor: {NAME_THE_OUTPUT}")
                 flow.output = flow.value_of_node[result]
         flow._check(n_stages)
         return flow
