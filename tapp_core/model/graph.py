@@ -66,7 +66,6 @@ def trace_model(model: nn.Module, name: str = "", example: torch.Tensor | None =
         if example is None:
             raise _untraceable(label, exc) from exc
         graph_module = _traced_by_export(model, example, label, exc)
-    drop_dead_nodes(graph_module)
     if not layer_nodes(graph_module):
         raise ModelError(f"model {label!r} has no layers after tracing")
     return graph_module
@@ -105,9 +104,11 @@ def _traced_by_export(
     batch = torch.export.Dim("batch", min=1)
     try:
         exported = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-        return torch.fx.symbolic_trace(exported.module())
+        graph_module = torch.fx.symbolic_trace(exported.module())
     except Exception as exc:  # export raises many kinds (UserError, GuardOnDataDependentSymNode, ...)
         raise _untraceable(label, fx_error, exc) from exc
+    drop_dead_nodes(graph_module)  # an exported module reads every weight it holds, used or not
+    return graph_module
 
 
 def layer_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from tapp_core.model.checkpoint_options import CheckpointOptions
 from tapp_core.model.data import TEXT_DATASETS, ByteText, InMemoryImages, check_dataset, open_dataset, open_text
-from tapp_core.model.graph import ModelError, trace_model
+from tapp_core.model.graph import ModelError, drop_dead_nodes, trace_model
 from tapp_core.model.zoo.registry import (
     INPUT_SHAPE,
     MODEL_NAMES,
@@ -377,8 +377,12 @@ def returned(value: Any) -> str:
 
 
 def build_traced_workload(workload: Workload, seed: int | None = 0) -> torch.fx.GraphModule:
-    """The workload's model traced (``trace_model``: by torch.fx, else exported on the workload's example feed)."""
-    return trace_model(build_workload_model(workload, seed), name=workload.model, example=workload.example())
+    """The workload's model traced (``trace_model``: by torch.fx, else exported on the workload's example feed);
+    where it trains on one of several outputs, without what feeds only the others."""
+    traced = trace_model(build_workload_model(workload, seed), name=workload.model, example=workload.example())
+    if workload.output is not None:
+        drop_dead_nodes(traced)
+    return traced
 
 
 def as_workload(model: str | Workload) -> Workload:
