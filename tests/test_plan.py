@@ -218,5 +218,11 @@ def test_every_field_survives_json_and_the_id_is_its_content() -> None:
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.id == plan.id
     assert again.signatures == ((2, "col"), (3, "row")) and again.staleness == 1 and again.bucket_bytes == 0
-    assert plan.describe() == "d0 | d1+d2 (0.75/0.25; layer 2 col, layer 3 row), m=2, async (staleness 1)"
+    assert plan.describe() == (
+        "d0 (layers 0-1) | d1+d2 (layers 2-3; 0.75/0.25; layer 2 col, layer 3 row), m=2, async (staleness 1)"
+    )
+    assert (
+        Plan("m", 8, 1, "1f1b", (0, 1, 0, 1), (("d0",), ("d1",))).describe()
+        == "d0 (2 layers) | d1 (2 layers), m=1, 1f1b"
+    )
     assert two_stage().id == two_stage(signatures={"2": "data"}).id, "data is every layer's default: no field"

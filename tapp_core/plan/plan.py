@@ -245,13 +245,13 @@ class Plan:
         return [i for i, s in enumerate(self.stage_of_layer) if s == stage]
 
     def describe(self, library: LayerLibrary | None = None) -> str:
-        """The plan in one line: its stages (devices, shares where unequal, split layers by name with a library),
-        micro-batches and schedule (with its staleness bound), e.g. ``cpu0 | cpu1+cpu2 (0.6/0.4; fc1 col, fc2 row),
-        m=2, async (staleness 1)``."""
+        """The plan in one line: its stages (devices, layers where there are several stages, shares where unequal,
+        split layers by name with a library), micro-batches and schedule (with its staleness bound), e.g.
+        ``cpu0 (layers 0-1) | cpu1+cpu2 (layers 2-3; 0.6/0.4; fc1 col, fc2 row), m=2, async (staleness 1)``."""
         stages = []
         for s, group in enumerate(self.stage_devices):
             text = "+".join(group)
-            details = []
+            details = [self._layers_of(s)] if self.n_stages > 1 else []
             if self.stage_shares and len(set(self.stage_shares[s])) > 1:
                 details.append("/".join(f"{x:.2g}" for x in self.stage_shares[s]))
             split = [
@@ -266,6 +266,13 @@ class Plan:
             stages.append(f"{text} ({'; '.join(details)})" if details else text)
         schedule = self.schedule + (f" (staleness {self.staleness})" if self.staleness is not None else "")
         return f"{' | '.join(stages)}, m={self.micro_batches}, {schedule}"
+
+    def _layers_of(self, stage: int) -> str:
+        """Stage ``stage``'s layers: their range where they follow each other, else how many."""
+        layers = [x for x, owner in enumerate(self.stage_of_layer) if owner == stage]
+        if layers and layers[-1] - layers[0] + 1 == len(layers):
+            return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
+        return f"{len(layers)} layers"
 
     def canonical(self) -> dict[str, object]:
         """The content that decides what runs; the id is its hash. Planner name and notes are not part of it. The
