@@ -60,7 +60,7 @@ def test_the_plan_carries_the_choice_and_old_plans_keep_their_id() -> None:
     assert recomputing.recompute == (0, 1) and recomputing.id != old.id
     again = Plan.from_json(recomputing.to_json())
     assert again == recomputing and again.recomputes(1)
-    assert "d1 (recompute)" in recomputing.describe()
+    assert "d1 (layers 2-3; recompute)" in recomputing.describe()
     with pytest.raises(PlanError, match=r"recompute names stage 2, but stages are 0\.\.1"):
         dataclasses.replace(old, recompute=(2,))
     split = Plan("toy", 8, 1, "gpipe", (0, 0), (("d0", "d1"),), signatures=((0, "col"),))
