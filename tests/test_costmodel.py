@@ -25,7 +25,7 @@ from tapp_core.cost.context import CostContext
 from tapp_core.cost.estimate import NO_MICRO_BATCH, Estimate, TimelineOp, breakdown
 from tapp_core.cost.simulation import estimate
 from tapp_core.measure.step import communication_share
-from tapp_core.plan.plan import Plan, PlanError, single_stage_plan, stage_memory_terms
+from tapp_core.plan.plan import BUCKET_COPIES, Plan, PlanError, single_stage_plan, stage_memory_terms
 from tapp_core.platform.cluster import Cluster, parse_cluster
 from tapp_core.profile.library import Layer, LayerLibrary
 
@@ -155,6 +155,30 @@ def test_single_device() -> None:
     assert terms["training state"] == 1200 and terms["activations"] == 2 * (lib.input_bytes + 10 + 20) * 4
     assert result.peak_memory_bytes == {"d0": int(sum(terms.values()))}
     assert result.communication_share == 0.0
+
+
+def test_frozen_parameters_are_held_but_never_summed_stepped_stashed_or_given_state() -> None:
+    """A fine-tuned model (layer 0 frozen): its weights count once in memory; its gradients are never summed
+    among replicas; the update steps, stashes and keeps optimiser state for the trained layer alone."""
+    lib = library(chain(2), [3.0, 3.0], [6.0, 6.0], [10, 10], param_bytes=[300, 300], batch_size=6)
+    frozen = dataclasses.replace(lib, layers=[dataclasses.replace(lib.layers[0], frozen_bytes=300), lib.layers[1]])
+    assert (frozen.layers[0].trained_bytes, frozen.layers[1].trained_bytes) == (0, 300)
+    cl = cluster([1.0, 1.0, 0.5], bandwidth=50.0, latency=0.2)
+    bsp = single_stage_plan(lib, ["d0", "d1", "d2"], micro_batches=1)
+    calibration = Calibration(update_s_per_param_byte=0.001)
+    every, tuned = (estimate(bsp, CostContext(x, cl, calibration)) for x in (lib, frozen))
+    # the allreduce of the trained 300 B: 2 * 2/3 * 300 / 50 + 2 * 2 * 0.2 = 8.8 s (of 600 B: 16.8 s)
+    assert_close([end - start for start, end in ops(every, "d0", "reduce")], [16.8])
+    assert_close([end - start for start, end in ops(tuned, "d0", "reduce")], [8.8])
+    assert_close([end - start for start, end in ops(tuned, "d0", "update")], [0.3])  # 0.001 s a trained byte
+    # memory: the weights (600 B), and a gradient and SGD's momentum of the trained 300 B
+    terms = stage_memory_terms(bsp, frozen, 0)["d0"]
+    assert terms["training state"] == 600 + 2 * 300 and terms["gradient buckets"] == BUCKET_COPIES * 300
+    # an asynchronous stage stashes the versions of its trained weights alone
+    asynchronous = plan([0, 1], [["d0"], ["d1"]], batch_size=6, micro_batches=2, schedule="async")
+    first = stage_memory_terms(asynchronous, frozen, 0)["d0"]
+    assert first["training state"] == 300 and first["stashed weights"] == 0
+    assert stage_memory_terms(asynchronous, lib, 0)["d0"]["stashed weights"] > 0
 
 
 def test_calibration_constants_enter_where_documented() -> None:

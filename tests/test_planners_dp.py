@@ -247,9 +247,12 @@ def test_autoddl_improves_on_its_start_and_respects_the_budget() -> None:
     assert evaluations <= 6 and full_time <= capped_time
 
 
-@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
-def test_the_memory_screen_agrees_with_validate(optimizer: str) -> None:
+@pytest.mark.parametrize(("optimizer", "frozen"), [("SGD", False), ("AdamW", False), ("AdamW", True)])
+def test_the_memory_screen_agrees_with_validate(optimizer: str, frozen: bool) -> None:
     library = chain_library()
+    if frozen:  # a fine-tuned model: the first half's parameters do not train
+        half = len(library.layers) // 2
+        library.layers = [dataclasses.replace(x, frozen_bytes=x.param_bytes * (x.index < half)) for x in library.layers]
     cluster = parse_cluster(
         {
             "name": "tight",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -367,3 +368,16 @@ def test_vit_class_token_and_position_embedding_count_on_their_users() -> None:
     assert len(shapes) >= 1 + 4 * len(model.blocks)
     assert all(layer.activation_bytes == 0 for layer in shapes)
     assert library.extra["ops_without_flop_rule"] == []
+
+
+def test_a_frozen_backbone_is_recorded_as_held_weights_and_survives_the_csv(tmp_path: Path) -> None:
+    """``Layer.frozen_bytes``: the part of a layer's parameters that does not train, which the cost model holds
+    without a gradient, optimiser state, stash or reduction."""
+    model = "tests.wild_models:finetune"
+    library = profile_model(ProfileRequest(model, BATCH, **FAST))
+    frozen = sum(p.numel() * p.element_size() for p in build_model(model).parameters() if not p.requires_grad)
+    assert frozen > 0 and sum(x.frozen_bytes for x in library.layers) == frozen
+    assert all(0 <= x.frozen_bytes <= x.param_bytes for x in library.layers)
+    assert any(x.trained_bytes > 0 for x in library.layers)
+    library.save(tmp_path)
+    assert [x.frozen_bytes for x in LayerLibrary.load(tmp_path).layers] == [x.frozen_bytes for x in library.layers]

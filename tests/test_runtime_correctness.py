@@ -142,6 +142,8 @@ SYNC_CASES = [
     # the logits of a model returning InceptionOutputs(logits, aux_logits): the auxiliary head on no stage
     ("aux-classifier-logits-1f1b-2", "pool2", "tests.output_models:aux_classifier", "1f1b", (4,), (("d0",), ("d1",))),
     ("frozen-stage-replicated-1f1b-3", "pool3", FINETUNE, "1f1b", (5,), (("d0", "d2"), ("d1",))),
+    # a frozen weight read on both stages (no tie: its copies never change) by a layer whose bias trains, replicated
+    ("frozen-tied-replicated-1f1b-3", "pool3", "tests.wild_models:frozen_tied", "1f1b", (5,), (("d0", "d2"), ("d1",))),
 ]
 
 

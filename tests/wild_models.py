@@ -20,7 +20,8 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
 - ``mixer_mha``: ``nn.MultiheadAttention`` unpacked as ``mixed, _ = attn(x, x, x, need_weights=False)``, a
   weight-normed ``Linear`` (``nn.utils.parametrizations.weight_norm``), ``torch.stack`` of token statistics;
 - ``nano_gpt``: nanoGPT's model over the image's rows: positions looked up by ``torch.arange``, a causal mask kept
-  as a buffer, sliced and applied with ``masked_fill``.
+  as a buffer, sliced and applied with ``masked_fill``;
+- ``frozen_tied``: a frozen weight read by two layers, the first of which has a trained bias.
 """
 
 from __future__ import annotations
@@ -382,6 +383,26 @@ class NanoGPT(nn.Module):
         return logits
 
 
+class FrozenTied(nn.Module):
+    """A frozen weight read by two layers (as a frozen embedding tied to its output head): the first use is a
+    ``Linear`` whose bias trains, the second ``F.linear`` on the same weight, trained layers between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, 4)
+        self.proj = nn.Linear(512, 32)
+        self.proj.weight.requires_grad = False
+        self.mid = nn.Linear(32, 512)
+        self.head = nn.Linear(32, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(torch.flatten(self.stem(x), 1))
+        h = torch.relu(self.mid(h))
+        h = F.linear(h, self.proj.weight)
+        logits: torch.Tensor = self.head(h)
+        return logits
+
+
 def mobilenet() -> MobileNet:
     return MobileNet()
 
@@ -422,6 +443,10 @@ def nano_gpt() -> NanoGPT:
     return NanoGPT()
 
 
+def frozen_tied() -> FrozenTied:
+    return FrozenTied()
+
+
 WILD_MODELS = tuple(
     f"tests.wild_models:{name}"
     for name in (
@@ -436,6 +461,7 @@ WILD_MODELS = tuple(
         "finetune",
         "mixer_mha",
         "nano_gpt",
+        "frozen_tied",
     )
 )
 WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)

@@ -18,7 +18,8 @@ class LayerArrays:
     backward_s: np.ndarray
     forward_fixed_s: np.ndarray
     backward_fixed_s: np.ndarray
-    param_bytes: np.ndarray
+    trained_bytes: np.ndarray
+    """The parameters that train (``Layer.trained_bytes``): what an update steps and a replicated stage sums."""
     activation_bytes: np.ndarray
     edges: np.ndarray
     """Shape (edges, 2): (producer, consumer) layer indices."""
@@ -49,21 +50,21 @@ def layer_arrays(library: LayerLibrary) -> LayerArrays:
         return cached
     table = np.array(
         [
-            (x.forward_s, x.backward_s, x.forward_fixed_s, x.backward_fixed_s, x.param_bytes, x.activation_bytes)
+            (x.forward_s, x.backward_s, x.forward_fixed_s, x.backward_fixed_s, x.trained_bytes, x.activation_bytes)
             for x in snapshot
         ],
         dtype=float,
     ).reshape(-1, 6)
     edges = np.array([(x.index, succ) for x in snapshot for succ in x.successors], dtype=np.int64).reshape(-1, 2)
     tensors = np.array([x.outputs_tensor for x in snapshot], dtype=bool)
-    forward_s, backward_s, forward_fixed_s, backward_fixed_s, param_bytes, activation_bytes = table.T
+    forward_s, backward_s, forward_fixed_s, backward_fixed_s, trained_bytes, activation_bytes = table.T
     arrays = LayerArrays(
         snapshot,
         forward_s,
         backward_s,
         forward_fixed_s,
         backward_fixed_s,
-        param_bytes,
+        trained_bytes,
         activation_bytes,
         edges,
         edges[tensors[edges[:, 0]]],

@@ -151,18 +151,18 @@ class _StageTimes:
 class _StageAggregates:
     stage: np.ndarray
     """The plan's stage of every layer."""
-    param_bytes: np.ndarray
-    """Per stage."""
+    trained_bytes: np.ndarray
+    """Per stage: the parameters its update steps (with its tied copies)."""
 
 
 def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     arrays = layer_arrays(library)
     stage = np.asarray(plan.stage_of_layer, dtype=np.int64)
     check_edges(stage, arrays.edges, library_layer_name(library))
-    param_bytes = np.bincount(stage, arrays.param_bytes, plan.n_stages)
+    trained_bytes = np.bincount(stage, arrays.trained_bytes, plan.n_stages)
     if library.shared:
-        param_bytes += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared)
-    return _StageAggregates(stage=stage, param_bytes=param_bytes)
+        trained_bytes += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared)
+    return _StageAggregates(stage=stage, trained_bytes=trained_bytes)
 
 
 def _stage_times(stage: np.ndarray, n_stages: int, library: LayerLibrary) -> _StageTimes:
@@ -232,7 +232,7 @@ def _simulated_devices(
     links: dict[tuple[str, str], int] = {}
     message_bytes: dict[tuple[int, ...], float] = {}
     devices = []
-    n_stages = len(aggregates.param_bytes)
+    n_stages = len(aggregates.trained_bytes)
     split = split_stage_durations(plan, programs, terms, cluster, calibration)
     for program in programs:
         device = terms[program.device]
@@ -250,7 +250,7 @@ def _simulated_devices(
                 order=program.order,
                 duration=durations,
                 coupled=coupled,
-                update_s=update_s(device, float(aggregates.param_bytes[program.stage])),
+                update_s=update_s(device, float(aggregates.trained_bytes[program.stage])),
                 transfers={kind: [] for kind in (FORWARD, BACKWARD)},
                 expected={kind: len(program.receives[kind]) for kind in (FORWARD, BACKWARD)},
                 bucket_ready=_bucket_ready(program, aggregates.stage, device.library),
@@ -534,7 +534,7 @@ def simulated_programs(plan: Plan, library: LayerLibrary) -> tuple[DeviceProgram
     arrays = layer_arrays(library)
     steps = simulated_iterations(plan)[0]
     specs = library.specs() if plan.signatures else ()
-    return plan_programs(plan, arrays.tensor_edges, arrays.param_bytes, steps, specs=specs, shared=library.shared)
+    return plan_programs(plan, arrays.tensor_edges, arrays.trained_bytes, steps, specs=specs, shared=library.shared)
 
 
 @dataclass(frozen=True)

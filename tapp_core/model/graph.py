@@ -156,15 +156,18 @@ class SharedParameter:
     name: str
     layers: tuple[int, ...]
     nbytes: int
+    trained: bool = True
+    """False for a frozen one (``requires_grad`` False): its copies never change, so no tie sums them."""
 
 
 def shared_parameters(graph_module: torch.fx.GraphModule) -> tuple[SharedParameter, ...]:
     """Every parameter used by more than one layer (``parameter_users``), by name."""
-    return tuple(
-        SharedParameter(name, layers, _nbytes(graph_module.get_parameter(name)))
-        for name, layers in sorted(parameter_users(graph_module).items())
-        if len(layers) > 1
-    )
+    shared = []
+    for name, layers in sorted(parameter_users(graph_module).items()):
+        if len(layers) > 1:
+            parameter = graph_module.get_parameter(name)
+            shared.append(SharedParameter(name, layers, _nbytes(parameter), parameter.requires_grad))
+    return tuple(shared)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -226,6 +229,10 @@ def layer_parameters(graph_module: torch.fx.GraphModule) -> list[dict[str, nn.Pa
     return result
 
 
-def layer_param_bytes(graph_module: torch.fx.GraphModule) -> list[int]:
-    """Bytes of the parameters each layer uses (``layer_parameters``)."""
-    return [sum(p.numel() * p.element_size() for p in own.values()) for own in layer_parameters(graph_module)]
+def layer_param_bytes(graph_module: torch.fx.GraphModule, frozen: bool = False) -> list[int]:
+    """Bytes of the parameters each layer uses (``layer_parameters``); with ``frozen``, of those alone that do not
+    train (``requires_grad`` False)."""
+    return [
+        sum(p.numel() * p.element_size() for p in own.values() if not (frozen and p.requires_grad))
+        for own in layer_parameters(graph_module)
+    ]

@@ -437,6 +437,9 @@ class DeviceFootprint(NamedTuple):
     """Per sample, its largest layer output."""
     received_bytes: tuple[float, float] = (0.0, 0.0)
     """Per sample, the activations and gradients it receives of a micro-batch (``StageCounts.received``)."""
+    frozen_bytes: float = 0.0
+    """Of ``param_bytes``, the frozen parameters' (``Layer.frozen_bytes``): weights without a gradient, an optimiser
+    state or a stash."""
 
 
 def device_memory_terms(
@@ -461,9 +464,10 @@ def device_memory_terms(
     else:
         activations = in_flight * (f.activation_bytes + f.kept_bytes) * samples
     accumulates = plan.micro_batches > 1 or versions > 0
+    trained = f.param_bytes - f.frozen_bytes
     terms = {
-        "training state": (WEIGHT_AND_GRADIENT + optimizer_state) * f.param_bytes,
-        "stashed weights": (versions + 1) * f.param_bytes if versions else 0.0,
+        "training state": f.param_bytes + (WEIGHT_AND_GRADIENT - 1 + optimizer_state) * trained,
+        "stashed weights": (versions + 1) * trained if versions else 0.0,
         "activations": activations,
         "backward working memory": 2 * f.largest_activation_bytes * samples,
         "gradient transient": f.largest_param_bytes if accumulates else 0.0,
@@ -637,14 +641,16 @@ def stage_memory_terms(
     trace = model_trace_bytes(library)
     if not plan.runs_split(stage):
         params = copies + sum(layer.param_bytes for layer in layers)
+        frozen = sum(layer.frozen_bytes for layer in layers)
         footprint = DeviceFootprint(
             param_bytes=params,
             activation_bytes=sum(held_activation_bytes(layer) for layer in layers),
             kept_bytes=shared.input_bytes(stage),
             largest_param_bytes=largest,
-            reduced_bytes=params,
+            reduced_bytes=params - frozen,
             largest_activation_bytes=widest,
             received_bytes=shared.received_bytes(stage),
+            frozen_bytes=frozen,
         )
         return {
             device: device_memory_terms(plan, stage, stop - start, footprint, optimizer_state, trace)
@@ -652,12 +658,13 @@ def stage_memory_terms(
         }
     layouts = plan.layouts(library, stage)
     shares = plan.shares(stage)
-    reduced = sum(x.param_bytes for x in layers if layouts.reduced(x.index))
+    reduced = sum(x.trained_bytes for x in layers if layouts.reduced(x.index))
     inputs = shared.input_bytes(stage)
     out = {}
     for d, (device, (start, stop)) in enumerate(zip(devices, plan.rows(stage), strict=True)):
         rows = stop - start
-        held = [x.param_bytes * (shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0) for x in layers]
+        part = [shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0 for x in layers]
+        held = [x.param_bytes * share for x, share in zip(layers, part, strict=True)]
         per_row = sum(
             held_activation_bytes(x) * _rows_held(layouts.outputs[x.index], shares[d], rows, plan) for x in layers
         )
@@ -669,6 +676,7 @@ def stage_memory_terms(
             reduced_bytes=reduced,
             largest_activation_bytes=widest,
             received_bytes=shared.received_bytes(stage),
+            frozen_bytes=sum(x.frozen_bytes * share for x, share in zip(layers, part, strict=True)),
         )
         out[device] = device_memory_terms(plan, stage, rows, footprint, optimizer_state, trace)
     return out

@@ -42,22 +42,31 @@ class Tie:
 
 
 def plan_ties(stage_of_layer: Sequence[int], shared: Sequence[SharedParameter]) -> tuple[Tie, ...]:
-    """The shared parameters whose users ``stage_of_layer`` puts on more than one stage, in ``shared``'s order."""
-    ties: list[Tie] = []
-    for parameter in shared:
-        stages = tuple(sorted({int(stage_of_layer[layer]) for layer in parameter.layers}))
-        if len(stages) > 1:
-            ties.append(Tie(len(ties), parameter.name, parameter.layers[0], stages, parameter.nbytes))
-    return tuple(ties)
+    """The trained shared parameters whose users ``stage_of_layer`` puts on more than one stage, in ``shared``'s
+    order (a frozen one's copies never change: nothing to sum)."""
+    trained = [parameter for parameter in shared if parameter.trained]
+    return tuple(
+        Tie(index, parameter.name, parameter.layers[0], stages, parameter.nbytes)
+        for index, (parameter, stages) in enumerate(_parted(stage_of_layer, trained))
+    )
+
+
+def _parted(
+    stage_of_layer: Sequence[int], shared: Sequence[SharedParameter]
+) -> list[tuple[SharedParameter, tuple[int, ...]]]:
+    """The shared parameters whose users ``stage_of_layer`` puts on more than one stage, with those stages."""
+    spans = [(p, tuple(sorted({int(stage_of_layer[layer]) for layer in p.layers}))) for p in shared]
+    return [(parameter, stages) for parameter, stages in spans if len(stages) > 1]
 
 
 def tied_copy_bytes(stage_of_layer: Sequence[int], n_stages: int, shared: Sequence[SharedParameter]) -> np.ndarray:
-    """Per stage, the bytes of the tied parameters it holds a copy of beyond those its layers are charged."""
+    """Per stage, the bytes of the shared parameters it holds a copy of beyond those its layers are charged
+    (frozen ones too: each stage holds its copy)."""
     extra = np.zeros(n_stages, dtype=np.int64)
-    for tie in plan_ties(stage_of_layer, shared):
-        for stage in tie.stages:
-            if stage != stage_of_layer[tie.owner]:
-                extra[stage] += tie.nbytes
+    for parameter, stages in _parted(stage_of_layer, shared):
+        for stage in stages:
+            if stage != stage_of_layer[parameter.layers[0]]:
+                extra[stage] += parameter.nbytes
     return extra
 
 

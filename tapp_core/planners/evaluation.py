@@ -44,6 +44,7 @@ class MemoryScreen:
         self.context = context
         library, cluster = context.library, context.cluster
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
+        self.frozen = np.array([layer.frozen_bytes for layer in library.layers], dtype=np.float64)
         self.activations = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
         self.memory = {d.name: d.memory for d in cluster.devices}
         self.shared = library.shared
@@ -64,6 +65,7 @@ class MemoryScreen:
         params = np.bincount(stages, self.params, plan.n_stages)
         if self.shared:
             params += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, self.shared)
+        frozen = np.bincount(stages, self.frozen, plan.n_stages)
         activations = np.bincount(stages, self.activations, plan.n_stages)
         largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
         np.maximum.at(largest, stages, self.params)
@@ -78,9 +80,10 @@ class MemoryScreen:
                 activation_bytes=float(activations[stage]),
                 kept_bytes=float(inputs[stage]),
                 largest_param_bytes=float(largest[stage]),
-                reduced_bytes=held,
+                reduced_bytes=held - float(frozen[stage]),
                 largest_activation_bytes=float(widest[stage]),
                 received_bytes=(float(received_forward[stage]), float(received_backward[stage])),
+                frozen_bytes=float(frozen[stage]),
             )
             for device, (start, stop) in zip(devices, plan.rows(stage), strict=True):
                 terms = device_memory_terms(plan, stage, stop - start, footprint, self.optimizer_state, self.trace)

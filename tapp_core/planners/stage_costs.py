@@ -65,7 +65,7 @@ class LayerCosts:
             np.array([layer.backward_s for layer in library.layers]),
             np.array([layer.backward_fixed_s for layer in library.layers]),
         )
-        params = np.array([layer.param_bytes for layer in library.layers], dtype=float)
+        params = np.array([layer.trained_bytes for layer in library.layers], dtype=float)  # what is summed, stepped
         byte_delta = np.zeros(n + 2)
         tensor_delta = np.zeros(n + 2, dtype=np.int64)
         for layer in library.layers:

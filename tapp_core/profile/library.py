@@ -62,6 +62,7 @@ class Layer:
     flops: float
     """Forward FLOPs per sample (multiply-add = 2 FLOPs)."""
     param_bytes: int
+    """Bytes of the parameters it uses (each charged to its first user)."""
     activation_bytes: int
     """Bytes of this layer's output per sample: what crosses a cut after this layer."""
     output_shape: tuple[int, ...]
@@ -76,6 +77,14 @@ class Layer:
     """The dimensions the operation acts along, where the layout pass needs them (``graph.LayerSpec.axes``)."""
     cut_refusal: str = ""
     """Why this layer's output cannot cross a cut, "" where it can (``tapp_core.model.crossing``)."""
+    frozen_bytes: int = 0
+    """Of ``param_bytes``, the frozen parameters' (``requires_grad`` False): held, but given no gradient, optimiser
+    state, stash or reduction."""
+
+    @property
+    def trained_bytes(self) -> int:
+        """Of ``param_bytes``, the parameters' that train."""
+        return self.param_bytes - self.frozen_bytes
 
     @property
     def outputs_tensor(self) -> bool:
@@ -198,7 +207,10 @@ class LayerLibrary:
             "date": self.date,
             "gpu_model": self.gpu_model,
             "host": self.host,
-            "shared_parameters": [{"name": p.name, "layers": list(p.layers), "nbytes": p.nbytes} for p in self.shared],
+            "shared_parameters": [
+                {"name": p.name, "layers": list(p.layers), "nbytes": p.nbytes, "trained": p.trained}
+                for p in self.shared
+            ],
             "extra": self.extra,
         }
 
@@ -236,7 +248,12 @@ class LayerLibrary:
                 gpu_model=str(meta.get("gpu_model", "")),
                 host=str(meta.get("host", "")),
                 shared=tuple(
-                    SharedParameter(str(p["name"]), tuple(int(i) for i in p["layers"]), int(p["nbytes"]))
+                    SharedParameter(
+                        str(p["name"]),
+                        tuple(int(i) for i in p["layers"]),
+                        int(p["nbytes"]),
+                        bool(p.get("trained", True)),
+                    )
                     for p in meta.get("shared_parameters", [])
                 ),
             )
@@ -329,6 +346,8 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
         axes=_ints(row.get("axes") or "", " "),
         # Libraries written before the cut facts were recorded refuse no cut: the runtime's own check still does.
         cut_refusal=str(row.get("cut_refusal") or ""),
+        # Libraries written before frozen parameters were told apart train every parameter.
+        frozen_bytes=_int(row.get("frozen_bytes") or 0),
     )
 
 

@@ -433,7 +433,7 @@ def _layers(
     times: _LayerTimes,
     refusals: Mapping[int, str],
 ) -> list[Layer]:
-    param_bytes = layer_param_bytes(graph_module)
+    param_bytes, frozen_bytes = layer_param_bytes(graph_module), layer_param_bytes(graph_module, frozen=True)
     layers = []
     for node, i in index.items():
         fact = facts.facts[node]
@@ -454,6 +454,7 @@ def _layers(
                 backward_fixed_s=times.backward_fixed_s[i],
                 axes=op_axes(node, len(fact.output_shape)),
                 cut_refusal=refusals.get(i, ""),
+                frozen_bytes=frozen_bytes[i],
             )
         )
     return layers

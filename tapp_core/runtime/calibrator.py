@@ -170,7 +170,8 @@ def calibrate(
             slowdown = slowdowns[measured.kind]
             fit = fit_compute(terms[measured.device].library, measured.points, slowdown)
             update_per_byte = found.update.per_byte_s / slowdown
-            per_step = max(0.0, fit.per_step_s - found.update.per_byte_s * library.param_bytes)
+            trained = sum(layer.trained_bytes for layer in library.layers)
+            per_step = max(0.0, fit.per_step_s - found.update.per_byte_s * trained)
             log(
                 f"{measured.kind} ({measured.device}): steps "
                 + ", ".join(f"{p.step_s:.4f} s (batch {p.batch_size}/{p.micro_batches})" for p in measured.points)

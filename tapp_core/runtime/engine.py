@@ -210,7 +210,6 @@ class StageEngine:
                 [place.pool_ranks[p] for p in tie.devices if p != place.position],
             )
             for tie in template.ties
-            if local[tie.name] in self.params  # a frozen tied weight has no gradient to sum
         ]
         self.gradients = StageGradients(
             self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict, ties=ties
@@ -230,7 +229,7 @@ class StageEngine:
 
     def _programs(self, steps: int, schedule: PipelineSchedule | None = None) -> tuple[DeviceProgram, ...]:
         graph = self.graph
-        return plan_programs(self.plan, graph.edges, graph.param_bytes, steps, schedule, graph.specs, graph.shared)
+        return plan_programs(self.plan, graph.edges, graph.trained_bytes, steps, schedule, graph.specs, graph.shared)
 
     def _shard(self, members: list[int], layout_comm: MPI.Comm | None) -> None:
         """Make the stage this device's part of its sharded stage (``runtime.sharding``)."""

@@ -155,10 +155,9 @@ class StageGradients:
         state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
 
     def start_tie(self, index: int) -> None:
-        """Start summing tie ``index``'s gradient among every device holding its parameter (once per step); a tie
-        the stage was not given (its parameter frozen on every holder) sums nothing."""
-        tie = self._ties.get(index)
-        if tie is None or tie.reduction is not None:
+        """Start summing tie ``index``'s gradient among every device holding its parameter (once per step)."""
+        tie = self._ties[index]
+        if tie.reduction is not None:
             return
         grad = self._step_gradient(tie.name)
         part = grad if grad is not None else torch.zeros_like(self.params[tie.name])

@@ -60,7 +60,7 @@ def check_before_launch(
     check_runs(plan, graph.facts())
     warmup, measured, tail = plan.pipeline_schedule.window(plan.n_stages, plan.micro_batches)
     steps = max(2, warmup + measured + tail)
-    programs = plan_programs(plan, graph.edges, graph.param_bytes, steps, specs=graph.specs, shared=graph.shared)
+    programs = plan_programs(plan, graph.edges, graph.trained_bytes, steps, specs=graph.specs, shared=graph.shared)
     check_programs(programs)
     if stages is not None:
         _check_stages(plan, spec, stages, programs)

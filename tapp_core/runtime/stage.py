@@ -35,6 +35,7 @@ from tapp_core.model.graph import (
     layer_edges,
     layer_index,
     layer_nodes,
+    layer_param_bytes,
     layer_parameters,
     op_axes,
     op_type,
@@ -790,6 +791,8 @@ class ModelGraph:
     """The edges whose value is a tensor, found by running the model once: a shape read on one stage and used on
     a later one crosses no cut (``_rebuild_shape_values``)."""
     param_bytes: tuple[int, ...]
+    trained_bytes: tuple[int, ...]
+    """Of ``param_bytes``, the parameters' that train (``Layer.trained_bytes``): what the gradient buckets sum."""
     layer_of_param: Mapping[str, int]
     specs: tuple[LayerSpec, ...] = ()
     input_shape: tuple[int, ...] = tuple(INPUT_SHAPE)
@@ -810,7 +813,8 @@ class ModelGraph:
         cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE
     ) -> ModelGraph:
         owners = layer_parameters(graph_module)
-        param_bytes = tuple(sum(p.numel() * p.element_size() for p in own.values()) for own in owners)
+        param_bytes = tuple(layer_param_bytes(graph_module))
+        frozen_bytes = layer_param_bytes(graph_module, frozen=True)
         outputs = _trace_values(graph_module, example_input(input_shape, 2))
         nodes = layer_nodes(graph_module)
         facts = _cut_facts(graph_module, input_shape)
@@ -819,6 +823,7 @@ class ModelGraph:
                 (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
             ),
             param_bytes=param_bytes,
+            trained_bytes=tuple(total - frozen for total, frozen in zip(param_bytes, frozen_bytes, strict=True)),
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
             specs=layer_specs(graph_module, param_bytes, input_shape, facts.sample_free),
             input_shape=input_shape.shape if isinstance(input_shape, TensorSpec) else tuple(input_shape),
