@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -187,12 +188,18 @@ def test_a_sharded_stage_under_the_async_schedule_uses_the_weights_of_each_forwa
 # --- without MPI: what a sharded stage holds, and the checks before launch ------------------------------------
 
 
-def test_the_traced_graphs_layer_specs_are_the_librarys() -> None:
+def test_the_traced_graphs_layer_specs_are_the_librarys(tmp_path: Path) -> None:
     library = LayerLibrary.load(Path(__file__).resolve().parent.parent / "bench" / "libraries" / "alexnet_b64")
     assert ModelGraph.of(build_traced_model("alexnet")).specs == library.specs()
     for model in ("tiny_cnn", "mlp", "tests.wild_models:torch_encoder"):  # the last with tensors of no samples
         library = profile_model(ProfileRequest(model, 8, repeats=1, warmup=0))
         assert ModelGraph.of(build_traced_model(model)).specs == library.specs()
+    assert any(spec.sample_free for spec in library.specs())
+    library.save(tmp_path)
+    assert LayerLibrary.load(tmp_path).specs() == library.specs()  # a column of its own
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    layers.drop(columns=["sample_free"]).to_csv(tmp_path / "layers.csv", index=False)
+    assert LayerLibrary.load(tmp_path).specs() == library.specs()  # a library before it: told by its refusal
 
 
 def sharded(model: str, signatures: dict[int, str], shares: tuple[float, ...], index: int) -> nn.Module:

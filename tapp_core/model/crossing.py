@@ -49,11 +49,8 @@ class CutFacts:
 
     layouts: dict[int, Layout]
     refusals: dict[int, str]
-
-    @property
-    def sample_free(self) -> frozenset[int]:
-        """The layers whose output no sample's data reaches (``SAMPLE_FREE``)."""
-        return frozenset(i for i, reason in self.refusals.items() if reason == SAMPLE_FREE)
+    sample_free: frozenset[int] = frozenset()
+    """The layers whose output no sample's data reaches (refused as ``SAMPLE_FREE``)."""
 
 
 def is_plain(layout: Layout) -> bool:
@@ -67,7 +64,8 @@ by ``torch.arange(x.size(1))``): every device of a stage holds it whole (``Layer
 SAMPLE_FREE_REFUSALS = frozenset(
     {SAMPLE_FREE, "it is computed from weights alone: it has no sample dimension to split into micro-batches"}
 )
-"""``SAMPLE_FREE`` and what libraries made before it say of a weight read alone."""
+"""``SAMPLE_FREE`` and what libraries made before it say of a weight read alone: how a library written before
+``Layer.sample_free`` was a column tells such layers."""
 
 
 def cut_facts(graph_module: torch.fx.GraphModule, sample: torch.Tensor) -> CutFacts:
@@ -77,6 +75,7 @@ def cut_facts(graph_module: torch.fx.GraphModule, sample: torch.Tensor) -> CutFa
     from_input = _reads_sample_data(graph_module, whole)
     layouts: dict[int, Layout] = {}
     refusals: dict[int, str] = {}
+    sample_free: set[int] = set()
     for node, i in layer_index(graph_module).items():
         value = whole.get(node)
         if not _holds_tensor(value):
@@ -84,8 +83,10 @@ def cut_facts(graph_module: torch.fx.GraphModule, sample: torch.Tensor) -> CutFa
         try:
             layouts[i] = _layout(value, [part[node] for part in parts])
         except _Refused as exc:  # a class token expanded to x.size(0) has samples that no data reached
+            if node not in from_input:
+                sample_free.add(i)
             refusals[i] = SAMPLE_FREE if node not in from_input else str(exc)
-    return CutFacts(layouts, refusals)
+    return CutFacts(layouts, refusals, frozenset(sample_free))
 
 
 class _Refused(Exception):
@@ -117,8 +118,8 @@ def _reads_sample_data(graph_module: torch.fx.GraphModule, values: dict[torch.fx
     the numbers read from their shapes (``torch.arange(x.size(1))`` is the same for every sample)."""
     reached: set[torch.fx.Node] = set()
     for node in graph_module.graph.nodes:
-        reads = (arg for arg in node.all_input_nodes if arg in reached and _holds_tensor(values.get(arg)))
-        if node.op == "placeholder" or any(True for _ in reads):
+        reads_samples = any(arg in reached and _holds_tensor(values.get(arg)) for arg in node.all_input_nodes)
+        if node.op == "placeholder" or reads_samples:
             reached.add(node)
     return reached
 

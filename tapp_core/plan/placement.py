@@ -568,8 +568,10 @@ class _LayoutPass:
 
     def _first_input(self, spec: LayerSpec) -> Layout:
         """The layout of the first input that has samples (a tensor of none is held whole whatever its readers)."""
+        if not spec.inputs:
+            return SAMPLES
         with_samples = [v for v in spec.inputs if v == MODEL_INPUT or not self.layers[v].sample_free]
-        return self.layout_of(with_samples[0]) if with_samples else BROADCAST if spec.inputs else SAMPLES
+        return self.layout_of(with_samples[0]) if with_samples else BROADCAST
 
     def _pointwise(self, spec: LayerSpec) -> None:
         layout = self._first_input(spec)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +78,9 @@ class Layer:
     """The dimensions the operation acts along, where the layout pass needs them (``graph.LayerSpec.axes``)."""
     cut_refusal: str = ""
     """Why this layer's output cannot cross a cut, "" where it can (``tapp_core.model.crossing``)."""
+    sample_free: bool = False
+    """Whether no sample's data reaches its output (``crossing.CutFacts.sample_free``): every device of a stage
+    holds it whole (``LayerSpec.sample_free``)."""
     frozen_bytes: int = 0
     """Of ``param_bytes``, the frozen parameters' (``requires_grad`` False): held, but given no gradient, optimiser
     state, stash or reduction."""
@@ -173,7 +177,7 @@ class LayerLibrary:
                     shape=tuple(x.output_shape[1:]),
                     has_params=x.param_bytes > 0,
                     axes=x.axes,
-                    sample_free=x.cut_refusal in SAMPLE_FREE_REFUSALS,
+                    sample_free=x.sample_free,
                 )
                 for x in snapshot
             )
@@ -348,7 +352,16 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
         cut_refusal=str(row.get("cut_refusal") or ""),
         # Libraries written before frozen parameters were told apart train every parameter.
         frozen_bytes=_int(row.get("frozen_bytes") or 0),
+        sample_free=_sample_free(row),
     )
+
+
+def _sample_free(row: Mapping[Hashable, object]) -> bool:
+    """The row's ``sample_free``; a library written before that column tells it by its refusal."""
+    given = row.get("sample_free")
+    if given is None or (isinstance(given, float) and math.isnan(given)):
+        return str(row.get("cut_refusal") or "") in SAMPLE_FREE_REFUSALS
+    return given is True or str(given).lower() == "true"
 
 
 __all__ = ["Layer", "LayerLibrary", "LibraryError", "load_libraries", "save_libraries"]

@@ -22,7 +22,7 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from tapp_core.errors import TappError
-from tapp_core.model.crossing import CUT_SAMPLES, cut_facts
+from tapp_core.model.crossing import CUT_SAMPLES, CutFacts, cut_facts
 from tapp_core.model.flops import node_flops, tensors_in
 from tapp_core.model.graph import ModelError, layer_index, layer_param_bytes, op_axes, op_type, shared_parameters
 from tapp_core.model.workload import (
@@ -431,7 +431,7 @@ def _layers(
     index: dict[torch.fx.Node, int],
     facts: _FactsInterpreter,
     times: _LayerTimes,
-    refusals: Mapping[int, str],
+    cuts: CutFacts,
 ) -> list[Layer]:
     param_bytes, frozen_bytes = layer_param_bytes(graph_module), layer_param_bytes(graph_module, frozen=True)
     layers = []
@@ -453,7 +453,8 @@ def _layers(
                 forward_fixed_s=times.forward_fixed_s[i],
                 backward_fixed_s=times.backward_fixed_s[i],
                 axes=op_axes(node, len(fact.output_shape)),
-                cut_refusal=refusals.get(i, ""),
+                cut_refusal=cuts.refusals.get(i, ""),
+                sample_free=i in cuts.sample_free,
                 frozen_bytes=frozen_bytes[i],
             )
         )
@@ -486,8 +487,8 @@ def _profile(
     run = _Run(graph_module, layer_index(graph_module), inputs, labels, clock, warmup, repeats, workload)
     whole_steps, steps = run.interleaved()
     times = _layer_times(run, steps, batch_size)
-    refusals = cut_facts(graph_module, example_input(workload.feed, CUT_SAMPLES).to(device)).refusals
-    layers = _layers(graph_module, run.index, facts, times, refusals)
+    cuts = cut_facts(graph_module, example_input(workload.feed, CUT_SAMPLES).to(device))
+    layers = _layers(graph_module, run.index, facts, times, cuts)
     whole_forward = [forward for forward, _ in whole_steps]
     whole_backward = [backward for _, backward in whole_steps]
     whole_steps_s = [f + b for f, b in zip(whole_forward, whole_backward, strict=True)]
