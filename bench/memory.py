@@ -1,7 +1,7 @@
 """The memory model against the machine: every planner's plans, each device's measured peak beside its estimate.
 
     .venv/bin/python bench/memory.py [--clusters homo4 hetero4] [--models alexnet vgg16 vit gpt] [--planners ...]
-        [--steps 3] [--save rows.json] [--load rows.json]
+        [--library DIR ...] [--steps 3] [--save rows.json] [--load rows.json]
 
 For each model (its layer library from ``bench/libraries``) and cluster, every planner plans; each distinct plan
 trains ``--steps`` steps on the cluster's real MPI ranks, without the emulated slowdown (it changes times, not
@@ -15,6 +15,9 @@ The plan's own memory is the peak less the baseline, and that is what the memory
 (``tapp_core.plan.plan.stage_memory_bytes``, with the model's workload's optimiser: the GPT's AdamW) estimates; the baseline is printed beside it as a named term, not
 folded into the error. Each row prints both, the estimate and its error; the last lines the median and worst
 absolute error (bar of issue 33: median <= 10 %, worst <= 25 %), and last the median in %.
+
+``--library`` adds the model of a library folder written by ``tapp profile --out`` (a model of your own, a
+fine-tuned one); ``--models`` then names the registered models measured besides it (none: ``--models``).
 
 ``--save`` writes every measured row (plan, device, baseline, peak) to JSON; ``--load`` reads such a file instead
 of measuring, to re-estimate the same runs with the memory model as it is now.
@@ -127,27 +130,29 @@ def report(rows: list[dict[str, object]], libraries: dict[str, LayerLibrary]) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--planners", nargs="+", default=list(PLANNERS))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--save", type=Path, help="write every measured row (JSON)")
     parser.add_argument("--load", type=Path, help="estimate the rows of an earlier --save instead of measuring")
+    parser.add_argument("--library", type=Path, action="append", default=[], help="a library folder to measure")
     args = parser.parse_args()
+    own = {library.model: library for library in map(load_libraries, args.library)}
     warnings.filterwarnings("ignore", message="no layer library of kind")
     print(f"load average at the start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows: list[dict[str, object]] = []
     if args.load is not None:
         rows = json.loads(args.load.read_text())
     else:
-        for model in args.models:
-            library = library_of(model)
+        for model in [*args.models, *own]:
+            library = own.get(model) or library_of(model)
             for name in args.clusters:
                 cluster = load_cluster(name)
                 print(f"{model} on {cluster.name}:", flush=True)
                 rows += measured_rows(model, cluster, planned(library, cluster, args.planners), args.steps)
                 if args.save is not None:
                     args.save.write_text(json.dumps(rows, indent=1))
-    libraries = {model: library_of(model) for model in sorted({str(row["model"]) for row in rows})}
+    libraries = {model: own.get(model) or library_of(model) for model in sorted({str(row["model"]) for row in rows})}
     errors = report(rows, libraries)
     if not errors:
         print("no plan was measured")
