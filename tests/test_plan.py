@@ -226,3 +226,20 @@ def test_every_field_survives_json_and_the_id_is_its_content() -> None:
         == "d0 (2 layers) | d1 (2 layers), m=1, 1f1b"
     )
     assert two_stage().id == two_stage(signatures={"2": "data"}).id, "data is every layer's default: no field"
+
+
+def test_a_frozen_prefix_keeps_no_activations_but_what_its_first_trained_layer_reads() -> None:
+    """A fine-tuned model's frozen backbone builds no autograd graph (its backward profiled at 0): its outputs are
+    freed once used, save the last one, which the first trained layer keeps for its weights' gradient. Measured on
+    VGG-16 with its features frozen (bench/memory.py --library): counting them put the estimate 187 % over."""
+    library = chain_library(4, param_bytes=[8, 8, 8, 8], activation_bytes=[100, 200, 300, 400])
+    library.layers = [
+        dataclasses.replace(x, frozen_bytes=8, backward_s=0.0, backward_fixed_s=0.0) if x.index < 2 else x
+        for x in library.layers
+    ]
+    assert library.read_by_backward() == (False, True, True, True)
+    one = Plan("toy", 8, 1, "gpipe", (0, 0, 1, 1), (("d0",), ("d1",)))
+    first, second = (stage_memory_terms(one, library, s)[f"d{s}"] for s in (0, 1))
+    assert first["activations"] == 8 * (library.input_bytes + 200)  # layer 0's output is not kept
+    assert first["training state"] == 16 and first["backward working memory"] == 2 * 200 * 8  # at work, though
+    assert second["activations"] == 8 * (200 + 300 + 400)

@@ -495,6 +495,15 @@ def held_activation_bytes(layer: Layer) -> int:
     return 0 if layer.op in VIEW_OPS else layer.activation_bytes
 
 
+def kept_activation_bytes(library: LayerLibrary) -> list[int]:
+    """Per layer, the bytes per sample of its output a micro-batch in flight keeps for the backward
+    (``held_activation_bytes``; none where the backward reads it not: ``LayerLibrary.read_by_backward``)."""
+    return [
+        held_activation_bytes(layer) if read else 0
+        for layer, read in zip(library.layers, library.read_by_backward(), strict=True)
+    ]
+
+
 def model_trace_bytes(library: LayerLibrary) -> float:
     """What a rank holds at once while it cuts the whole model for a plan: every layer's output (views left out,
     ``held_activation_bytes``) of ``TRACE_SAMPLES`` samples, and the largest convolution's reordered weights.
@@ -633,18 +642,20 @@ def stage_memory_terms(
 ) -> dict[str, dict[str, float]]:
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
+    read = library.read_by_backward()
+    kept = {x.index: held_activation_bytes(x) if read[x.index] else 0 for x in layers}  # kept_activation_bytes'
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
     largest = max((layer.param_bytes for layer in layers), default=0)
-    widest = max((held_activation_bytes(layer) for layer in layers), default=0)
+    widest = max((held_activation_bytes(layer) for layer in layers), default=0)  # forward or backward, at work
     trace = model_trace_bytes(library)
     if not plan.runs_split(stage):
         params = copies + sum(layer.param_bytes for layer in layers)
         frozen = sum(layer.frozen_bytes for layer in layers)
         footprint = DeviceFootprint(
             param_bytes=params,
-            activation_bytes=sum(held_activation_bytes(layer) for layer in layers),
+            activation_bytes=sum(kept[layer.index] for layer in layers),
             kept_bytes=shared.input_bytes(stage),
             largest_param_bytes=largest,
             reduced_bytes=params - frozen,
@@ -665,9 +676,7 @@ def stage_memory_terms(
         rows = stop - start
         part = [shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0 for x in layers]
         held = [x.param_bytes * share for x, share in zip(layers, part, strict=True)]
-        per_row = sum(
-            held_activation_bytes(x) * _rows_held(layouts.outputs[x.index], shares[d], rows, plan) for x in layers
-        )
+        per_row = sum(kept[x.index] * _rows_held(layouts.outputs[x.index], shares[d], rows, plan) for x in layers)
         footprint = DeviceFootprint(
             param_bytes=copies + sum(held),
             activation_bytes=per_row,

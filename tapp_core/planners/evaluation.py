@@ -30,6 +30,7 @@ from tapp_core.plan.plan import (
     PlanError,
     device_memory_terms,
     held_activation_bytes,
+    kept_activation_bytes,
     model_trace_bytes,
 )
 from tapp_core.plan.rule import ModelFacts, check_runs
@@ -45,7 +46,8 @@ class MemoryScreen:
         library, cluster = context.library, context.cluster
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
         self.frozen = np.array([layer.frozen_bytes for layer in library.layers], dtype=np.float64)
-        self.activations = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
+        self.activations = np.array(kept_activation_bytes(library), dtype=np.float64)
+        self.outputs = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
         self.memory = {d.name: d.memory for d in cluster.devices}
         self.shared = library.shared
         self.inputs = InputCounter(library)
@@ -69,7 +71,7 @@ class MemoryScreen:
         activations = np.bincount(stages, self.activations, plan.n_stages)
         largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
         np.maximum.at(largest, stages, self.params)
-        np.maximum.at(widest, stages, self.activations)
+        np.maximum.at(widest, stages, self.outputs)
         inputs, (received_forward, received_backward) = self.inputs.counts(plan.stage_of_layer, plan.n_stages)
         for stage, devices in enumerate(plan.stage_devices):
             if len(devices) > plan.micro_batch_size:

@@ -46,6 +46,7 @@ decide which devices a library is the library of); caches and calibrations key o
 
 
 _SPECS: dict[int, tuple[tuple[Layer, ...], tuple[LayerSpec, ...]]] = {}
+_READ_BY_BACKWARD: dict[int, tuple[tuple[Layer, ...], tuple[bool, ...]]] = {}
 
 
 class LibraryError(TappError):
@@ -184,6 +185,25 @@ class LayerLibrary:
             if len(_SPECS) > 16:
                 _SPECS.clear()
             cached = _SPECS[id(self.layers)] = (snapshot, specs)
+        return cached[1]
+
+    def read_by_backward(self) -> tuple[bool, ...]:
+        """Per layer, whether the backward pass reads its output: where its output needs a gradient (it has
+        parameters that train, or the profile timed a backward of it, or a layer it reads needs one), or a layer
+        reading it does (and keeps it for its weights' gradient). A frozen prefix (a fine-tuned model's backbone
+        before its first trained layer) builds no autograd graph: its outputs are freed once used, and its
+        backward, which the profile times at 0, never runs."""
+        snapshot = tuple(self.layers)
+        cached = _READ_BY_BACKWARD.get(id(self.layers))
+        if cached is None or cached[0] != snapshot:
+            needs = [False] * len(snapshot)
+            for x in snapshot:  # in graph order: a layer's predecessors come before it
+                timed = x.backward_s > 0 or x.backward_fixed_s > 0
+                needs[x.index] = x.trained_bytes > 0 or timed or any(needs[p] for p in x.predecessors)
+            reads = tuple(needs[x.index] or any(needs[s] for s in x.successors) for x in snapshot)
+            if len(_READ_BY_BACKWARD) > 16:
+                _READ_BY_BACKWARD.clear()
+            cached = _READ_BY_BACKWARD[id(self.layers)] = (snapshot, reads)
         return cached[1]
 
     def to_frame(self) -> pd.DataFrame:
