@@ -463,7 +463,7 @@ def check_inputs(workload: Workload) -> None:
     model = build_model(workload.model, num_classes=workload.num_classes)
     required, accepted = _positional_inputs(model)
     if not required <= len(workload.inputs) <= accepted:
-        takes = required if required == accepted else f"{required} to {accepted}"
+        takes = f"{required} to {int(accepted)}" if required < accepted < math.inf else str(required)
         raise WorkloadError(
             f"model {workload.model!r} takes {takes} inputs and its workload gives {len(workload.inputs)} "
             f"({', '.join(s.describe() for s in workload.inputs)}): {_GIVE_INPUTS}"
