@@ -243,3 +243,6 @@ def test_a_frozen_prefix_keeps_no_activations_but_what_its_first_trained_layer_r
     assert first["activations"] == 8 * (library.input_bytes + 200)  # layer 0's output is not kept
     assert first["training state"] == 16 and first["backward working memory"] == 2 * 200 * 8  # at work, though
     assert second["activations"] == 8 * (200 + 300 + 400)
+    # what a stage sends on the runtime keeps until its backward, read or not
+    early = dataclasses.replace(one, stage_of_layer=(0, 1, 1, 1))
+    assert stage_memory_terms(early, library, 0)["d0"]["activations"] == 8 * (library.input_bytes + 100)

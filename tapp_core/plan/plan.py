@@ -643,7 +643,9 @@ def stage_memory_terms(
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
     read = library.read_by_backward()
-    kept = {x.index: held_activation_bytes(x) if read[x.index] else 0 for x in layers}  # kept_activation_bytes'
+    # kept_activation_bytes', and what the stage sends on: the runtime keeps its outputs until their backward
+    sent = {x.index for x in layers if any(plan.stage_of_layer[s] != stage for s in x.successors)}
+    kept = {x.index: held_activation_bytes(x) if read[x.index] or x.index in sent else 0 for x in layers}
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
