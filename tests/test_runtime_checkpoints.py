@@ -41,6 +41,18 @@ SPLIT_AND_REPLICATED = Plan(
     signatures=((1, "col"), (3, "row")),
 )
 REPLICATED_FIRST = Plan(MODEL, BATCH, MICRO_BATCHES, "gpipe", (0, 0, 1, 1, 1, 1), (("d1", "d2"), ("d0",)))
+SHARDED_OPTIMIZER = Plan(
+    MODEL,
+    BATCH,
+    MICRO_BATCHES,
+    "1f1b",
+    (0, 0, 0, 0, 1, 1),
+    (("d0", "d2"), ("d1",)),
+    stage_shares=((0.75, 0.25), (1.0,)),
+    bucket_bytes=4096,
+    shard_optimizer=(0,),
+)
+"""Stage 0 on two devices, each holding its share of the optimiser state of several buckets."""
 
 
 def run(pool: WorkerPool, plan: Plan, options: CheckpointOptions, epochs: int = 1) -> None:
@@ -102,8 +114,13 @@ def test_the_exported_model_is_the_single_device_training(pool3: WorkerPool, tmp
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [(TWO_STAGES, SPLIT_AND_REPLICATED), (SPLIT_AND_REPLICATED, REPLICATED_FIRST)],
-    ids=["two-stages-then-split", "split-then-replicated"],
+    [
+        (TWO_STAGES, SPLIT_AND_REPLICATED),
+        (SPLIT_AND_REPLICATED, REPLICATED_FIRST),
+        (SHARDED_OPTIMIZER, TWO_STAGES),
+        (TWO_STAGES, SHARDED_OPTIMIZER),
+    ],
+    ids=["two-stages-then-split", "split-then-replicated", "sharded-optimizer-then-two-stages", "then-sharded"],
 )
 def test_a_training_resumed_under_another_plan_ends_as_the_uninterrupted_one(
     pool3: WorkerPool, tmp_path: Path, first: Plan, then: Plan

@@ -74,11 +74,15 @@ FLOAT32 = Precision()
 
 
 def reference(
-    model: str, micro_batches: int, steps: int = STEPS, precision: Precision = FLOAT32
+    model: str,
+    micro_batches: int,
+    steps: int = STEPS,
+    precision: Precision = FLOAT32,
+    optimizer_config: OptimizerConfig = OPTIMIZER,
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Single-device training: the same micro-batches, gradients accumulated, one update per step."""
     net = precision.model(model)
-    optimizer = make_optimizer(net.parameters(), OPTIMIZER)
+    optimizer = make_optimizer([p for p in net.parameters() if p.requires_grad], optimizer_config)
     batches = SyntheticBatches(BATCH, seed=SEED)
     size = BATCH // micro_batches
     losses = []
@@ -110,13 +114,15 @@ FINETUNE = "tests.wild_models:finetune"
 """A frozen backbone under a trained head (``tests.wild_models``)."""
 
 
-def trains_like_one_device(pool: WorkerPool, plan: Plan, rel: float = 1e-5) -> Measurement:
+def trains_like_one_device(
+    pool: WorkerPool, plan: Plan, rel: float = 1e-5, optimizer: OptimizerConfig = OPTIMIZER
+) -> Measurement:
     """Run ``plan`` for ``STEPS`` steps on ``pool``: its parameters and per-step losses must be one device's."""
     measurement, parameters = pool.run_steps(
-        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=OPTIMIZER, collect_parameters=True
+        plan, steps=STEPS, warmup=1, seed=SEED, optimizer=optimizer, collect_parameters=True
     )
     assert measurement.ok, measurement.error
-    want, want_losses = reference(plan.model, MICRO_BATCHES)
+    want, want_losses = reference(plan.model, MICRO_BATCHES, optimizer_config=optimizer)
     assert_same_parameters(parameters, want, plan.model)
     assert measurement.extra["losses"] == pytest.approx(want_losses, rel=rel)
     return measurement

@@ -179,6 +179,22 @@ def collective_s(
     return moved.bytes_per_device / bandwidth + moved.rounds * latency
 
 
+def group_collective_s(
+    cluster: Cluster,
+    devices: Sequence[str],
+    collective: Collective,
+    tensor_bytes: float,
+    shares: Sequence[float],
+    calibration: Calibration,
+) -> float:
+    """``collective`` on a tensor of ``tensor_bytes`` among a stage's ``devices`` with ``shares``, over the slowest
+    link among them (``collective_s``; 0 for one device)."""
+    if len(devices) < 2:
+        return 0.0
+    links = [cluster.link(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]]
+    return collective_s(collective, tensor_bytes, shares, links, calibration)
+
+
 def ring_allreduce_s(replicas: int, param_bytes: float, links: Iterable[Link], calibration: Calibration) -> float:
     """Ring allreduce of ``param_bytes`` among ``replicas``: ``2 (k - 1) / k * param bytes`` over the bandwidth and
     ``2 (k - 1)`` latencies (``collective_s``)."""

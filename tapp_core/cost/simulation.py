@@ -62,6 +62,10 @@ End of an iteration
     gradient among all their devices (the same ring allreduce, over those devices' slowest link): the stages a tie
     joins, directly or through another tie, wait for each other there, and update once every tie among them is done,
     one after another, from when the last of them has reduced its buckets. Each holder updates its own copy.
+    A stage that shards its optimiser state (``Plan.shard_optimizer``) reduce-scatters each bucket instead (ring:
+    ``(1 - smallest share) * bucket bytes`` over the slowest link, ``k - 1`` latencies; ``formulas.collective_s``),
+    each device updates its share of the parameters (its share of the rows), and the stage's devices then allgather
+    the updated parameters (the same traffic on all of them), from when the last has updated.
 
 Step time
     A synchronous schedule (gpipe, 1f1b): the one simulated step. async: ``PipelineSchedule.window`` gives ``W``
@@ -109,6 +113,7 @@ from tapp_core.cost.formulas import (
     allreduce_s,
     compute_s,
     device_transfer_s,
+    group_collective_s,
     shared_hosts,
     update_s,
 )
@@ -218,6 +223,9 @@ class _SimulatedDevice:
     """Per gradient bucket: the share of the step's last backward done when the bucket's gradients are complete."""
     coupled: bool = False
     """Its stage's devices exchange data inside every forward and backward: they run them together."""
+    gather_s: float = 0.0
+    """Its stage sharding its optimiser state (``Plan.shard_optimizer``): the allgather of the updated parameters
+    that follows the update of every device of the stage."""
 
 
 def _simulated_devices(
@@ -250,10 +258,13 @@ def _simulated_devices(
                 order=program.order,
                 duration=durations,
                 coupled=coupled,
-                update_s=update_s(device, float(aggregates.trained_bytes[program.stage])),
+                update_s=update_s(
+                    device, float(aggregates.trained_bytes[program.stage]) * _update_share(plan, program)
+                ),
                 transfers={kind: [] for kind in (FORWARD, BACKWARD)},
                 expected={kind: len(program.receives[kind]) for kind in (FORWARD, BACKWARD)},
                 bucket_ready=_bucket_ready(program, aggregates.stage, device.library),
+                gather_s=_gather_s(plan, program.stage, aggregates, cluster, calibration),
             )
         )
     for program in programs:
@@ -285,6 +296,22 @@ def _compute_durations(
         float(own.backward_fixed_s[stage]), float(own.backward_s[stage]), program.samples, factor, per_call
     )
     return {FORWARD: forward, BACKWARD: backward + forward if recompute else backward}
+
+
+def _gather_s(
+    plan: Plan, stage: int, aggregates: _StageAggregates, cluster: Cluster, calibration: Calibration
+) -> float:
+    """The allgather of ``stage``'s updated parameters among its devices, where it shards its optimiser state."""
+    if not plan.shards_optimizer(stage):
+        return 0.0
+    trained = float(aggregates.trained_bytes[stage])
+    return group_collective_s(cluster, plan.stage_devices[stage], "allgather", trained, plan.shares(stage), calibration)
+
+
+def _update_share(plan: Plan, program: DeviceProgram) -> float:
+    """The share of its stage's trained parameters a device updates: its share of the rows where the stage shards its
+    optimiser state, all of them otherwise."""
+    return program.samples / plan.micro_batch_size if plan.shards_optimizer(program.stage) else 1.0
 
 
 def _bucket_ready(program: DeviceProgram, stage: np.ndarray, library: LayerLibrary) -> tuple[float, ...]:
@@ -476,15 +503,21 @@ class _Simulation:
         device being advanced) go on."""
         # Waiting for a slower device of the stage to finish its backward is imbalance (idle), not communication.
         slowest = max(self.last_backward[q][1] for q in waiting)
+        finish = {}
         for q in waiting:
             start = max(self.free[q], reduced)
             waited_from = max(self.free[q], slowest)
             if start > waited_from:
                 self.records.append((q, "allreduce", waited_from, start, iteration, NO_PEER))
-            finish = start + self.durations.get((q, UPDATE, iteration), self.devices[q].update_s)
-            self.records.append((q, UPDATE, start, finish, iteration, NO_PEER))
-            self.free[q] = finish
-            self.iteration_end[iteration] = max(self.iteration_end[iteration], finish)
+            finish[q] = start + self.durations.get((q, UPDATE, iteration), self.devices[q].update_s)
+            self.records.append((q, UPDATE, start, finish[q], iteration, NO_PEER))
+        gather_s = self.devices[waiting[0]].gather_s
+        gathered = max(finish.values()) + gather_s
+        for q in waiting:
+            if gather_s:  # the updated shares gathered: every device of the stage from when the last has updated
+                self.records.append((q, "allreduce", finish[q], gathered, iteration, NO_PEER))
+            self.free[q] = gathered if gather_s else finish[q]
+            self.iteration_end[iteration] = max(self.iteration_end[iteration], self.free[q])
             if q != d:
                 self.position[q] += 1
                 self.runnable.append(q)
@@ -569,7 +602,14 @@ def _simulate(plan: Plan, context: CostContext) -> tuple[_Simulation, list[_Simu
         if program.replica == 0:
             group = plan.stage_devices[program.stage]
             reduce_s[program.stage] = [
-                allreduce_s(cluster, group, float(b.nbytes), calibration, terms) for b in program.buckets
+                (
+                    group_collective_s(
+                        cluster, group, "reduce_scatter", b.nbytes, plan.shares(program.stage), calibration
+                    )
+                    if plan.shards_optimizer(program.stage)
+                    else allreduce_s(cluster, group, float(b.nbytes), calibration, terms)
+                )
+                for b in program.buckets
             ]
     iterations = simulated_iterations(plan)[0]
     tied = tied_stages(plan, context)

@@ -76,7 +76,8 @@ MEMORY_TERMS = (
 """The terms of a device's peak memory (``device_memory_terms``):
 
 - training state: weights, gradients and the optimiser's state, ``WEIGHT_AND_GRADIENT`` plus the optimiser's
-  tensors per parameter (``OptimizerConfig.state_per_param``) times the parameters;
+  tensors per parameter (``OptimizerConfig.state_per_param``) times the parameters (a device of a stage that shards
+  its optimiser state, ``Plan.shard_optimizer``: the optimiser's tensors of its share alone);
 - stashed weights: the weight versions an asynchronous stage keeps for its forwards in flight, and the one it
   makes while they live;
 - activations: the stage's inputs and every layer output of each micro-batch in flight, views left out
@@ -86,7 +87,8 @@ MEMORY_TERMS = (
 - gradient transient: a layer's new weight gradient before it is added to the gradient so far (a stage that runs
   several backwards a step, or stashes), the largest layer's;
 - gradient buckets: on a stage of several devices, the flat buffer each bucket is reduced in and MPI's working
-  memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced;
+  memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced (sharding its optimiser state, the device
+  also receives its share of them, reduce-scattered);
 - posted receives: the buffers of the receives a device posts ahead of its forwards and backwards
   (``schedules.receive_lookahead``) that none has taken yet, at most (a later stage's activations and an earlier
   stage's gradients of about a step's micro-batches beyond those in flight);
@@ -150,6 +152,12 @@ class Plan:
     recompute: tuple[int, ...] = ()
     """The stages that recompute their activations: each keeps only its inputs of a micro-batch in flight and runs
     its forward again in the backward (activation checkpointing). A stage whose layers run split signatures cannot."""
+    shard_optimizer: tuple[int, ...] = ()
+    """The stages of several devices that shard their optimiser state among their devices (ZeRO stage 1): each
+    device holds and updates the state of its share of the gradient buckets (in proportion to its share of the
+    stage), the gradients are reduce-scattered and the updated parameters all-gathered. Not on a stage whose layers
+    run split signatures, nor on one that applies its gradients late (an asynchronous stage's weight prediction reads
+    the whole optimiser state)."""
 
     def __post_init__(self) -> None:
         try:
@@ -168,6 +176,7 @@ class Plan:
         for stage, (shares, devices) in enumerate(zip(self.stage_shares, self.stage_devices, strict=False)):
             if len(shares) != len(devices):
                 raise PlanError(f"stage {stage}: {len(shares)} shares for {len(devices)} devices")
+        _check_shard_optimizer(self)
 
     @property
     def pipeline_schedule(self) -> PipelineSchedule:
@@ -189,18 +198,28 @@ class Plan:
         recomputing = {self.stage_devices[s] for s in self.recompute}
         split = {layers[x] for x, _ in signatures}
         recompute = tuple(s for s, group in enumerate(groups) if group in recomputing and s not in split)
-        return dataclasses.replace(
+        sharding = {self.stage_devices[s] for s in self.shard_optimizer}
+        regrouped = dataclasses.replace(
             self,
             stage_of_layer=layers,
             stage_devices=groups,
             stage_shares=shares,
             signatures=signatures,
             recompute=recompute,
+            shard_optimizer=(),
         )
+        kept = tuple(
+            s for s, group in enumerate(groups) if group in sharding and optimizer_unshardable(regrouped, s) is None
+        )
+        return dataclasses.replace(regrouped, shard_optimizer=kept) if kept else regrouped
 
     def recomputes(self, stage: int) -> bool:
         """Whether ``stage`` runs its forward again in the backward rather than keep its activations."""
         return stage in self.recompute
+
+    def shards_optimizer(self, stage: int) -> bool:
+        """Whether ``stage``'s devices each hold and update only their share of its optimiser state."""
+        return stage in self.shard_optimizer
 
     @property
     def schedule_spec(self) -> str:
@@ -263,6 +282,8 @@ class Plan:
                 details.append(", ".join(split))
             if self.recomputes(s):
                 details.append("recompute")
+            if self.shards_optimizer(s):
+                details.append("sharded optimizer")
             stages.append(f"{text} ({'; '.join(details)})" if details else text)
         schedule = self.schedule + (f" (staleness {self.staleness})" if self.staleness is not None else "")
         return f"{' | '.join(stages)}, m={self.micro_batches}, {schedule}"
@@ -295,6 +316,8 @@ class Plan:
             content["signatures"] = {str(layer): name for layer, name in self.signatures}
         if self.recompute:
             content["recompute"] = list(self.recompute)
+        if self.shard_optimizer:
+            content["shard_optimizer"] = list(self.shard_optimizer)
         return content
 
     @functools.cached_property
@@ -341,6 +364,9 @@ class Plan:
                 bucket_bytes=None if data.get("bucket_bytes") is None else _integer(data["bucket_bytes"], "bytes"),
                 signatures=_signatures(data.get("signatures") or {}),
                 recompute=tuple(_integer(s, "recompute") for s in _items(data.get("recompute") or [])),
+                shard_optimizer=tuple(
+                    _integer(s, "shard_optimizer") for s in _items(data.get("shard_optimizer") or [])
+                ),
                 stage_shares=tuple(
                     tuple(_number(x, "stage_shares") for x in _items(shares))
                     for shares in _items(data.get("stage_shares") or [])
@@ -385,6 +411,33 @@ def _check_recompute(plan: Plan) -> None:
             raise PlanError(f"recompute names stage {stage}, but stages are 0..{len(plan.stage_devices) - 1}")
         if any(0 <= x < len(plan.stage_of_layer) and plan.stage_of_layer[x] == stage for x, _ in plan.signatures):
             raise PlanError(f"stage {stage} runs split signatures and cannot recompute its activations")
+
+
+def _check_shard_optimizer(plan: Plan) -> None:
+    """The stages that shard their optimiser state in order, once each, every one able to (``optimizer_unshardable``)."""
+    stages = plan.shard_optimizer
+    if list(stages) != sorted(set(stages)):
+        object.__setattr__(plan, "shard_optimizer", tuple(sorted(set(stages))))
+    for stage in plan.shard_optimizer:
+        reason = optimizer_unshardable(plan, stage)
+        if reason is not None:
+            raise PlanError(f"shard_optimizer names stage {stage}, which {reason}")
+
+
+def optimizer_unshardable(plan: Plan, stage: int) -> str | None:
+    """Why ``stage`` of ``plan`` cannot shard its optimiser state among its devices (None: it can)."""
+    if not 0 <= stage < len(plan.stage_devices):
+        return f"is not a stage (stages are 0..{len(plan.stage_devices) - 1})"
+    if len(plan.stage_devices[stage]) < 2:
+        return "runs on one device"
+    if any(0 <= x < len(plan.stage_of_layer) and plan.stage_of_layer[x] == stage for x, _ in plan.signatures):
+        return "runs split signatures"
+    schedule = plan.pipeline_schedule
+    if schedule.delay(stage, plan.n_stages, plan.micro_batches) > 0 or schedule.stashes_weights(
+        stage, plan.n_stages, plan.micro_batches
+    ):
+        return "applies its gradients late (an asynchronous stage predicts its weights from the whole optimiser state)"
+    return None
 
 
 def _integer(value: object, name: str) -> int:
@@ -465,13 +518,18 @@ def device_memory_terms(
         activations = in_flight * (f.activation_bytes + f.kept_bytes) * samples
     accumulates = plan.micro_batches > 1 or versions > 0
     trained = f.param_bytes - f.frozen_bytes
+    # A sharding device's share of the optimiser state and of the reduced gradients is its share of the rows.
+    sharded = plan.shards_optimizer(stage)
+    share = samples / plan.micro_batch_size if sharded else 1.0
     terms = {
-        "training state": f.param_bytes + (WEIGHT_AND_GRADIENT - 1 + optimizer_state) * trained,
+        "training state": f.param_bytes + (WEIGHT_AND_GRADIENT - 1 + optimizer_state * share) * trained,
         "stashed weights": (versions + 1) * trained if versions else 0.0,
         "activations": activations,
         "backward working memory": 2 * f.largest_activation_bytes * samples,
         "gradient transient": f.largest_param_bytes if accumulates else 0.0,
-        "gradient buckets": BUCKET_COPIES * f.reduced_bytes if len(plan.stage_devices[stage]) > 1 else 0.0,
+        "gradient buckets": (BUCKET_COPIES + (share if sharded else 0.0)) * f.reduced_bytes
+        if len(plan.stage_devices[stage]) > 1
+        else 0.0,
         "posted receives": samples * _posted_receive_bytes(plan, stage, *f.received_bytes),
         "runtime": float(RUNTIME_BYTES),
     }

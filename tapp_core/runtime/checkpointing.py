@@ -69,7 +69,7 @@ def stage_pieces(engine: StageEngine) -> list[Piece]:
     """What this device writes of its stage: parameters, buffers and optimiser states (see the module's doc)."""
     names = engine.stage.state_names()
     shards = dict(engine.sharded.shards) if engine.sharded is not None else {}
-    states = engine.optimizer.state if engine.optimizer is not None else {}
+    states = engine.optimizer_states()
     pieces = []
     for local, tensor in engine.stage.module.state_dict(keep_vars=True).items():
         shard = _split(shards, local)
@@ -77,7 +77,7 @@ def stage_pieces(engine: StageEngine) -> list[Piece]:
             continue
         place = _slice(shard, engine.replica) if shard is not None else {}
         pieces.append(Piece(STATE, names[local], tensor, **place))
-        for key, value in states.get(tensor, {}).items():
+        for key, value in states.get(local, {}).items():
             if isinstance(value, torch.Tensor):
                 own = place if value.shape == tensor.shape else {}
                 pieces.append(Piece(OPTIMIZER + key, names[local], value, **own))
@@ -88,6 +88,7 @@ def load_stage(engine: StageEngine, checkpoint: Checkpoint) -> None:
     """Set this device's parameters, buffers and optimiser states from ``checkpoint``, cut for its place."""
     names = engine.stage.state_names()
     shards = dict(engine.sharded.shards) if engine.sharded is not None else {}
+    states: dict[str, dict[str, Any]] = {}
     for local, tensor in engine.stage.module.state_dict(keep_vars=True).items():
         if local not in names:
             continue
@@ -100,7 +101,7 @@ def load_stage(engine: StageEngine, checkpoint: Checkpoint) -> None:
             )
         with torch.no_grad():
             tensor.copy_(part)
-        if not isinstance(tensor, nn.Parameter) or engine.optimizer is None:
+        if not isinstance(tensor, nn.Parameter):
             continue
         state: dict[str, Any] = {}
         for kind in checkpoint.kinds(name):
@@ -109,7 +110,8 @@ def load_stage(engine: StageEngine, checkpoint: Checkpoint) -> None:
                 value = _part(value, shard, engine.replica) if value.shape == whole.shape else value
                 state[kind.removeprefix(OPTIMIZER)] = value.to(tensor.device).clone()
         if state:
-            engine.optimizer.state[tensor] = state
+            states[local] = state
+    engine.load_optimizer_states(states)
 
 
 def _part(whole: torch.Tensor, shard: Shard | None, index: int) -> torch.Tensor:

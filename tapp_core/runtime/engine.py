@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from mpi4py import MPI
@@ -39,6 +40,7 @@ from tapp_core.runtime.collectives import Group, Segments
 from tapp_core.runtime.emulation import Emulation, cpu_now
 from tapp_core.runtime.gradients import StageGradients, TiedGradient
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss, predicted_weights
+from tapp_core.runtime.optimizer_shards import OptimizerShards
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
 from tapp_core.runtime.stage import CutValue, ModelGraph, Stage, StageError
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
@@ -197,7 +199,10 @@ class StageEngine:
         layer_of = {local: graph.layer_of_param[name] for local, name in stage.parameter_names().items()}
         # A stage of parameter-free layers (activations, pooling) has nothing to update.
         delay = self.schedule.delay(stage.index, self.plan.n_stages, self.plan.micro_batches)
-        self.optimizer = make_optimizer(self.params.values(), optimizer, delay) if self.params else None
+        sharding = self.plan.shards_optimizer(stage.index) and group_comm is not None
+        self.optimizer = (
+            make_optimizer(self.params.values(), optimizer, delay) if self.params and not sharding else None
+        )
         predict = None
         if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
             predict = functools.partial(predicted_weights, self.optimizer, self.params, delay)
@@ -214,6 +219,9 @@ class StageEngine:
         self.gradients = StageGradients(
             self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict, ties=ties
         )
+        self.shards: OptimizerShards | None = None
+        if sharding:
+            self._shard_optimizer(optimizer, members, group_comm)
         self.clock = ComputeClock(stage.device, emulation, self.group.segments if self.group is not None else None)
         self._pin = stage.device.type == "cuda"
         """Receive into pinned host memory, so the copies to the GPU need not block."""
@@ -249,6 +257,43 @@ class StageEngine:
         )
         if self.sharded.whole_input:
             self.input_rows = (0, self.plan.micro_batch_size)
+
+    def _shard_optimizer(self, config: OptimizerConfig, members: list[int], group_comm: MPI.Comm | None) -> None:
+        """Shard the stage's optimiser state among its devices (``runtime.optimizer_shards``): this device's optimiser
+        steps its slices of the buckets, and the tied parameters (in no bucket) whole."""
+        assert group_comm is not None
+        names = self.gradients.bucket_names()
+        shards = OptimizerShards(
+            self.params, names, self.plan.shares(self.stage.index), group_comm, members, self.transport, self.emulation
+        )
+        bucketed = {name for bucket in names for name in bucket}
+        stepped = [*shards.slices(), *(p for n, p in self.params.items() if n not in bucketed)]
+        self.optimizer = make_optimizer(stepped, config) if stepped else None
+        self.shards = self.gradients.shards = shards
+
+    def optimizer_states(self) -> dict[str, dict[str, Any]]:
+        """The optimiser's state of each parameter, whole, by the stage module's names. Where the stage shards it,
+        every device of the stage must call this (the slices are gathered)."""
+        states: dict[str, dict[str, Any]] = {}
+        if self.optimizer is not None:
+            for local, param in self.stage.module.named_parameters():
+                if param in self.optimizer.state:
+                    states[local] = dict(self.optimizer.state[param])
+        if self.shards is not None:
+            states.update(self.shards.whole_states(self.optimizer))
+        return states
+
+    def load_optimizer_states(self, states: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Set the optimiser's state of each parameter from ``states`` (whole, by the stage module's names), cut to
+        this device's slices where the stage shards it."""
+        if self.optimizer is None:
+            return
+        bucketed = self.shards.bucketed() if self.shards is not None else set()
+        for local, param in self.stage.module.named_parameters():
+            if local in states and local not in bucketed:
+                self.optimizer.state[param] = dict(states[local])
+        if self.shards is not None:
+            self.shards.load_states(self.optimizer, states)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer of the stage, whole, under the model's names. On a sharded stage every device
@@ -486,14 +531,16 @@ class StageEngine:
 
     def _update(self) -> float:
         self.gradients.prepare_update()
-        if self.optimizer is None:
-            self.gradients.updated()
-            return 0.0
-        start = self.clock.start()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        compute_s = 0.0
+        if self.optimizer is not None:
+            start = self.clock.start()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            compute_s = self.clock.stop(start)
+        if self.shards is not None:
+            self.shards.gather()
         self.gradients.updated()
-        return self.clock.stop(start)
+        return compute_s
 
 
 def check_routes(program: DeviceProgram, stage: Stage) -> None:

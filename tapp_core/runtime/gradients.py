@@ -28,6 +28,7 @@ from mpi4py import MPI
 from torch import nn
 
 from tapp_core.plan.program import Bucket
+from tapp_core.runtime.optimizer_shards import OptimizerShards
 from tapp_core.runtime.transport import Reduction, Transport
 
 
@@ -92,9 +93,16 @@ class StageGradients:
         self._bucket_of = {name: b for b, state in enumerate(self._buckets) for name in state.names}
         self._final = False
         self._overlap = overlap
+        self.shards: OptimizerShards | None = None
+        """Where the stage shards its optimiser state: its buckets are reduce-scattered into the slices each device
+        updates (``runtime.optimizer_shards``), not allreduced."""
         if comm is not None and overlap:
             for name, param in self.params.items():
                 self._hook(name, param)
+
+    def bucket_names(self) -> list[tuple[str, ...]]:
+        """Each bucket's parameters, in the order its gradients are flattened."""
+        return [state.names for state in self._buckets]
 
     # --- weights for a forward --------------------------------------------------------------------------------
 
@@ -152,7 +160,12 @@ class StageGradients:
         if state.flat is None or state.flat.numel() != size:
             state.flat = torch.empty(size, dtype=parts[0].dtype, device=parts[0].device)
         torch.cat([g.reshape(-1) for g in parts], out=state.flat)
-        state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
+        if self.shards is not None:
+            shard = self.shards.bucket_of(state.names)
+            assert shard is not None
+            state.reduction = self.shards.start_reduction(shard, state.flat)
+        else:
+            state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
 
     def start_tie(self, index: int) -> None:
         """Start summing tie ``index``'s gradient among every device holding its parameter (once per step)."""
@@ -189,10 +202,13 @@ class StageGradients:
             offset = 0
             for name in state.names:
                 param = self.params[name]
-                param.grad = state.flat[offset : offset + param.numel()].view_as(param)
+                # Sharded, the parameter's gradient is in the flat buffer already: the slices take their sums.
+                param.grad = None if self.shards else state.flat[offset : offset + param.numel()].view_as(param)
                 offset += param.numel()
                 reduced.add(name)
             state.reduction, state.ready = None, set()
+        if self.shards is not None:
+            self.shards.take_gradients()
         reduced |= self._finish_ties()
         if self.stashes:
             with torch.no_grad():

@@ -139,6 +139,8 @@ class Reduction:
     """When the last device started it (the maximum over the devices, once done)."""
     nbytes: int
     peers: list[int]
+    link_s: float | None = None
+    """Emulated, what the link takes for it (None: an allreduce among ``peers`` of ``nbytes``)."""
 
 
 @dataclass
@@ -276,6 +278,28 @@ class Transport:
         self._collectives.append(reduction)
         return reduction
 
+    def start_reduce_scatter(
+        self, flat: torch.Tensor, received: torch.Tensor, counts: Sequence[int], comm: MPI.Comm, ranks: Sequence[int]
+    ) -> Reduction:
+        """Start summing ``flat`` over ``comm`` (a stage's devices, ``ranks`` their pool ranks in the group's order),
+        each device receiving the sum of its ``counts`` elements into ``received``; returns at once.
+        ``finish_reductions`` waits for it. CPU tensors (or CUDA-aware MPI) only."""
+        if flat.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"reduce-scatter of {flat.dtype} gradients is not supported")
+        host = flat.to("cpu") if flat.is_cuda and self._stage_through_host else flat
+        out = received.to("cpu") if received.is_cuda and self._stage_through_host else received
+        requests = [comm.Ireduce_scatter(_array(host), _array(out), list(counts), op=MPI.SUM)]
+        started = np.array([now()])
+        requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
+        nbytes = host.numel() * host.element_size()
+        total = max(1, sum(counts))
+        shares = [c / total for c in counts]
+        link_s = self.emulation.collective_time("reduce_scatter", nbytes, shares, list(ranks))
+        me = ranks[comm.Get_rank()]
+        reduction = Reduction(requests, received, out, started, nbytes, [r for r in ranks if r != me], link_s)
+        self._collectives.append(reduction)
+        return reduction
+
     def finish_reductions(self, reductions: Sequence[Reduction]) -> None:
         """Wait for ``reductions`` (started in this order on one communicator) and, emulated, for the link time each
         takes one after another. The wait counts as communication from when the last device joined the last one."""
@@ -287,7 +311,11 @@ class Transport:
             link_free = 0.0
             for reduction in reductions:
                 link_free = max(link_free, float(reduction.started[0]))
-                link_free += self.emulation.allreduce_time(reduction.peers, reduction.nbytes)
+                link_free += (
+                    reduction.link_s
+                    if reduction.link_s is not None
+                    else self.emulation.allreduce_time(reduction.peers, reduction.nbytes)
+                )
             sleep_until(link_free)
         for reduction in reductions:
             if reduction.host is not reduction.flat:
@@ -350,6 +378,11 @@ class Transport:
             abandon(reduction.requests, reduction)
         self._collectives.clear()
         self._staged.clear()  # never posted; the host allocator keeps the pinned copies until they are done
+
+
+def _array(tensor: torch.Tensor) -> object:
+    """What MPI reads or writes of ``tensor``: its NumPy view on the CPU, the tensor itself on a GPU."""
+    return tensor if tensor.is_cuda else tensor.numpy()
 
 
 def _side_stream(streams: dict[int, torch.cuda.Stream], device: torch.device) -> torch.cuda.Stream:

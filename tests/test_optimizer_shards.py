@@ -1,0 +1,124 @@
+"""Sharded optimiser state among a stage's devices (ZeRO stage 1, ``Plan.shard_optimizer``): the plan carries the
+choice, the memory model counts each device's share of the optimiser state, the cost model charges the
+reduce-scatter, the update of a share and the allgather, and the runtime trains exactly as without it (like one
+device, with even and uneven shares, SGD and AdamW, several buckets, frozen and tied parameters)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tapp_core.cost.calibration import DEFAULT_CALIBRATION
+from tapp_core.cost.context import CostContext
+from tapp_core.cost.estimate import Estimate
+from tapp_core.cost.simulation import estimate
+from tapp_core.plan.plan import Plan, PlanError, stage_memory_terms
+from tapp_core.runtime import OptimizerConfig, WorkerPool
+from tests.factories import chain_library, make_cluster
+from tests.test_runtime_correctness import BATCH, MICRO_BATCHES, stages_by_cuts, trains_like_one_device
+
+
+def replicated(**overrides: object) -> Plan:
+    plan = Plan("toy", 8, 1, "gpipe", (0, 0, 0, 1), (("d0", "d1"), ("d2",)), stage_shares=((0.75, 0.25), (1.0,)))
+    return dataclasses.replace(plan, **overrides)  # type: ignore[arg-type]
+
+
+def test_the_plan_carries_the_choice_and_old_plans_keep_their_id() -> None:
+    plain, sharded = replicated(), replicated(shard_optimizer=(0,))
+    assert "shard_optimizer" not in plain.canonical() and sharded.id != plain.id
+    again = Plan.from_json(sharded.to_json())
+    assert again == sharded and again.shards_optimizer(0) and not again.shards_optimizer(1)
+    assert "sharded optimizer" in sharded.describe()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"shard_optimizer": (1,)}, "stage 1, which runs on one device"),
+        ({"shard_optimizer": (2,)}, "stage 2, which is not a stage"),
+        ({"shard_optimizer": (0,), "signatures": ((1, "col"),)}, "runs split signatures"),
+        ({"shard_optimizer": (0,), "schedule": "async"}, "applies its gradients late"),
+    ],
+)
+def test_a_stage_that_cannot_shard_is_named(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        replicated(**overrides)
+
+
+def test_regrouping_keeps_the_choice_with_a_group_that_can_still_shard() -> None:
+    sharded = replicated(shard_optimizer=(0,))
+    assert sharded.regrouped(stage_of_layer=(0, 0, 1, 1)).shard_optimizer == (0,)
+    assert sharded.regrouped(stage_devices=(("d0",), ("d1", "d2"))).shard_optimizer == ()
+
+
+def test_each_device_holds_its_share_of_the_optimizer_state() -> None:
+    library = chain_library(4, param_bytes=[0, 4000, 0, 1000])
+    adamw = 2
+    plain = stage_memory_terms(replicated(), library, 0, adamw)
+    sharded = stage_memory_terms(replicated(shard_optimizer=(0,)), library, 0, adamw)
+    for device, share in (("d0", 0.75), ("d1", 0.25)):
+        saved = plain[device]["training state"] - sharded[device]["training state"]
+        assert saved == pytest.approx(adamw * (1 - share) * 4000)
+        extra = sharded[device]["gradient buckets"] - plain[device]["gradient buckets"]
+        assert extra == pytest.approx(share * 4000)  # the reduce-scattered slice it receives
+
+
+def _seconds(estimate: Estimate, device: str, kind: str) -> float:
+    return sum(op.end - op.start for op in estimate.timeline if op.device == device and op.kind == kind)
+
+
+def test_the_cost_model_charges_the_reduce_scatter_a_share_of_the_update_and_the_allgather() -> None:
+    library = chain_library(4, param_bytes=[0, 40_000_000, 0, 1000])
+    calibration = dataclasses.replace(DEFAULT_CALIBRATION, update_s_per_param_byte=1e-9)
+    context = CostContext(library, make_cluster([1, 1, 1], bandwidth=1e9), calibration)
+    plain, sharded = estimate(replicated(), context), estimate(replicated(shard_optimizer=(0,)), context)
+    # a ring reduce-scatter moves (1 - smallest share) of the bucket, a ring allreduce 2 (k - 1) / k of it
+    assert _seconds(sharded, "d0", "reduce") == pytest.approx(0.75 * _seconds(plain, "d0", "reduce"), rel=1e-3)
+    for device, share in (("d0", 0.75), ("d1", 0.25)):  # each updates its share of the 40 MB
+        assert _seconds(sharded, device, "update") == pytest.approx(share * _seconds(plain, device, "update"), rel=1e-3)
+    last_update = max(op.end for op in sharded.timeline if op.kind == "update" and op.stage == 0)
+    gathers = [op for op in sharded.timeline if op.kind == "allreduce" and op.stage == 0 and op.end > last_update]
+    assert {op.device for op in gathers} == {"d0", "d1"}
+    assert all(op.end == pytest.approx(gathers[0].end) for op in gathers)
+
+
+SGD = OptimizerConfig(lr=0.05, momentum=0.9)
+ADAMW = OptimizerConfig(name="AdamW", lr=0.01, weight_decay=0.1)
+CASES = [
+    # id, pool, model, schedule, cuts, stage devices, shares, bucket bytes, optimiser
+    ("bsp-2-even", "pool2", "mlp", "gpipe", (), (("d0", "d1"),), (), None, SGD),
+    ("bsp-3-uneven-small-buckets", "pool3", "tiny_cnn", "gpipe", (), (("d0", "d1", "d2"),), ((0.5, 0.3, 0.2),), 512, SGD),
+    ("replicated-first-1f1b-uneven-adamw", "pool3", "tiny_branchy", "1f1b", (6,), (("d0", "d2"), ("d1",)),
+     ((0.75, 0.25), (1.0,)), 2048, ADAMW),
+    ("bsp-3-even-adamw", "pool3", "tiny_cnn", "1f1b", (), (("d0", "d1", "d2"),), (), None, ADAMW),
+    ("frozen-backbone-bsp-2", "pool2", "tests.wild_models:finetune", "gpipe", (), (("d0", "d1"),), (), None, ADAMW),
+    ("tied-replicated-holder-1f1b", "pool3", "tests.user_models:tied", "1f1b", (6,), (("d0", "d2"), ("d1",)),
+     ((0.75, 0.25), (1.0,)), None, SGD),
+]  # fmt: skip
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("pool_name", "model", "schedule", "cuts", "devices", "shares", "bucket_bytes", "optimizer"),
+    [c[1:] for c in CASES],
+    ids=[str(c[0]) for c in CASES],
+)
+def test_sharded_optimizer_state_trains_like_one_device(
+    request: pytest.FixtureRequest,
+    pool_name: str,
+    model: str,
+    schedule: str,
+    cuts: tuple[int, ...],
+    devices: tuple[tuple[str, ...], ...],
+    shares: tuple[tuple[float, ...], ...],
+    bucket_bytes: int | None,
+    optimizer: OptimizerConfig,
+) -> None:
+    pool: WorkerPool = request.getfixturevalue(pool_name)
+    plan = Plan(
+        model, BATCH, MICRO_BATCHES, schedule, stages_by_cuts(model, cuts), devices,
+        stage_shares=shares, bucket_bytes=bucket_bytes, shard_optimizer=(0,),
+    )  # fmt: skip
+    trains_like_one_device(pool, plan, optimizer=optimizer)
