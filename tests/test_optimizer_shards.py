@@ -10,10 +10,12 @@ import dataclasses
 import pytest
 
 from tapp_core.cost.calibration import DEFAULT_CALIBRATION
+from tapp_core.cost.checks import check_memory, memory_choices_where_needed, validate
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.estimate import Estimate
 from tapp_core.cost.simulation import estimate
-from tapp_core.plan.plan import Plan, PlanError, stage_memory_terms
+from tapp_core.plan.plan import BUCKET_COPIES, SHARD_COPIES, Plan, PlanError, stage_memory_bytes, stage_memory_terms
+from tapp_core.planners.moves import optimizer_shard_toggled
 from tapp_core.runtime import OptimizerConfig, WorkerPool
 from tests.factories import chain_library, make_cluster
 from tests.test_runtime_correctness import BATCH, MICRO_BATCHES, stages_by_cuts, trains_like_one_device
@@ -60,8 +62,9 @@ def test_each_device_holds_its_share_of_the_optimizer_state() -> None:
     for device, share in (("d0", 0.75), ("d1", 0.25)):
         saved = plain[device]["training state"] - sharded[device]["training state"]
         assert saved == pytest.approx(adamw * (1 - share) * 4000)
-        extra = sharded[device]["gradient buckets"] - plain[device]["gradient buckets"]
-        assert extra == pytest.approx(share * 4000)  # the reduce-scattered slice it receives
+        # its share of the sum and MPI's working memory, not the flat buffer and the allreduce's
+        assert sharded[device]["gradient buckets"] == pytest.approx(SHARD_COPIES * share * 4000)
+        assert plain[device]["gradient buckets"] == pytest.approx(BUCKET_COPIES * 4000)
 
 
 def _seconds(estimate: Estimate, device: str, kind: str) -> float:
@@ -122,3 +125,48 @@ def test_sharded_optimizer_state_trains_like_one_device(
         stage_shares=shares, bucket_bytes=bucket_bytes, shard_optimizer=(0,),
     )  # fmt: skip
     trains_like_one_device(pool, plan, optimizer=optimizer)
+
+
+def test_a_toggle_move_turns_sharding_on_only_where_a_stage_may_shard() -> None:
+    plan = replicated()
+    toggled = list(optimizer_shard_toggled(plan))
+    assert [p.shard_optimizer for p in toggled] == [(0,)]  # stage 1 runs on one device
+    assert [p.shard_optimizer for p in optimizer_shard_toggled(toggled[0])] == [()]
+
+
+def heavy_layer_context(devices: int = 4) -> tuple[CostContext, Plan]:
+    """One layer holding nearly every weight (an embedding table), under AdamW, on devices that hold it only with its optimiser state
+    sharded among three or more of them (the memory of one device, or of two, is short of it)."""
+    param = 40 * 2**20
+    chain = chain_library(4, param_bytes=[0, param, 0, 1000], activation_bytes=[64] * 4)
+    # an embedding table: a layer no signature splits, so operator parallelism cannot hold it either
+    layers = [dataclasses.replace(layer, op="Embedding") for layer in chain.layers]
+    library = dataclasses.replace(chain, layers=layers)
+    plan = Plan("toy", 8, 1, "gpipe", (0,) * 4, (tuple(f"d{i}" for i in range(devices)),))
+    adamw = OptimizerConfig(name="AdamW")
+    roomy = CostContext(library, make_cluster([1.0] * devices), optimizer=adamw)
+    need = max(stage_memory_bytes(dataclasses.replace(plan, shard_optimizer=(0,)), library, 0, 2).values())
+    assert need < 3.5 * param < 4 * param  # one device alone needs 4x its weights: weights, gradients, AdamW's two
+    cluster = make_cluster([1.0] * devices, memory=f"{int(3.5 * param)}B")
+    return dataclasses.replace(roomy, cluster=cluster), plan
+
+
+def test_the_oracles_space_shards_a_stage_that_does_not_fit_otherwise() -> None:
+    context, plan = heavy_layer_context()
+    chosen = memory_choices_where_needed(plan, context)
+    assert chosen.shard_optimizer == (0,) and not chosen.recompute
+    check_memory(chosen, context)
+    with pytest.raises(PlanError, match="out of memory"):
+        check_memory(plan, context)
+
+
+@pytest.mark.parametrize("name", ["autoddl", "tapp", "oracle"])
+def test_a_search_shards_where_nothing_else_fits(name: str) -> None:
+    from tapp_core.planners import get_planner
+    from tests.test_planners_common import QUICK
+
+    context, _ = heavy_layer_context()
+    options = {"schedule": "gpipe", "schedules": ("gpipe",), **QUICK[name]}
+    plan = get_planner(name, micro_batches=(1,), **options).plan(context)
+    validate(plan, context)
+    assert plan.shard_optimizer, plan.describe()

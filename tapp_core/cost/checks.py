@@ -18,6 +18,7 @@ from tapp_core.plan.plan import (
     check_devices,
     check_groups,
     check_shape,
+    optimizer_unshardable,
     stage_memory_bytes,
     stage_memory_terms,
 )
@@ -49,12 +50,30 @@ def recomputing_where_needed(plan: Plan, context: CostContext) -> Plan:
     for stage in range(plan.n_stages):
         if stage in needed or plan.runs_split(stage):
             continue
-        needs = stage_memory_bytes(plan, context.library, stage, context.optimizer_state)
-        if any(need > context.cluster.device(name).memory for name, need in needs.items()):
+        if not _fits(plan, context, stage):
             needed.add(stage)
     if len(needed) == len(plan.recompute):
         return plan
     return dataclasses.replace(plan, recompute=tuple(sorted(needed)))
+
+
+def memory_choices_where_needed(plan: Plan, context: CostContext) -> Plan:
+    """``plan`` with the least memory-saving choices that make each stage fit: a stage whose devices lack the
+    memory shards its optimiser state first, where it may (``Plan.shard_optimizer``: no extra compute), and
+    recomputes its activations only if that is not enough (``recomputing_where_needed``). A stage that fits is left
+    as it is: what it would gain by sharding is left to the searches that toggle it."""
+    sharded = set(plan.shard_optimizer)
+    for stage in range(plan.n_stages):
+        if stage not in sharded and optimizer_unshardable(plan, stage) is None and not _fits(plan, context, stage):
+            sharded.add(stage)
+    if len(sharded) > len(plan.shard_optimizer):
+        plan = dataclasses.replace(plan, shard_optimizer=tuple(sorted(sharded)))
+    return recomputing_where_needed(plan, context)
+
+
+def _fits(plan: Plan, context: CostContext, stage: int) -> bool:
+    needs = stage_memory_bytes(plan, context.library, stage, context.optimizer_state)
+    return all(need <= context.cluster.device(name).memory for name, need in needs.items())
 
 
 def validate(plan: Plan, context: CostContext) -> None:

@@ -87,8 +87,9 @@ MEMORY_TERMS = (
 - gradient transient: a layer's new weight gradient before it is added to the gradient so far (a stage that runs
   several backwards a step, or stashes), the largest layer's;
 - gradient buckets: on a stage of several devices, the flat buffer each bucket is reduced in and MPI's working
-  memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced (sharding its optimiser state, the device
-  also receives its share of them, reduce-scattered);
+  memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced (a device of a stage that shards its
+  optimiser state accumulates the gradients in the flat buffers themselves and receives its share of their sum:
+  ``SHARD_COPIES`` times its share of them);
 - posted receives: the buffers of the receives a device posts ahead of its forwards and backwards
   (``schedules.receive_lookahead``) that none has taken yet, at most (a later stage's activations and an earlier
   stage's gradients of about a step's micro-batches beyond those in flight);
@@ -98,6 +99,10 @@ MEMORY_TERMS = (
 BUCKET_COPIES = 1.5
 """Bytes a replicated stage holds per byte of gradient it reduces: the flat bucket (1) and MPICH's allreduce working
 memory (measured about half, on 2 and 4 CPU ranks: ``bench/memory.py``)."""
+SHARD_COPIES = 2.0
+"""Bytes a device of a stage that shards its optimiser state holds per byte of its share of the reduced gradients:
+the sum it receives (1) and MPICH's reduce-scatter working memory (measured 1: a reduce-scatter of 89 MiB took
+2 x 44.5 MiB on each of 2 ranks, 2 x 22 on each of 4, and 2 x 67 and 2 x 22 with shares 0.75 and 0.25)."""
 VIEW_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "flatten", "getitem", "expand", "unsqueeze", "squeeze", "getattr",
      "size", "dim", "chunk", "split", "narrow", "select", "movedim", "t", "unflatten", "view_as", "expand_as",
@@ -527,7 +532,7 @@ def device_memory_terms(
         "activations": activations,
         "backward working memory": 2 * f.largest_activation_bytes * samples,
         "gradient transient": f.largest_param_bytes if accumulates else 0.0,
-        "gradient buckets": (BUCKET_COPIES + (share if sharded else 0.0)) * f.reduced_bytes
+        "gradient buckets": (SHARD_COPIES * share if sharded else BUCKET_COPIES) * f.reduced_bytes
         if len(plan.stage_devices[stage]) > 1
         else 0.0,
         "posted receives": samples * _posted_receive_bytes(plan, stage, *f.received_bytes),

@@ -12,7 +12,9 @@ each layer of a group with a signature (``tapp_core.plan.placement``: ``data``, 
   layout pass), because one layer's split alone rarely pays;
 - a left-over device added to a stage together with a pattern (a replica that only pays once the layers split);
 - the group's shares: equal, or in proportion to the devices' speeds (their kinds' libraries and speeds);
-- each stage's activation recomputation, on or off (``Plan.recompute``: memory for a forward more).
+- each stage's activation recomputation, on or off (``Plan.recompute``: memory for a forward more);
+- each replicated stage's sharded optimiser state, on or off (``Plan.shard_optimizer``: the optimiser's memory and
+  update shared among the group, for an allgather after the update).
 
 The search runs Pipeline CD's descent to its end (from a split balanced to the devices' speeds), then sweeps every
 coordinate above from there, and again from every device running the whole model (data parallel, shares by
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.placement import SIGNATURES
-from tapp_core.plan.plan import Plan
+from tapp_core.plan.plan import Plan, optimizer_unshardable
 from tapp_core.planners.base import ProgressCallback
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.moves import Groups, unused_devices, with_group
@@ -45,6 +47,8 @@ class SbpPoint(Point):
     """Groups share their work in proportion to their devices' speeds (else equally)."""
     recompute: tuple[int, ...] = ()
     """The stages that recompute their activations (``Plan.recompute``; none whose layers run split)."""
+    shard_optimizer: tuple[int, ...] = ()
+    """The stages that shard their optimiser state (``Plan.shard_optimizer``; kept where the stage may)."""
 
 
 class SbpDescent(Descent):
@@ -68,12 +72,15 @@ class SbpDescent(Descent):
             shares = tuple(speed_shares(self.speeds, group) for group in point.groups)
         split = {plan.stage_of_layer[x] for x, _ in signatures}
         recompute = tuple(s for s in point.recompute if s < plan.n_stages and s not in split)
-        return dataclasses.replace(plan, signatures=signatures, stage_shares=shares, recompute=recompute)
+        plan = dataclasses.replace(plan, signatures=signatures, stage_shares=shares, recompute=recompute)
+        shard = tuple(s for s in point.shard_optimizer if optimizer_unshardable(plan, s) is None)
+        return dataclasses.replace(plan, shard_optimizer=shard) if shard else plan
 
     def coordinates(self, point: Point) -> list[Iterator[Point]]:
         assert isinstance(point, SbpPoint)
         out = super().coordinates(point)
         out += [self._grown(point), self._patterns(point), self._shares(point), self._recompute(point)]
+        out.append(self._shard_optimizer(point))
         out += [self._layer(point, x) for x in self._grouped_splittable(point)]
         return out
 
@@ -95,6 +102,11 @@ class SbpDescent(Descent):
         for stage in range(len(p.groups)):
             turned = set(p.recompute) ^ {stage}
             yield dataclasses.replace(p, recompute=tuple(sorted(turned)))
+
+    def _shard_optimizer(self, p: SbpPoint) -> Iterator[Point]:
+        for stage, group in enumerate(p.groups):
+            if len(group) > 1:
+                yield dataclasses.replace(p, shard_optimizer=tuple(sorted(set(p.shard_optimizer) ^ {stage})))
 
     def _patterns(self, p: SbpPoint) -> Iterator[Point]:
         stages = self._stage_of(p)

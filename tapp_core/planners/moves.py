@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from tapp_core.plan.plan import Plan
+from tapp_core.plan.plan import Plan, optimizer_unshardable
 from tapp_core.planners.space import stages_from_cuts
 
 Groups = tuple[tuple[str, ...], ...]
@@ -119,6 +119,16 @@ def recompute_toggled(plan: Plan) -> Iterator[Plan]:
             yield dataclasses.replace(plan, recompute=tuple(s for s in plan.recompute if s != stage))
         elif not plan.runs_split(stage):
             yield dataclasses.replace(plan, recompute=(*plan.recompute, stage))
+
+
+def optimizer_shard_toggled(plan: Plan) -> Iterator[Plan]:
+    """The plan with one stage's sharded optimiser state turned on or off, stage by stage (where it may shard:
+    ``plan.optimizer_unshardable``)."""
+    for stage in range(plan.n_stages):
+        if plan.shards_optimizer(stage):
+            yield dataclasses.replace(plan, shard_optimizer=tuple(s for s in plan.shard_optimizer if s != stage))
+        elif optimizer_unshardable(plan, stage) is None:
+            yield dataclasses.replace(plan, shard_optimizer=(*plan.shard_optimizer, stage))
 
 
 def collapsed(plan: Plan, devices: Sequence[str]) -> Iterator[Plan]:

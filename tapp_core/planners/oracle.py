@@ -17,9 +17,12 @@ starts from a balanced cut of every device grouping, which only speeds the proof
 
 Activation recomputation (``Plan.recompute``) is searched exactly at no cost in plans: each plan of the space
 recomputes on exactly the stages whose devices could not hold their activations otherwise
-(``checks.recomputing_where_needed``), the fastest of its variants that fits, since a stage's memory depends on
+(``checks.memory_choices_where_needed``), the fastest of its variants that fits, since a stage's memory depends on
 its own choice alone and recomputing only adds time. The step-time bound of a plan without recomputation bounds
-its variants with it too.
+its variants with it too. A replicated stage that does not fit shards its optimiser state first
+(``Plan.shard_optimizer``) and recomputes only if that is not enough; sharding where it is not needed for memory,
+only for the share of the update it saves, is outside the space (``leaves_out`` says so): it would double the
+plans for each replicated stage.
 
 ``time_limit_s`` covers the whole search: the enumeration of device groupings (fewest stages first, for at most a
 quarter of the limit), their starting incumbents (estimated until half the time left, so that the branch and bound
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tapp_core.cost.checks import recomputing_where_needed
+from tapp_core.cost.checks import memory_choices_where_needed
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
@@ -56,7 +59,10 @@ from tapp_core.planners.stage_costs import device_classes, relative_speeds
 from tapp_core.platform.cluster import Cluster
 from tapp_core.profile.library import LayerLibrary
 
-LEAVES_OUT = "split layers (operator parallelism) and unequal shares: groups run data parallel with equal shares"
+LEAVES_OUT = (
+    "split layers (operator parallelism) and unequal shares: groups run data parallel with equal shares; "
+    "a stage shards its optimiser state only where it needs the memory"
+)
 
 DEFAULT_SCHEDULES = ("1f1b", "async")
 """The oracle's schedules unless told: the bound holds for the asynchronous one too, whose steady-state step lasts
@@ -185,7 +191,7 @@ class _Search:
                     self.pruned += 1
                     continue
                 plan = contiguous_plan(self.library, cuts, self._grouping, m, self.schedule, self.batch)
-                self.evaluator.step_time(recomputing_where_needed(plan, self.evaluator.context))
+                self.evaluator.step_time(memory_choices_where_needed(plan, self.evaluator.context))
             else:
                 out = bound.transfer(groups[s], groups[s + 1], stop)
                 self._descend(s + 1, stop, [*cuts, stop], value, bound.next_chain(here, terms, out))
@@ -283,7 +289,7 @@ class OraclePlanner(PlannerBase):
             cuts = balanced_cuts(weights, shares, positions) if len(grouping) > 1 else []
             for m in choices:
                 plan = contiguous_plan(library, cuts, grouping, m, self.schedule_spec, batch)
-                out.append((evaluator.step_time(recomputing_where_needed(plan, context)), grouping, m))
+                out.append((evaluator.step_time(memory_choices_where_needed(plan, context)), grouping, m))
         return out
 
 

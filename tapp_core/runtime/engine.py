@@ -269,7 +269,8 @@ class StageEngine:
         bucketed = {name for bucket in names for name in bucket}
         stepped = [*shards.slices(), *(p for n, p in self.params.items() if n not in bucketed)]
         self.optimizer = make_optimizer(stepped, config) if stepped else None
-        self.shards = self.gradients.shards = shards
+        self.shards = shards
+        self.gradients.shard_with(shards)
 
     def optimizer_states(self) -> dict[str, dict[str, Any]]:
         """The optimiser's state of each parameter, whole, by the stage module's names. Where the stage shards it,

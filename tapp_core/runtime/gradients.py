@@ -94,11 +94,44 @@ class StageGradients:
         self._final = False
         self._overlap = overlap
         self.shards: OptimizerShards | None = None
-        """Where the stage shards its optimiser state: its buckets are reduce-scattered into the slices each device
-        updates (``runtime.optimizer_shards``), not allreduced."""
+        """Where the stage shards its optimiser state (``shard_with``)."""
         if comm is not None and overlap:
             for name, param in self.params.items():
                 self._hook(name, param)
+
+    def shard_with(self, shards: OptimizerShards) -> None:
+        """Reduce-scatter the buckets into the slices ``shards`` updates, rather than allreduce them. The backwards
+        accumulate each parameter's gradient in its bucket's flat buffer (its ``grad`` a view of it, as DDP's
+        ``gradient_as_bucket_view``): the buffer costs no memory beyond the gradients, which the sharded state's
+        memory saving would otherwise give back."""
+        self.shards = shards
+        self._gradient_views()
+
+    def _gradient_views(self) -> None:
+        """Zero each bucket's flat buffer and make every parameter's gradient a view of it again."""
+        for state in (s for s in self._buckets if s.names):
+            if state.flat is None:
+                first = self.params[state.names[0]]
+                size = sum(self.params[n].numel() for n in state.names)
+                state.flat = torch.zeros(size, dtype=first.dtype, device=first.device)
+            else:
+                state.flat.zero_()
+            offset = 0
+            for name in state.names:
+                param = self.params[name]
+                param.grad = state.flat[offset : offset + param.numel()].view_as(param)
+                offset += param.numel()
+
+    def _in_place(self, state: _BucketState) -> bool:
+        """Whether every gradient of the bucket is still the view of its flat buffer that ``_gradient_views`` made."""
+        assert state.flat is not None
+        offset, width = state.flat.data_ptr(), state.flat.element_size()
+        for name in state.names:
+            grad = self.params[name].grad
+            if grad is None or grad.data_ptr() != offset:
+                return False
+            offset += grad.numel() * width
+        return True
 
     def bucket_names(self) -> list[tuple[str, ...]]:
         """Each bucket's parameters, in the order its gradients are flattened."""
@@ -152,6 +185,18 @@ class StageGradients:
         state = self._buckets[bucket]
         if state.reduction is not None or self.comm is None or not state.names:  # no names: every one frozen
             return
+        if self.shards is None or not self._in_place(state):
+            self._flatten(state)
+        assert state.flat is not None
+        if self.shards is not None:
+            shard = self.shards.bucket_of(state.names)
+            assert shard is not None
+            state.reduction = self.shards.start_reduction(shard, state.flat)
+        else:
+            state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
+
+    def _flatten(self, state: _BucketState) -> None:
+        """Copy the bucket's gradients into its flat buffer (a parameter without one: zeros)."""
         grads = [self._step_gradient(name) for name in state.names]
         parts = [
             g if g is not None else torch.zeros_like(self.params[n]) for g, n in zip(grads, state.names, strict=True)
@@ -159,13 +204,10 @@ class StageGradients:
         size = sum(g.numel() for g in parts)
         if state.flat is None or state.flat.numel() != size:
             state.flat = torch.empty(size, dtype=parts[0].dtype, device=parts[0].device)
-        torch.cat([g.reshape(-1) for g in parts], out=state.flat)
-        if self.shards is not None:
-            shard = self.shards.bucket_of(state.names)
-            assert shard is not None
-            state.reduction = self.shards.start_reduction(shard, state.flat)
+        if self.shards is not None:  # some gradients may be views of the buffer: copied out first
+            state.flat.copy_(torch.cat([g.reshape(-1) for g in parts]))
         else:
-            state.reduction = self.transport.start_allreduce(state.flat, self.comm, self.peers)
+            torch.cat([g.reshape(-1) for g in parts], out=state.flat)
 
     def start_tie(self, index: int) -> None:
         """Start summing tie ``index``'s gradient among every device holding its parameter (once per step)."""
@@ -203,12 +245,14 @@ class StageGradients:
             for name in state.names:
                 param = self.params[name]
                 # Sharded, the parameter's gradient is in the flat buffer already: the slices take their sums.
-                param.grad = None if self.shards else state.flat[offset : offset + param.numel()].view_as(param)
+                if self.shards is None:
+                    param.grad = state.flat[offset : offset + param.numel()].view_as(param)
                 offset += param.numel()
                 reduced.add(name)
             state.reduction, state.ready = None, set()
         if self.shards is not None:
             self.shards.take_gradients()
+            self._gradient_views()  # the next step's gradients accumulate from zero
         reduced |= self._finish_ties()
         if self.stashes:
             with torch.no_grad():

@@ -40,6 +40,7 @@ from tapp_core.planners.moves import (
     merged_neighbours,
     moved_cut,
     one_per_class,
+    optimizer_shard_toggled,
     recompute_toggled,
     swapped_groups,
     unused_devices,
@@ -214,7 +215,7 @@ class Polish:
         return best
 
     def shifts(self, plan: Plan, span: int) -> list[Plan]:
-        """Every micro-batch count and schedule; every stage's recomputation turned on or off; every boundary of a contiguous plan moved by powers of two up to
+        """Every micro-batch count and schedule; every stage's recomputation and sharded optimiser state turned on or off; every boundary of a contiguous plan moved by powers of two up to
         ``span``, and every two neighbouring boundaries moved together (a stage shifted whole: a small stage between
         two large ones moves only so)."""
         neighbours = [
@@ -223,6 +224,7 @@ class Polish:
             for name, staleness in self.schedules
         ]
         neighbours += recompute_toggled(plan)
+        neighbours += optimizer_shard_toggled(plan)
         cuts = cuts_of(plan)
         if cuts is None:
             return neighbours
