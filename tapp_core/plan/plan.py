@@ -558,13 +558,36 @@ def held_activation_bytes(layer: Layer) -> int:
     return 0 if layer.op in VIEW_OPS else layer.activation_bytes
 
 
-def kept_activation_bytes(library: LayerLibrary) -> list[int]:
-    """Per layer, the bytes per sample of its output a micro-batch in flight keeps for the backward
-    (``held_activation_bytes``; none where the backward reads it not: ``LayerLibrary.read_by_backward``)."""
-    return [
-        held_activation_bytes(layer) if read else 0
-        for layer, read in zip(library.layers, library.read_by_backward(), strict=True)
-    ]
+class KeptOutputs:
+    """Per layer, the bytes per sample of its output that a micro-batch in flight keeps until its backward, under a
+    plan's stages (``held_activation_bytes``): an output the backward reads (``LayerLibrary.read_by_backward``), and
+    one sent to a layer of another stage (the runtime holds what it sends until that micro-batch's backward, read
+    or not: a frozen prefix's last output). The one definition the memory model and the planners' screen count."""
+
+    def __init__(self, library: LayerLibrary) -> None:
+        self.held = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
+        self.read = np.array(library.read_by_backward(), dtype=bool)
+        self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
+
+    _last: ClassVar[tuple[weakref.ref[LayerLibrary], KeptOutputs] | None] = None
+
+    @classmethod
+    def of(cls, library: LayerLibrary) -> KeptOutputs:
+        """The arrays of ``library``, made once for the same library object (a search screens thousands of plans)."""
+        last = cls._last
+        if last is not None and last[0]() is library:
+            return last[1]
+        kept = cls(library)
+        cls._last = (weakref.ref(library), kept)
+        return kept
+
+    def per_layer(self, stage_of_layer: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Each layer's kept output bytes per sample under ``stage_of_layer``."""
+        stages = np.asarray(stage_of_layer)
+        kept = self.read.copy()
+        crossing = self.edges[stages[self.edges[:, 0]] != stages[self.edges[:, 1]], 0]
+        kept[crossing] = True
+        return np.where(kept, self.held, 0.0)
 
 
 def model_trace_bytes(library: LayerLibrary) -> float:
@@ -705,10 +728,7 @@ def stage_memory_terms(
 ) -> dict[str, dict[str, float]]:
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
-    read = library.read_by_backward()
-    # kept_activation_bytes', and what the stage sends on: the runtime keeps its outputs until their backward
-    sent = {x.index for x in layers if any(plan.stage_of_layer[s] != stage for s in x.successors)}
-    kept = {x.index: held_activation_bytes(x) if read[x.index] or x.index in sent else 0 for x in layers}
+    kept = KeptOutputs.of(library).per_layer(plan.stage_of_layer)
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
@@ -720,7 +740,7 @@ def stage_memory_terms(
         frozen = sum(layer.frozen_bytes for layer in layers)
         footprint = DeviceFootprint(
             param_bytes=params,
-            activation_bytes=sum(kept[layer.index] for layer in layers),
+            activation_bytes=float(sum(kept[layer.index] for layer in layers)),
             kept_bytes=shared.input_bytes(stage),
             largest_param_bytes=largest,
             reduced_bytes=params - frozen,

@@ -26,11 +26,10 @@ from tapp_core.measure.step import StepTerms
 from tapp_core.plan.plan import (
     DeviceFootprint,
     InputCounter,
+    KeptOutputs,
     Plan,
     PlanError,
     device_memory_terms,
-    held_activation_bytes,
-    kept_activation_bytes,
     model_trace_bytes,
 )
 from tapp_core.plan.rule import ModelFacts, check_runs
@@ -46,10 +45,8 @@ class MemoryScreen:
         library, cluster = context.library, context.cluster
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
         self.frozen = np.array([layer.frozen_bytes for layer in library.layers], dtype=np.float64)
-        self.activations = np.array(kept_activation_bytes(library), dtype=np.float64)
-        self.outputs = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
-        self.unread = ~np.array(library.read_by_backward(), dtype=bool)
-        self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
+        self.kept = KeptOutputs.of(library)
+        self.outputs = self.kept.held
         self.memory = {d.name: d.memory for d in cluster.devices}
         self.shared = library.shared
         self.inputs = InputCounter(library)
@@ -70,10 +67,7 @@ class MemoryScreen:
         if self.shared:
             params += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, self.shared)
         frozen = np.bincount(stages, self.frozen, plan.n_stages)
-        activations = np.bincount(stages, self.activations, plan.n_stages)
-        sent = np.unique(self.edges[stages[self.edges[:, 0]] != stages[self.edges[:, 1]], 0])
-        sent = sent[self.unread[sent]]  # kept until their backward though none reads them (stage_memory_terms)
-        activations += np.bincount(stages[sent], self.outputs[sent], plan.n_stages)
+        activations = np.bincount(stages, self.kept.per_layer(stages), plan.n_stages)
         largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
         np.maximum.at(largest, stages, self.params)
         np.maximum.at(widest, stages, self.outputs)

@@ -109,12 +109,10 @@ class OptimizerShards:
     def gather(self) -> None:
         """Allgather every bucket's updated slices in place: each device's parameters hold the whole update."""
         requests = []
-        for bucket in self.buckets:
-            width = bucket.flat.element_size()
-            counts = [c * width for c in bucket.counts]
-            offsets = [int(x) for x in np.cumsum([0, *counts[:-1]])]
-            view = bucket.flat.view(torch.uint8).numpy()
-            requests.append(self.comm.Iallgatherv(MPI.IN_PLACE, [view, counts, offsets, MPI.BYTE]))
+        hosts = [b.flat.cpu() for b in self.buckets]  # a GPU's buckets gathered through host memory
+        for bucket, host in zip(self.buckets, hosts, strict=True):
+            view = host.view(torch.uint8).numpy()
+            requests.append(self.comm.Iallgatherv(MPI.IN_PLACE, [view, *_in_bytes(bucket), MPI.BYTE]))
         joined = np.array([now()])
         requests.append(self.comm.Iallreduce(MPI.IN_PLACE, joined, op=MPI.MAX))
         link_s = sum(
@@ -123,7 +121,10 @@ class OptimizerShards:
             )
             for b in self.buckets
         )
-        self.transport.wait_collective(requests, joined, link_s, [b.flat for b in self.buckets])
+        self.transport.wait_collective(requests, joined, link_s, hosts)
+        for bucket, host in zip(self.buckets, hosts, strict=True):
+            if host is not bucket.flat:
+                bucket.flat.copy_(host)
 
     @staticmethod
     def _shares(bucket: BucketShard) -> list[float]:
@@ -156,11 +157,8 @@ class OptimizerShards:
             return torch.tensor(number[0], dtype=torch.float32)
         whole = torch.empty(bucket.flat.numel(), dtype=bucket.flat.dtype)
         local = value.detach().cpu().contiguous() if value is not None else whole[:0]
-        width = whole.element_size()
-        counts = [c * width for c in bucket.counts]
-        offsets = [int(x) for x in np.cumsum([0, *counts[:-1]])]
         self.comm.Allgatherv(
-            [local.view(torch.uint8).numpy(), MPI.BYTE], [whole.view(torch.uint8).numpy(), counts, offsets, MPI.BYTE]
+            [local.view(torch.uint8).numpy(), MPI.BYTE], [whole.view(torch.uint8).numpy(), *_in_bytes(bucket), MPI.BYTE]
         )
         return whole
 
@@ -195,3 +193,9 @@ class OptimizerShards:
                 else:
                     state[key] = first.to(bucket.own.device).clone()
             optimizer.state[bucket.own] = state
+
+
+def _in_bytes(bucket: BucketShard) -> tuple[list[int], list[int]]:
+    """Each device's slice of ``bucket`` in bytes: the counts and offsets of an allgather over it."""
+    counts = [c * bucket.flat.element_size() for c in bucket.counts]
+    return counts, [int(x) for x in np.cumsum([0, *counts[:-1]])]
