@@ -50,7 +50,15 @@ from tapp_core.runtime.temp_folders import owned_folder, sweep_pool_folders
 from tasks import prefect_ui, summary, views
 from tasks.calibration import experiment_calibration
 from tasks.config import NO_DATA, ExperimentConfig
-from tasks.evaluate import Evaluation, check_choices, evaluate_method, plan_method, race_methods, raced_plan
+from tasks.evaluate import (
+    Evaluation,
+    Unfit,
+    check_choices,
+    evaluate_method,
+    plan_method,
+    race_methods,
+    raced_plan,
+)
 from tasks.measure import RuntimeSettings
 from tasks.profile import Profiled, profile_stage, record_profile
 from tasks.progress import StageProgress
@@ -358,14 +366,14 @@ def _run_stages(
         outcome: SearchOutcome = sampling_task(parent.ref, tags, session)
     tapp_plan = outcome.plan
     prefect_ui.log(f"TAPP's chosen {summary.plan_line(tapp_plan)}.")
-    evaluations, failed, race = _evaluate(parent, tags, context, config, tapp_plan, work)
+    evaluations, failed, race, unfit = _evaluate(parent, tags, context, config, tapp_plan, work)
     accuracy: list[summary.Accuracy] = []
     if config.training:
         failed += _train(parent, tags, config, evaluations, work.pool, work.resume_from, accuracy, context)
     else:
         prefect_ui.log(f"No training: {config.training_skipped}.")
     title = f"{tags.model} on {tags.cluster}, batch {tags.batch_size}: step time per method"
-    result = summary.build_result(title, evaluations, summary.Links(out), race, outcome.story, failed, accuracy)
+    result = summary.build_result(title, evaluations, summary.Links(out), race, outcome.story, failed, accuracy, unfit)
     _race_conditions(parent, race)
     views.record_numbers(parent, result)  # before the report, which reads them back from MLflow
     reported = report_experiment(parent.ref, tags, out, work.experiment)
@@ -380,9 +388,10 @@ def _evaluate(
     config: ExperimentConfig,
     tapp_plan: Plan,
     work: ExperimentWork,
-) -> tuple[dict[str, Evaluation], list[str], RaceResult | None]:
+) -> tuple[dict[str, Evaluation], list[str], RaceResult | None, dict[str, str]]:
     """Plan every method, race all their plans together, then record each method; a failed one is noted and the
-    rest go on. Returns the evaluations, the failures, and the race (None when the runtime is off)."""
+    rest go on. Returns the evaluations, the failures, the race (None when the runtime is off), and why each method
+    with no plan that fits the memory has none (``Unfit``)."""
     methods, runtime = config.evaluated_methods, work.runtime
     planned = [plan_method(method, context, config, tapp_plan if method == "tapp" else None) for method in methods]
     race = None
@@ -390,6 +399,7 @@ def _evaluate(
         planned, race = race_methods(planned, work.pool, config.workload(), runtime)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
+    unfit: dict[str, str] = {}
     first_with_plan: dict[str, str] = {}
     progress = StageProgress("evaluation", len(methods), "final evaluation")
     for done, method_plan in enumerate(planned, start=1):
@@ -399,8 +409,12 @@ def _evaluate(
         source = shared if shared != method else None
         unraced = method in config.estimated_only and (plan is None or raced_plan(race, plan) is None)
         state = evaluate_method(method_plan, parent.ref, tags, None if unraced else race, source, return_state=True)
-        if state.is_completed():
-            result = evaluations[method] = state.result()
+        outcome = state.result() if state.is_completed() else None
+        if isinstance(outcome, Unfit):
+            unfit[method] = outcome.reason
+            progress.update(done, f"{method}: no plan fits the memory")
+        elif isinstance(outcome, Evaluation):
+            result = evaluations[method] = outcome
             how = "measured" if result.measured else "estimated"
             text = f"{method} evaluated: {seconds(result.step_time_s)} s ({how})"
             if done < len(planned):
@@ -410,7 +424,7 @@ def _evaluate(
         else:
             failed.append(f"evaluation of {method}")
             progress.update(done, f"{method} FAILED: {_reason(state)}")
-    return evaluations, failed, race
+    return evaluations, failed, race, unfit
 
 
 def _reason(state: Any) -> str:

@@ -32,6 +32,8 @@ BEST_GROUP = "best_group"
 MEASUREMENT_FROM = "measurement_from"
 """Tag of an evaluation whose plan is an earlier method's: the method whose measurement it shares."""
 ERROR = "error"
+DOES_NOT_FIT = "does_not_fit"
+"""On a method's evaluation run: why none of its plans fits the cluster's memory (the run has no step time)."""
 TRAINED_AS = "trained_as"
 """Tag of a train run whose plan an earlier method of the experiment already trained: that method (the training is
 recorded for both, run once)."""

@@ -9,8 +9,10 @@ of that kind), or any other planner by name (bsp, pipetorch, even, pipedream, au
    (``tapp_core.plan.plan.same_execution``: the same plan, or one stage and one micro-batch under another schedule
    label; SingleCPU and the oracle, often) are raced once and share that measurement;
 3. ``evaluate_method``: each method's nested MLflow run with its plan, estimate and measurement. Anything that
-   went wrong for the method (the planner raised, the plan does not fit, it failed in the race) ends that run
-   FAILED and fails the task, and the flow goes on with the other methods.
+   went wrong for the method (the planner raised, it failed in the race) ends that run FAILED and fails the task,
+   and the flow goes on with the other methods. A method none of whose plans fits the cluster's memory (a model
+   that fits no single device, for SingleCPU) has not failed: its run ends FAILED with the reason as its
+   ``does_not_fit`` tag (it has no step time), the task ends well (``Unfit``), and its row says "does not fit".
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from tapp_core.cost.simulation import estimate
 from tapp_core.measure.metrics import Measurement
 from tapp_core.measure.races import RaceResult
 from tapp_core.model.workload import Workload
-from tapp_core.plan.plan import Plan
+from tapp_core.plan.plan import OutOfMemory, Plan
 from tapp_core.planners import PLANNER_NAMES, PlannerError, get_planner, planner_options
+from tapp_core.planners.base import DoesNotFit
 from tapp_core.planners.tapp.options import SearchOptions
 from tapp_core.runtime import WorkerPool
 from tasks.config import ExperimentConfig, ExperimentSettings
 from tasks.measure import RuntimeSettings, race_plans
-from tasks.tracking import ExperimentTags, RunRef, TrackedRun, tracked_run
+from tasks.tracking import MAX_TAG_LENGTH, ExperimentTags, RunRef, TrackedRun, tracked_run
 
 MEASUREMENT_FROM = schema.MEASUREMENT_FROM
 
@@ -114,6 +117,21 @@ class PlannedMethod:
     @property
     def ok(self) -> bool:
         return self.failure is None and self.plan is not None and self.estimate is not None
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """A method none of whose plans fits the cluster's memory (``DoesNotFit``, or its plan ``OutOfMemory``): not a
+    failure of the method but a fact of the model and the cluster, which its row says (``reason``)."""
+
+    method: str
+    run_id: str
+    reason: str
+
+
+def does_not_fit(failure: Exception | None) -> bool:
+    """Whether a method's planning ``failure`` says only that no plan of its space fits the memory."""
+    return isinstance(failure, DoesNotFit | OutOfMemory)
 
 
 @dataclass(frozen=True)
@@ -266,13 +284,16 @@ def evaluate_method(
     tags: ExperimentTags,
     race: RaceResult | None = None,
     measurement_from: str | None = None,
-) -> Evaluation:
-    """One nested MLflow run for a planned method: its plan, estimate and (when ``race`` ran it) measurement.
+) -> Evaluation | Unfit:
+    """One nested MLflow run for a planned method: its plan, estimate and (when ``race`` ran it) measurement; a
+    method with no plan that fits the memory is ``Unfit`` (``record_unfit``).
 
     ``measurement_from`` names an earlier method whose plan runs the same (``same_execution``), whose measurement
     this one shares.
     """
     method = planned.method
+    if does_not_fit(planned.failure):
+        return record_unfit(planned, parent, tags)
     with tracked_run(method, tags.child(parent, schema.EVALUATION, method=method), parent=parent) as run:
         chosen = planned.plan
         if chosen is not None:
@@ -303,6 +324,24 @@ def evaluate_method(
         if race is not None and measured is not None:
             record_race(run, race, measured)
     return result
+
+
+def record_unfit(planned: PlannedMethod, parent: RunRef, tags: ExperimentTags) -> Unfit:
+    """The run of a method with no plan that fits: FAILED (it has no step time, and no view counts it as measured)
+    with its reason as the ``error`` tag and the ``does_not_fit`` one; the task itself ends well."""
+    assert planned.failure is not None
+    reason = str(planned.failure)
+    run_id = ""
+    try:
+        with tracked_run(planned.method, tags.child(parent, schema.EVALUATION, method=planned.method), parent) as run:
+            run_id = run.run_id
+            run.set_tags({schema.DOES_NOT_FIT: reason[:MAX_TAG_LENGTH]})
+            if planned.plan is not None:
+                run.log_dict(planned.plan.to_dict(), schema.PLAN_ARTIFACT)
+            raise planned.failure
+    except (DoesNotFit, OutOfMemory):
+        pass
+    return Unfit(planned.method, run_id, reason)
 
 
 def record_race(run: TrackedRun, race: RaceResult, measured: Measurement) -> None:

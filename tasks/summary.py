@@ -302,6 +302,8 @@ class Result:
     race_overloaded: bool = False
     accuracy: tuple[Accuracy, ...] = ()
     """The trained methods' test accuracy, in training order (empty: nothing was trained)."""
+    unfit: tuple[tuple[str, str], ...] = ()
+    """(method, why) of each method with no plan that fits the cluster's memory (``tasks.evaluate.Unfit``)."""
     verdict: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -330,6 +332,7 @@ def build_result(
     search: SearchStory | None = None,
     failed: Sequence[str] = (),
     accuracy: Sequence[Accuracy] = (),
+    unfit: Mapping[str, str] | None = None,
 ) -> Result:
     """The result of an experiment whose methods ended as ``evaluations`` (in evaluation order), measured in
     ``race`` (None: estimated), with TAPP's ``search`` and the trained methods' ``accuracy``."""
@@ -372,6 +375,7 @@ def build_result(
         race_rounds=race.rounds if race is not None else 0,
         race_overloaded=race.overloaded if race is not None else False,
         accuracy=tuple(accuracy),
+        unfit=tuple((unfit or {}).items()),
     )
 
 
@@ -396,10 +400,13 @@ def _verdict(result: Result) -> str:
     and what failed."""
     methods = result.methods
     if not methods:
-        return "No method finished." + (f" Failed: {', '.join(result.failed)}." if result.failed else "")
+        unfit = f" No plan fits the memory: {', '.join(m for m, _ in result.unfit)}." if result.unfit else ""
+        return "No method finished." + unfit + (f" Failed: {', '.join(result.failed)}." if result.failed else "")
     text = _raced_verdict(result) if result.raced else _estimated_verdict(result)
     if result.speedup is not None:
         text += f" BSP/TAPP: {result.speedup.said}."
+    if result.unfit:
+        text += f" No plan fits the memory: {', '.join(method for method, _ in result.unfit)}."
     if result.failed:
         text += f" Failed: {', '.join(result.failed)} (see their runs)."
     return text
@@ -545,6 +552,8 @@ def sentences(result: Result) -> list[str]:
     return lines
 
 
+UNFIT = "does not fit"
+"""The step time cell of a method with no plan that fits the cluster's memory."""
 TABLE_COLUMNS = (
     ("method", "---"),
     ("step time (s)", "---:"),
@@ -587,6 +596,8 @@ def markdown_table(result: Result) -> str:
             m.same_as or "",
         ]
         lines.append(_md_row(cells))
+    for method, reason in result.unfit:
+        lines.append(_md_row([method, UNFIT, "", "", "", "", _cell(reason), ""]))
     return "\n".join(lines)
 
 
@@ -620,6 +631,8 @@ def table_records(result: Result) -> list[dict[str, object]]:
                 "run_id": m.run_id,
             }
         )
+    for method, reason in result.unfit:
+        records.append({"method": method, "step time (s)": UNFIT, "source": "", "best_group": False, "plan": reason})
     return records
 
 

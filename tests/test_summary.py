@@ -72,6 +72,19 @@ def test_the_fastest_estimate_and_where_tapp_stands() -> None:
     assert result.best_group == ["even"]  # an estimate-only run has a best group too: the fastest estimate(s)
 
 
+def test_a_method_with_no_plan_that_fits_has_a_row_that_says_so() -> None:
+    evaluations = {"tapp": evaluation("tapp", 0.3, ("cpu0", "cpu1")), "bsp": evaluation("bsp", 0.6, ("cpu0", "cpu1"))}
+    reason = "no cpu device of cluster 'c' can train the whole model: out of memory on device 'cpu0'"
+    result = build_result("m on c", evaluations, LINKS, unfit={"single-cpu": reason})
+    assert [m.method for m in result.methods] == ["tapp", "bsp"] and not result.failed
+    assert result.verdict.endswith("No plan fits the memory: single-cpu.")
+    row = markdown_table(result).splitlines()[-1]
+    assert row.startswith("| single-cpu | does not fit |") and "out of memory on device 'cpu0'" in row
+    assert table_records(result)[-1] == {
+        "method": "single-cpu", "step time (s)": "does not fit", "source": "", "best_group": False, "plan": reason,
+    }  # fmt: skip
+
+
 def test_equal_estimates_share_the_first_place_and_tapp_leads_them() -> None:
     evaluations = {
         "oracle": evaluation("oracle", 0.5, ("cpu1",), measured=False),

@@ -18,13 +18,14 @@ from tapp_core.measure.metrics import Measurement
 from tapp_core.measure.races import run_race
 from tapp_core.plan.plan import Plan, PlanError, same_execution, single_stage_plan
 from tapp_core.planners import PlannerError
+from tapp_core.planners.base import DoesNotFit
 from tapp_core.planners.tapp import SearchOptions, TappPlanner
 from tapp_core.platform.cluster import load_cluster, parse_cluster
 from tapp_core.profile.library import LayerLibrary
 from tapp_core.profile.profiler import ProfileRequest, profile_model
 from tapp_core.runtime import WorkerPool
 from tasks.config import ExperimentConfig
-from tasks.evaluate import MEASUREMENT_FROM, baseline_plan, evaluate_method, plan_method, race_methods
+from tasks.evaluate import MEASUREMENT_FROM, Unfit, baseline_plan, evaluate_method, plan_method, race_methods
 from tasks.measure import RuntimeSettings
 from tasks.profile import record_library
 from tasks.search import SearchBudget
@@ -136,6 +137,26 @@ def test_a_failing_evaluation_marks_its_run_failed_and_logs_no_step_time(
     assert child.info.status == "FAILED"
     assert "unknown device 'nowhere'" in child.data.tags["error"]
     assert schema.STEP_TIME not in child.data.metrics
+
+
+def test_a_method_with_no_plan_that_fits_the_memory_is_unfit_not_failed(
+    tracking_uri: str, experiment_name: str, tiny_library: LayerLibrary
+) -> None:
+    """SingleCPU on devices none of which holds the whole model: its row says so; the task ends well, its run
+    (no step time) FAILED with the reason."""
+    tags = experiment_tags()
+    cluster = load_cluster("local")
+    small = cluster.model_copy(
+        update={"devices": tuple(d.model_copy(update={"memory": 1024}) for d in cluster.devices)}
+    )
+    planned = plan_method.fn("single-cpu", CostContext(tiny_library, small), tiny_config())
+    assert isinstance(planned.failure, DoesNotFit)
+    with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
+        outcome = evaluate_method.fn(planned, parent.ref, tags)
+    assert isinstance(outcome, Unfit) and "out of memory on device 'cpu0'" in outcome.reason
+    run = MlflowClient().get_run(outcome.run_id)
+    assert run.info.status == "FAILED" and "out of memory" in run.data.tags[schema.DOES_NOT_FIT]
+    assert schema.STEP_TIME not in run.data.metrics
 
 
 def test_single_device_baselines_pick_by_kind(tiny_library: LayerLibrary) -> None:

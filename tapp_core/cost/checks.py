@@ -12,6 +12,7 @@ import dataclasses
 
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import (
+    OutOfMemory,
     Plan,
     PlanError,
     StageShares,
@@ -34,7 +35,7 @@ def check_memory(plan: Plan, context: CostContext) -> None:
             need, have = int(sum(terms.values())), context.cluster.device(name).memory
             if need > have:
                 named = ", ".join(f"{term} {_size(n)}" for term, n in sorted(terms.items(), key=lambda t: -t[1]) if n)
-                raise PlanError(
+                raise OutOfMemory(
                     f"out of memory on device {name!r}: stage {stage} needs {_size(need)} ({named}), "
                     f"the device has {_size(have)}"
                 )

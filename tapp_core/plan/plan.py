@@ -130,6 +130,11 @@ class PlanError(TappError):
     """A plan that cannot run: the message names the layer, stage or device at fault."""
 
 
+class OutOfMemory(PlanError):
+    """A plan a device lacks the memory for (``cost.checks.check_memory``): the message names the device, what its
+    stage needs, by term, and what it has."""
+
+
 @dataclass(frozen=True)
 class Plan:
     model: str

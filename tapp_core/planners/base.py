@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.simulation import estimate
 from tapp_core.errors import TappError
-from tapp_core.plan.plan import Plan
+from tapp_core.plan.plan import OutOfMemory, Plan, PlanError
 from tapp_core.plan.schedules import SCHEDULES, UnknownScheduleError, parse_schedule_spec, schedule_spec
 from tapp_core.profile.library import LayerLibrary
 
@@ -209,6 +209,19 @@ DEFAULT_MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
 class PlannerError(TappError):
     """A planner that cannot be built or cannot find a plan; the message says why."""
+
+
+class DoesNotFit(PlannerError):
+    """No plan of the planner's space fits the cluster's memory (every one it tried is ``OutOfMemory``): a fact of
+    the model and the cluster, not a failure of the method, which an experiment reports as such."""
+
+
+def no_plan_fits(problems: Sequence[PlanError], message: str) -> PlannerError:
+    """The error of a planner that tried plans and kept none: ``DoesNotFit`` when each was out of memory."""
+    text = f"{message}: {'; '.join(map(str, problems)) or 'it tried none'}"
+    if problems and all(isinstance(p, OutOfMemory) for p in problems):
+        return DoesNotFit(text)
+    return PlannerError(text)
 
 
 @dataclass(frozen=True)

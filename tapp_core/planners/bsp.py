@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import Plan, PlanError, single_stage_plan
-from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.base import PlannerBase, ProgressCallback, no_plan_fits
 from tapp_core.planners.stage_costs import relative_speeds
 
 
@@ -26,7 +26,7 @@ class BspPlanner(PlannerBase):
         batch = self.resolved_batch_size(library)
         speeds = relative_speeds(context)
         ranked = sorted(cluster.device_names, key=lambda d: -speeds[d])
-        problems = []
+        problems: list[PlanError] = []
         for k in range(len(ranked), 0, -1):
             if batch % k:
                 continue
@@ -34,8 +34,8 @@ class BspPlanner(PlannerBase):
             try:
                 validate(plan, context)
             except PlanError as exc:
-                problems.append(str(exc))
+                problems.append(exc)
                 continue
             left_out = ranked[k:]
             return dataclasses.replace(plan, notes={"left_out": left_out}) if left_out else plan
-        raise PlannerError(f"no data-parallel plan fits cluster {cluster.name!r}: {'; '.join(problems)}")
+        raise no_plan_fits(problems, f"no data-parallel plan fits cluster {cluster.name!r}")

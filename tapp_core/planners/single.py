@@ -12,7 +12,7 @@ from typing import ClassVar
 from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import Plan, PlanError, single_stage_plan
-from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.base import PlannerBase, ProgressCallback, no_plan_fits
 from tapp_core.planners.stage_costs import relative_speeds
 
 
@@ -27,18 +27,17 @@ class SinglePlanner(PlannerBase):
         speeds = relative_speeds(context)
         candidates = [d for d in cluster.devices if self.kind is None or d.kind == self.kind]
         ranked = sorted(candidates, key=lambda d: (d.kind != "cuda", -speeds[d.name], -d.threads))
-        problems = []
+        problems: list[PlanError] = []
         for device in ranked:
             plan = single_stage_plan(library, [device.name], batch_size=self.resolved_batch_size(library))
             try:
                 validate(plan, context)
             except PlanError as exc:
-                problems.append(str(exc))
+                problems.append(exc)
                 continue
             return plan
         which = f"{self.kind} device" if self.kind else "device"
-        reason = "; ".join(problems) or "it has none"
-        raise PlannerError(f"no {which} of cluster {cluster.name!r} can train the whole model: {reason}")
+        raise no_plan_fits(problems, f"no {which} of cluster {cluster.name!r} can train the whole model")
 
 
 @dataclass
