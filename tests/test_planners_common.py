@@ -12,6 +12,7 @@ from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.simulation import estimate
 from tapp_core.planners import PLANNER_NAMES, PlannerError, SearchProgress, get_planner, planner_options
+from tapp_core.planners.base import DoesNotFit
 from tapp_core.platform.cluster import Cluster, parse_cluster
 from tapp_core.profile.library import Layer, LayerLibrary
 
@@ -183,3 +184,12 @@ def test_budget_caps_reward_evaluations() -> None:
     assert 20 <= plan.notes["evaluations"] < 20 + 8
     with pytest.raises(PlannerError, match="budget must be a positive"):
         get_planner("autoddl").plan(CostContext(chain_library(), small_cluster()), budget=0)
+
+
+@pytest.mark.parametrize("name", ["single-cpu", "bsp", "pipetorch", "pipedream", "pipeline-cd", "autoddl", "oracle"])
+def test_a_planner_with_no_plan_under_the_memory_says_it_does_not_fit(name: str) -> None:
+    """Not a failure of the method: ``DoesNotFit``, which an experiment shows as such (``tasks.evaluate.Unfit``)."""
+    cluster = small_cluster()
+    tiny = cluster.model_copy(update={"devices": tuple(d.model_copy(update={"memory": 64}) for d in cluster.devices)})
+    with pytest.raises(DoesNotFit, match="memory"):
+        get_planner(name, micro_batches=(1, 2), **QUICK.get(name, {})).plan(CostContext(chain_library(), tiny))

@@ -27,6 +27,7 @@ from tapp_core.plan.plan import (
     DeviceFootprint,
     InputCounter,
     KeptOutputs,
+    OutOfMemory,
     Plan,
     PlanError,
     device_memory_terms,
@@ -34,6 +35,7 @@ from tapp_core.plan.plan import (
 )
 from tapp_core.plan.rule import ModelFacts, check_runs
 from tapp_core.plan.ties import tied_copy_bytes
+from tapp_core.planners.base import DoesNotFit, PlannerError
 
 
 class MemoryScreen:
@@ -110,6 +112,8 @@ class PlanEvaluator:
         self.evaluations = 0
         """Distinct plans evaluated (cache hits are free)."""
         self.failures = 0
+        self.memory_failures = 0
+        """Of ``failures``, the plans over a device's memory (the screen's, or ``OutOfMemory``)."""
         self.best_plan: Plan | None = None
         self.best_time = math.inf
         self._cache: dict[str, float] = {}
@@ -131,17 +135,25 @@ class PlanEvaluator:
         try:
             check_runs(plan, self.model)
             if not self.lazy_validation and not self.screen.fits(plan):
-                raise PlanError("does not fit")
+                raise OutOfMemory("does not fit")
             value = self.terms(plan).step_time_s
             if value < self.best_time:
                 validate(plan, self.context)
-        except PlanError:
+        except PlanError as exc:
             self.failures += 1
+            self.memory_failures += isinstance(exc, OutOfMemory)
             value = math.inf
         self._cache[key] = value
         if value < self.best_time:
             self.best_time, self.best_plan = value, plan
         return value
+
+    def no_plan(self, message: str) -> PlannerError:
+        """The error of a search that kept no plan: ``DoesNotFit`` when every plan it tried was over a device's memory
+        (the model and the cluster's fact, not the method's failure)."""
+        if self.failures and self.memory_failures == self.failures:
+            return DoesNotFit(f"{message}: every plan it tried is over a device's memory")
+        return PlannerError(message)
 
     def terms(self, plan: Plan) -> StepTerms:
         """The terms of the cost model's estimate of ``plan`` (its ``PlanError`` if it has none), estimated once per

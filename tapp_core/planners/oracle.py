@@ -250,7 +250,7 @@ class OraclePlanner(PlannerBase):
             if search.stopped:
                 break
         if evaluator.best_plan is None:
-            raise PlannerError(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
+            raise evaluator.no_plan(f"the oracle found no plan of {library.model} that fits cluster {cluster.name!r}")
         notes: dict[str, object] = {
             "evaluations": evaluator.evaluations,
             "proved_optimal": search.complete,

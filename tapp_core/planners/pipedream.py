@@ -25,7 +25,7 @@ from tapp_core.cost.formulas import allreduce_s
 from tapp_core.plan.plan import Plan
 from tapp_core.plan.schedules import parse_schedule_spec
 from tapp_core.planners.antichain import DownSets, down_sets
-from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.base import PlannerBase, ProgressCallback
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.stage_costs import DeviceCosts, device_classes
 from tapp_core.platform.cluster import Cluster
@@ -180,7 +180,9 @@ class PipeDreamPlanner(PlannerBase):
             for m in choices:
                 evaluator.step_time(_plan_from(solution, states, library, batch, m, self.schedule_spec))
         if evaluator.best_plan is None:
-            raise PlannerError(f"PipeDream found no partition of {library.model} that fits cluster {cluster.name!r}")
+            raise evaluator.no_plan(
+                f"PipeDream found no partition of {library.model} that fits cluster {cluster.name!r}"
+            )
         notes = {
             "evaluations": evaluator.evaluations,
             "down_sets": len(states),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import Plan
-from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback, SearchProgress
+from tapp_core.planners.base import PlannerBase, ProgressCallback, SearchProgress
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.moves import (
     Groups,
@@ -170,8 +170,9 @@ class PipelineCdPlanner(PlannerBase):
     def found(self, evaluator: PlanEvaluator, notes: dict[str, object]) -> Plan:
         """The best plan the search estimated, with its notes."""
         if evaluator.best_plan is None:
-            raise PlannerError(
-                f"{self.name} found no plan of {evaluator.context.library.model} that fits cluster {evaluator.context.cluster.name!r}"
+            context = evaluator.context
+            raise evaluator.no_plan(
+                f"{self.name} found no plan of {context.library.model} that fits cluster {context.cluster.name!r}"
             )
         return dataclasses.replace(evaluator.best_plan, notes={"evaluations": evaluator.evaluations, **notes})
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from tapp_core.cost.context import CostContext
 from tapp_core.plan.plan import Plan
-from tapp_core.planners.base import PlannerBase, PlannerError, ProgressCallback
+from tapp_core.planners.base import PlannerBase, ProgressCallback
 from tapp_core.planners.evaluation import PlanEvaluator
 from tapp_core.planners.space import contiguous_plan
 from tapp_core.planners.stage_costs import DeviceCosts, device_classes
@@ -121,6 +121,8 @@ class PipeTorchPlanner(PlannerBase):
                 devices = [[d] for d in partition.devices]
                 evaluator.step_time(contiguous_plan(library, partition.cuts, devices, m, self.schedule_spec, batch))
         if evaluator.best_plan is None:
-            raise PlannerError(f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}")
+            raise evaluator.no_plan(
+                f"Pipe-Torch found no partition of {library.model} that fits cluster {cluster.name!r}"
+            )
         notes: dict[str, object] = {"evaluations": evaluator.evaluations, "orders": orders}
         return dataclasses.replace(evaluator.best_plan, notes=notes)
