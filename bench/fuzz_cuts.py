@@ -3,7 +3,8 @@
 Each case draws, from its own seed, a model (the registered small ones, ``tests.user_models``, ``tests.tuple_models``
 and ``tests.wild_models``; ``--models`` keeps those whose spec contains a given text), one or two cuts anywhere in its traced graph, a schedule (gpipe, 1f1b, async) and the
 devices of each stage (2-3 ranks; a stage of two devices on some, with SBP signatures on one to three of its
-layers on some of those, drawn among every signature the layers' operations have). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
+layers on some of those, drawn among every signature the layers' operations have; or, where it may, with its
+optimiser state sharded between them on half of those). It runs 3 steps with ``WorkerPool.run_steps`` and compares the parameters (rtol 1e-4) and the
 per-step losses with one device (``tests.test_runtime_correctness.reference``), or, for an asynchronous plan, with
 the single-process replay (``async_reference``). A plan the runtime's own check refuses (``check_before_launch``)
 is drawn again.
@@ -19,6 +20,7 @@ the tolerance there), and printed with both figures.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import random
 import sys
@@ -34,7 +36,7 @@ from tapp_core.measure.metrics import run_length
 from tapp_core.model.graph import LayerSpec
 from tapp_core.model.workload import build_traced_workload, workload_of
 from tapp_core.plan.placement import DATA, SIGNATURES
-from tapp_core.plan.plan import Plan
+from tapp_core.plan.plan import Plan, optimizer_unshardable
 from tapp_core.runtime import WorkerPool, check_before_launch
 from tapp_core.runtime.stage import ModelGraph
 from tests.factories import plain_cluster
@@ -78,16 +80,21 @@ class Case:
     cuts: tuple[int, ...]
     devices: tuple[tuple[str, ...], ...]
     signatures: tuple[tuple[int, str], ...] = ()
+    shard_optimizer: tuple[int, ...] = ()
 
     @property
     def plan(self) -> Plan:
         n_layers = len(model_specs(self.model))
         stage_of = tuple(sum(layer >= cut for cut in self.cuts) for layer in range(n_layers))
-        return Plan(self.model, BATCH, MICRO_BATCHES, self.schedule, stage_of, self.devices, signatures=self.signatures)
+        return Plan(
+            self.model, BATCH, MICRO_BATCHES, self.schedule, stage_of, self.devices,
+            signatures=self.signatures, shard_optimizer=self.shard_optimizer,
+        )  # fmt: skip
 
     def __str__(self) -> str:
         signatures = f" signatures {dict(self.signatures)}" if self.signatures else ""
-        return f"#{self.seed} {self.model} {self.schedule} cuts {self.cuts} devices {self.devices}{signatures}"
+        sharded = f" sharded optimizer {self.shard_optimizer}" if self.shard_optimizer else ""
+        return f"#{self.seed} {self.model} {self.schedule} cuts {self.cuts} devices {self.devices}{signatures}{sharded}"
 
 
 def draw(seed: int, models: tuple[str, ...] = MODELS) -> Case:
@@ -116,6 +123,9 @@ def _draw_once(rng: random.Random, seed: int, models: tuple[str, ...]) -> Case:
         devices[widened] = (names[widened], names[n_stages])
         if schedule != "async" and rng.random() < 0.6:
             signatures = draw_signatures(rng, model, cuts, widened)
+        case = Case(seed, model, schedule, cuts, tuple(devices), signatures)
+        if optimizer_unshardable(case.plan, widened) is None and rng.random() < 0.5:
+            return dataclasses.replace(case, shard_optimizer=(widened,))
     return Case(seed, model, schedule, cuts, tuple(devices), signatures)
 
 
