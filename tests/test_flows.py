@@ -23,7 +23,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.experiment import ExperimentResult, tapp_experiment, training_key
+from flows.experiment import ExperimentIncomplete, ExperimentResult, tapp_experiment, training_key
 from flows.paper_table import paper_table
 from flows.sweep import benchmark_sweep
 from reports import schema
@@ -468,6 +468,26 @@ def test_methods_with_no_plan_that_fits_say_so_and_the_others_are_reported(
     assert math.isnan(table.loc[0, "SingleCPU"]) and math.isnan(table.loc[0, "BSP"])
     assert table.loc[0, "TAPP"] == nested["tapp"].data.metrics[schema.STEP_TIME]
     assert "| – |" in (work_dir / "report" / "step_time.md").read_text()
+
+
+def test_a_method_that_fails_fails_its_run_and_the_experiment_and_the_others_are_reported(
+    prefect_harness: None, tracking_uri: str, experiment_name: str
+) -> None:
+    """SingleGPU on a cluster with no GPU: not a question of memory but a method that cannot run here."""
+    config = ExperimentConfig(model="mlp", batch_size=8, measure=False, **{**QUICK, "methods": ("tapp", "single-gpu")})
+    state = tapp_experiment(config=config, experiment=experiment_name, out="report", return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ExperimentIncomplete, match="evaluation of single-gpu"):
+        state.result()
+    client = MlflowClient()
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name(experiment_name).experiment_id], f"tags.{schema.KIND} = 'experiment'"
+    )
+    assert parent.info.status == "FAILED"
+    nested = children(client, parent.info.run_id)
+    assert nested["single-gpu"].info.status == "FAILED" and schema.DOES_NOT_FIT not in nested["single-gpu"].data.tags
+    assert "no cuda device" in nested["single-gpu"].data.tags["error"]
+    assert nested["tapp"].info.status == "FINISHED"
 
 
 def test_sweep_runs_experiments_as_subflows_and_reports_them_together(
