@@ -5,6 +5,7 @@ import pytest
 
 from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
+from tapp_core.model.graph import SharedParameter
 from tapp_core.model.workload import OptimizerConfig
 from tapp_core.plan.plan import (
     RUNTIME_BYTES,
@@ -226,6 +227,19 @@ def test_every_field_survives_json_and_the_id_is_its_content() -> None:
         == "d0 (2 layers) | d1 (2 layers), m=1, 1f1b"
     )
     assert two_stage().id == two_stage(signatures={"2": "data"}).id, "data is every layer's default: no field"
+
+
+def test_a_frozen_shared_weights_second_copy_is_a_weight_alone() -> None:
+    """A frozen weight read on two stages (a frozen embedding tied to its head): the second stage's copy holds no
+    gradient and no optimiser state, and no update steps it; a trained one's copy has both."""
+    library = chain_library(4, param_bytes=[1000, 8, 8, 8], activation_bytes=[10] * 4)
+    library.layers = [dataclasses.replace(library.layers[0], frozen_bytes=1000), *library.layers[1:]]
+    plan = Plan("toy", 8, 1, "gpipe", (0, 0, 1, 1), (("d0",), ("d1",)))
+    adamw = 2
+    for trained, per_byte in ((False, 1), (True, 2 + adamw)):  # weights; or weights, gradients, AdamW's two
+        library.shared = (SharedParameter("embed.weight", (0, 3), 1000, trained=trained),)
+        terms = stage_memory_terms(plan, library, 1, adamw)["d1"]
+        assert terms["training state"] == per_byte * 1000 + (2 + adamw) * 16  # and its own two layers' 16 bytes
 
 
 def test_a_frozen_prefix_keeps_no_activations_but_what_its_first_trained_layer_reads() -> None:

@@ -166,7 +166,7 @@ def _stage_aggregates(plan: Plan, library: LayerLibrary) -> _StageAggregates:
     check_edges(stage, arrays.edges, library_layer_name(library))
     trained_bytes = np.bincount(stage, arrays.trained_bytes, plan.n_stages)
     if library.shared:
-        trained_bytes += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared)
+        trained_bytes += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared, trained=True)
     return _StageAggregates(stage=stage, trained_bytes=trained_bytes)
 
 

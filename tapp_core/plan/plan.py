@@ -706,13 +706,18 @@ class StageShares:
     copies: np.ndarray | None
     received: tuple[np.ndarray, np.ndarray]
     """``StageCounts.received``: per stage, the activations and the gradients it receives, per sample."""
+    frozen_copies: np.ndarray | None = None
+    """Of ``copies``, the frozen parameters': weights alone, with no gradient or optimiser state."""
 
     @classmethod
     def of(cls, plan: Plan, library: LayerLibrary) -> StageShares:
-        copies = tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared) if library.shared else None
+        copies = frozen = None
+        if library.shared:
+            copies = tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared)
+            frozen = tied_copy_bytes(plan.stage_of_layer, plan.n_stages, library.shared, trained=False)
         n_stages = max(plan.n_stages, max(plan.stage_of_layer, default=-1) + 1)
         counts = InputCounter.of(library).counts(plan.stage_of_layer, n_stages)
-        return cls(counts.inputs, copies, counts.received)
+        return cls(counts.inputs, copies, counts.received, frozen)
 
     def input_bytes(self, stage: int) -> int:
         return int(self.inputs[stage])
@@ -722,6 +727,9 @@ class StageShares:
 
     def copy_bytes(self, stage: int) -> float:
         return float(self.copies[stage]) if self.copies is not None else 0.0
+
+    def frozen_copy_bytes(self, stage: int) -> float:
+        return float(self.frozen_copies[stage]) if self.frozen_copies is not None else 0.0
 
 
 def stage_memory_terms(
@@ -742,7 +750,7 @@ def stage_memory_terms(
     trace = model_trace_bytes(library)
     if not plan.runs_split(stage):
         params = copies + sum(layer.param_bytes for layer in layers)
-        frozen = sum(layer.frozen_bytes for layer in layers)
+        frozen = shared.frozen_copy_bytes(stage) + sum(layer.frozen_bytes for layer in layers)
         footprint = DeviceFootprint(
             param_bytes=params,
             activation_bytes=float(sum(kept[layer.index] for layer in layers)),
@@ -775,7 +783,8 @@ def stage_memory_terms(
             reduced_bytes=reduced,
             largest_activation_bytes=widest,
             received_bytes=shared.received_bytes(stage),
-            frozen_bytes=sum(x.frozen_bytes * share for x, share in zip(layers, part, strict=True)),
+            frozen_bytes=shared.frozen_copy_bytes(stage)
+            + sum(x.frozen_bytes * share for x, share in zip(layers, part, strict=True)),
         )
         out[device] = device_memory_terms(plan, stage, rows, footprint, optimizer_state, trace)
     return out

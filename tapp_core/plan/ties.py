@@ -59,11 +59,15 @@ def _parted(
     return [(parameter, stages) for parameter, stages in spans if len(stages) > 1]
 
 
-def tied_copy_bytes(stage_of_layer: Sequence[int], n_stages: int, shared: Sequence[SharedParameter]) -> np.ndarray:
-    """Per stage, the bytes of the shared parameters it holds a copy of beyond those its layers are charged
-    (frozen ones too: each stage holds its copy)."""
+def tied_copy_bytes(
+    stage_of_layer: Sequence[int], n_stages: int, shared: Sequence[SharedParameter], trained: bool | None = None
+) -> np.ndarray:
+    """Per stage, the bytes of the shared parameters it holds a copy of beyond those its layers are charged (frozen
+    ones too: each stage holds its copy); ``trained`` True or False: only the trained, or the frozen, ones."""
     extra = np.zeros(n_stages, dtype=np.int64)
     for parameter, stages in _parted(stage_of_layer, shared):
+        if trained is not None and parameter.trained != trained:
+            continue
         for stage in stages:
             if stage != stage_of_layer[parameter.layers[0]]:
                 extra[stage] += parameter.nbytes

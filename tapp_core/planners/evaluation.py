@@ -66,9 +66,10 @@ class MemoryScreen:
             return True
         stages = np.asarray(plan.stage_of_layer)
         params = np.bincount(stages, self.params, plan.n_stages)
+        frozen = np.bincount(stages, self.frozen, plan.n_stages)
         if self.shared:
             params += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, self.shared)
-        frozen = np.bincount(stages, self.frozen, plan.n_stages)
+            frozen += tied_copy_bytes(plan.stage_of_layer, plan.n_stages, self.shared, trained=False)
         activations = np.bincount(stages, self.kept.per_layer(stages), plan.n_stages)
         largest, widest = np.zeros(plan.n_stages), np.zeros(plan.n_stages)
         np.maximum.at(largest, stages, self.params)
