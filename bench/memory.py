@@ -1,7 +1,7 @@
 """The memory model against the machine: every planner's plans, each device's measured peak beside its estimate.
 
     .venv/bin/python bench/memory.py [--clusters homo4 hetero4] [--models alexnet vgg16 vit gpt] [--planners ...]
-        [--library DIR ...] [--steps 3] [--save rows.json] [--load rows.json]
+        [--library DIR ...] [--steps 3] [--sharded] [--save rows.json] [--load rows.json]
 
 For each model (its layer library from ``bench/libraries``) and cluster, every planner plans; each distinct plan
 trains ``--steps`` steps on the cluster's real MPI ranks, without the emulated slowdown (it changes times, not
@@ -19,6 +19,9 @@ absolute error (bar of issue 33: median <= 10 %, worst <= 25 %), and last the me
 ``--library`` adds the model of a library folder written by ``tapp profile --out`` (a model of your own, a
 fine-tuned one); ``--models`` then names the registered models measured besides it (none: ``--models``).
 
+``--sharded`` measures, after each plan with a replicated stage that may shard its optimiser state, the same plan
+with it sharded (``Plan.shard_optimizer``; the planner shown as ``<planner>+zero``).
+
 ``--save`` writes every measured row (plan, device, baseline, peak) to JSON; ``--load`` reads such a file instead
 of measuring, to re-estimate the same runs with the memory model as it is now.
 """
@@ -26,6 +29,7 @@ of measuring, to re-estimate the same runs with the memory model as it is now.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -40,7 +44,7 @@ if str(ROOT) not in sys.path:
 
 from tapp_core.cost.context import CostContext  # noqa: E402
 from tapp_core.model.workload import as_workload  # noqa: E402
-from tapp_core.plan.plan import Plan, same_execution, stage_memory_bytes  # noqa: E402
+from tapp_core.plan.plan import Plan, optimizer_unshardable, same_execution, stage_memory_bytes  # noqa: E402
 from tapp_core.planners import PlannerError, get_planner  # noqa: E402
 from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.profile.library import LayerLibrary, load_libraries  # noqa: E402
@@ -70,6 +74,18 @@ def planned(library: LayerLibrary, cluster: Cluster, planners: list[str]) -> lis
         if not any(same_execution(plan, other) for other in plans):
             plans.append(plan)
     return plans
+
+
+def with_sharded(plans: list[Plan]) -> list[Plan]:
+    """``plans`` and, after each with a stage that may shard its optimiser state, the same plan with every such
+    stage sharding (``Plan.shard_optimizer``; planner named ``<planner>+zero``)."""
+    out: list[Plan] = []
+    for plan in plans:
+        out.append(plan)
+        stages = tuple(s for s in range(plan.n_stages) if optimizer_unshardable(plan, s) is None)
+        if stages and not plan.shard_optimizer:
+            out.append(dataclasses.replace(plan, shard_optimizer=stages, planner=f"{plan.planner}+zero"))
+    return out
 
 
 def measured_rows(model: str, cluster: Cluster, plans: list[Plan], steps: int) -> list[dict[str, object]]:
@@ -136,6 +152,9 @@ def main() -> int:
     parser.add_argument("--save", type=Path, help="write every measured row (JSON)")
     parser.add_argument("--load", type=Path, help="estimate the rows of an earlier --save instead of measuring")
     parser.add_argument("--library", type=Path, action="append", default=[], help="a library folder to measure")
+    parser.add_argument(
+        "--sharded", action="store_true", help="also each plan with its replicated stages' optimiser state sharded"
+    )
     args = parser.parse_args()
     own = {library.model: library for library in map(load_libraries, args.library)}
     warnings.filterwarnings("ignore", message="no layer library of kind")
@@ -149,7 +168,8 @@ def main() -> int:
             for name in args.clusters:
                 cluster = load_cluster(name)
                 print(f"{model} on {cluster.name}:", flush=True)
-                rows += measured_rows(model, cluster, planned(library, cluster, args.planners), args.steps)
+                plans = planned(library, cluster, args.planners)
+                rows += measured_rows(model, cluster, with_sharded(plans) if args.sharded else plans, args.steps)
                 if args.save is not None:
                     args.save.write_text(json.dumps(rows, indent=1))
     libraries = {model: own.get(model) or library_of(model) for model in sorted({str(row["model"]) for row in rows})}
