@@ -471,7 +471,7 @@ def test_methods_with_no_plan_that_fits_say_so_and_the_others_are_reported(
 
 
 def test_a_method_that_fails_fails_its_run_and_the_experiment_and_the_others_are_reported(
-    prefect_harness: None, tracking_uri: str, experiment_name: str
+    prefect_harness: None, tracking_uri: str, experiment_name: str, work_dir: Path
 ) -> None:
     """SingleGPU on a cluster with no GPU: not a question of memory but a method that cannot run here."""
     config = ExperimentConfig(model="mlp", batch_size=8, measure=False, **{**QUICK, "methods": ("tapp", "single-gpu")})
