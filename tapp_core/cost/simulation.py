@@ -259,7 +259,9 @@ def _simulated_devices(
                 duration=durations,
                 coupled=coupled,
                 update_s=update_s(
-                    device, float(aggregates.trained_bytes[program.stage]) * _update_share(plan, program)
+                    device,
+                    float(aggregates.trained_bytes[program.stage])
+                    * plan.optimizer_share(program.stage, program.samples),
                 ),
                 transfers={kind: [] for kind in (FORWARD, BACKWARD)},
                 expected={kind: len(program.receives[kind]) for kind in (FORWARD, BACKWARD)},
@@ -306,12 +308,6 @@ def _gather_s(
         return 0.0
     trained = float(aggregates.trained_bytes[stage])
     return group_collective_s(cluster, plan.stage_devices[stage], "allgather", trained, plan.shares(stage), calibration)
-
-
-def _update_share(plan: Plan, program: DeviceProgram) -> float:
-    """The share of its stage's trained parameters a device updates: its share of the rows where the stage shards its
-    optimiser state, all of them otherwise."""
-    return program.samples / plan.micro_batch_size if plan.shards_optimizer(program.stage) else 1.0
 
 
 def _bucket_ready(program: DeviceProgram, stage: np.ndarray, library: LayerLibrary) -> tuple[float, ...]:

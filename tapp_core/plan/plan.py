@@ -231,6 +231,11 @@ class Plan:
         """Whether ``stage``'s devices each hold and update only their share of its optimiser state."""
         return stage in self.shard_optimizer
 
+    def optimizer_share(self, stage: int, rows: int) -> float:
+        """The share of ``stage``'s optimiser state (and of its summed gradients) that a device computing ``rows``
+        rows of each micro-batch holds and updates: its share of the rows where the stage shards it, else all."""
+        return rows / self.micro_batch_size if self.shards_optimizer(stage) else 1.0
+
     @property
     def schedule_spec(self) -> str:
         """The schedule with its staleness bound, in one string (``async:1``; ``tapp_core.plan.schedules.schedule_spec``)."""
@@ -528,9 +533,8 @@ def device_memory_terms(
         activations = in_flight * (f.activation_bytes + f.kept_bytes) * samples
     accumulates = plan.micro_batches > 1 or versions > 0
     trained = f.param_bytes - f.frozen_bytes
-    # A sharding device's share of the optimiser state and of the reduced gradients is its share of the rows.
     sharded = plan.shards_optimizer(stage)
-    share = samples / plan.micro_batch_size if sharded else 1.0
+    share = plan.optimizer_share(stage, samples)
     terms = {
         "training state": f.param_bytes + (WEIGHT_AND_GRADIENT - 1 + optimizer_state * share) * trained,
         "stashed weights": (versions + 1) * trained if versions else 0.0,
