@@ -21,7 +21,17 @@ small, for the tests and the fuzz of random cuts (``bench/fuzz_cuts.py``). Each 
   weight-normed ``Linear`` (``nn.utils.parametrizations.weight_norm``), ``torch.stack`` of token statistics;
 - ``nano_gpt``: nanoGPT's model over the image's rows: positions looked up by ``torch.arange``, a causal mask kept
   as a buffer, sliced and applied with ``masked_fill``;
-- ``frozen_tied``: a frozen weight read by two layers, the first of which has a trained bias.
+- ``frozen_tied``: a frozen weight read by two layers, the first of which has a trained bias;
+- ``unet``: a U-Net's long skips (``torch.cat`` of an early feature map with a late one), ``GroupNorm`` and ``SiLU``,
+  ``ConvTranspose2d`` and ``F.interpolate`` upsampling;
+- ``llama_like``: Llama's blocks over patches: an ``RMSNorm`` module, a SwiGLU made with ``chunk``, attention with
+  ``torch.einsum``, blocks in an ``nn.ModuleList`` of ``nn.ModuleDict``;
+- ``convnext``: ConvNeXt's blocks: depthwise convolutions, ``permute`` to channels-last and back around
+  ``LayerNorm`` and ``Linear``, a layer-scale weight (``self.gamma * x``), stochastic depth off at rate 0;
+- ``shift_mixer``: Swin's shifted tokens (``torch.roll``), ``F.pad`` (reflect), ``PixelShuffle``, ``InstanceNorm2d``,
+  ``torch.where`` and ``clamp``, ``F.adaptive_max_pool2d``;
+- ``bottleneck_resnet``: torchvision's bottleneck ResNet: an ``nn.Identity`` shortcut, ``nn.Dropout(0.0)``,
+  ``out += identity`` and ``x.view(x.size(0), -1)``.
 """
 
 from __future__ import annotations
@@ -403,6 +413,225 @@ class FrozenTied(nn.Module):
         return logits
 
 
+class DoubleConv(nn.Module):
+    def __init__(self, inp: int, out: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(inp, out, 3, padding=1), nn.GroupNorm(4, out), nn.SiLU(),
+            nn.Conv2d(out, out, 3, padding=1), nn.GroupNorm(4, out), nn.SiLU(),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+class UNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inc = DoubleConv(3, 8)
+        self.down1 = DoubleConv(8, 16)
+        self.down2 = DoubleConv(16, 16)
+        self.up1 = nn.ConvTranspose2d(16, 16, 2, stride=2)
+        self.conv1 = DoubleConv(32, 8)
+        self.conv2 = DoubleConv(16, 8)
+        self.head = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.inc(x)
+        x2 = self.down1(F.max_pool2d(x1, 2))
+        x3 = self.down2(F.max_pool2d(x2, 2))
+        u = self.up1(x3)
+        u = self.conv1(torch.cat([u, x2], dim=1))
+        u = F.interpolate(u, scale_factor=2, mode="bilinear", align_corners=False)
+        u = self.conv2(torch.cat([x1, u], dim=1))
+        logits: torch.Tensor = self.head(u.mean(dim=(2, 3)))
+        return logits
+
+
+class GLU(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.proj(x).chunk(2, dim=-1)
+        out: torch.Tensor = self.out(a * F.silu(b))
+        return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return norm * self.weight
+
+
+class LlamaLike(nn.Module):
+    def __init__(self, dim: int = 32, depth: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.patch = nn.Conv2d(3, dim, 8, 8)
+        self.blocks = nn.ModuleList()
+        for _ in range(depth):
+            self.blocks.append(
+                nn.ModuleDict(
+                    {
+                        "norm1": RMSNorm(dim),
+                        "qkv": nn.Linear(dim, 3 * dim, bias=False),
+                        "o": nn.Linear(dim, dim, bias=False),
+                        "norm2": RMSNorm(dim),
+                        "mlp": GLU(dim),
+                    }
+                )
+            )
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.patch(x).flatten(2).transpose(1, 2)
+        b, n, d = h.shape
+        for block in self.blocks:
+            q, k, v = block["qkv"](block["norm1"](h)).split(d, dim=-1)
+            q = q.view(b, n, self.heads, d // self.heads)
+            k = k.view(b, n, self.heads, d // self.heads)
+            v = v.view(b, n, self.heads, d // self.heads)
+            att = torch.einsum("bqhd,bkhd->bhqk", q, k) * (d // self.heads) ** -0.5
+            att = att.softmax(dim=-1)
+            mixed = torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, n, d)
+            h = h + block["o"](mixed)
+            h = h + block["mlp"](block["norm2"](h))
+        logits: torch.Tensor = self.head(self.norm(h).mean(1))
+        return logits
+
+
+class LayerNorm2d(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int, drop_path: float = 0.0, layer_scale: float = 1e-6) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(layer_scale * torch.ones(dim)) if layer_scale > 0 else None
+        self.drop_path = drop_path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.dwconv(x)
+        x = x.permute(0, 2, 3, 1)
+        x = self.pwconv2(self.act(self.pwconv1(self.norm(x))))
+        if self.gamma is not None:
+            x = self.gamma * x
+        x = x.permute(0, 3, 1, 2)
+        if self.drop_path > 0.0 and self.training:
+            keep = torch.rand(x.shape[0], 1, 1, 1, device=x.device) >= self.drop_path
+            x = x * keep / (1 - self.drop_path)
+        return shortcut + x
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, dims: tuple[int, ...] = (16, 32)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
+        stages = []
+        for i, dim in enumerate(dims):
+            layers: list[nn.Module] = []
+            if i > 0:
+                layers += [LayerNorm2d(dims[i - 1], eps=1e-6), nn.Conv2d(dims[i - 1], dim, 2, 2)]
+            layers += [ConvNeXtBlock(dim), ConvNeXtBlock(dim)]
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        logits: torch.Tensor = self.head(self.norm(x.mean([-2, -1])))
+        return logits
+
+
+class ShiftMixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(16, affine=True)
+        self.shrink = nn.Conv2d(16, 16, 2, 2)
+        self.expand = nn.Conv2d(16, 32, 1)
+        self.shuffle = nn.PixelShuffle(2)
+        self.mix = nn.Conv2d(8, 8, 3)
+        self.head = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x))
+        h = h + torch.roll(h, shifts=(1, 1), dims=(2, 3))
+        h = self.shuffle(self.expand(F.gelu(self.shrink(h))))
+        h = torch.where(h > 0, h, 0.1 * h).clamp(-3.0, 3.0)
+        h = self.mix(F.pad(h, (1, 1, 1, 1), mode="reflect"))
+        logits: torch.Tensor = self.head(F.adaptive_max_pool2d(h, 1).flatten(1))
+        return logits
+
+
+class Bottleneck(nn.Module):
+    expansion = 2
+
+    def __init__(self, inp: int, planes: int, stride: int = 1, dropout: float = 0.0) -> None:
+        super().__init__()
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(inp, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.dropout = nn.Dropout(dropout)
+        self.downsample: nn.Module = (
+            nn.Identity()
+            if stride == 1 and inp == out
+            else nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out = self.dropout(out)
+        out += identity
+        activated: torch.Tensor = self.relu(out)
+        return activated
+
+
+class BottleneckResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+        self.layer1 = nn.Sequential(Bottleneck(8, 4), Bottleneck(8, 4))
+        self.layer2 = nn.Sequential(Bottleneck(8, 8, 2), Bottleneck(16, 8))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(16, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer2(self.layer1(self.stem(x)))
+        x = self.avgpool(x)
+        x = x.view(x.size(0), -1)
+        logits: torch.Tensor = self.fc(x)
+        return logits
+
+
 def mobilenet() -> MobileNet:
     return MobileNet()
 
@@ -447,6 +676,26 @@ def frozen_tied() -> FrozenTied:
     return FrozenTied()
 
 
+def unet() -> UNet:
+    return UNet()
+
+
+def llama_like() -> LlamaLike:
+    return LlamaLike()
+
+
+def convnext() -> ConvNeXt:
+    return ConvNeXt()
+
+
+def shift_mixer() -> ShiftMixer:
+    return ShiftMixer()
+
+
+def bottleneck_resnet() -> BottleneckResNet:
+    return BottleneckResNet()
+
+
 WILD_MODELS = tuple(
     f"tests.wild_models:{name}"
     for name in (
@@ -462,6 +711,11 @@ WILD_MODELS = tuple(
         "mixer_mha",
         "nano_gpt",
         "frozen_tied",
+        "unet",
+        "llama_like",
+        "convnext",
+        "shift_mixer",
+        "bottleneck_resnet",
     )
 )
-WITH_BATCH_NORM = ("tests.wild_models:mobilenet",)
+WITH_BATCH_NORM = ("tests.wild_models:mobilenet", "tests.wild_models:bottleneck_resnet")
