@@ -125,6 +125,12 @@ def split_ranges(total: int, shares: Sequence[float], unit: int = 1) -> tuple[tu
     return tuple(ranges)
 
 
+def count_shares(counts: Sequence[int]) -> list[float]:
+    """Each device's share of items split as ``counts`` (all zero: zero shares), the inverse of ``split_sizes``."""
+    total = max(1, sum(counts))
+    return [count / total for count in counts]
+
+
 @dataclass(frozen=True, slots=True)
 class RowRoute:
     """Rows ``[lo, hi)`` of a micro-batch that device ``sender`` of one group holds and device ``receiver`` of

@@ -24,7 +24,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from tapp_core.plan.placement import split_ranges
+from tapp_core.plan.placement import count_shares, split_ranges
 from tapp_core.runtime.emulation import Emulation, now
 from tapp_core.runtime.transport import Reduction, Transport
 
@@ -72,6 +72,7 @@ class OptimizerShards:
         self.transport = transport
         self.emulation = emulation
         self.buckets = [self._bucket(tuple(names)) for names in buckets if names]
+        self._bucket_index = {bucket.names: b for b, bucket in enumerate(self.buckets)}
 
     def _bucket(self, names: tuple[str, ...]) -> BucketShard:
         with torch.no_grad():
@@ -93,7 +94,7 @@ class OptimizerShards:
 
     def bucket_of(self, names: Sequence[str]) -> int | None:
         """The bucket of these parameter names (None: none is)."""
-        return next((b for b, bucket in enumerate(self.buckets) if bucket.names == tuple(names)), None)
+        return self._bucket_index.get(tuple(names))
 
     def start_reduction(self, bucket: int, gradients: torch.Tensor) -> Reduction:
         """Start reduce-scattering ``bucket``'s flattened ``gradients``: this device receives its slice's sum."""
@@ -117,7 +118,7 @@ class OptimizerShards:
         requests.append(self.comm.Iallreduce(MPI.IN_PLACE, joined, op=MPI.MAX))
         link_s = sum(
             self.emulation.collective_time(
-                "allgather", b.flat.numel() * b.flat.element_size(), self._shares(b), self.ranks
+                "allgather", b.flat.numel() * b.flat.element_size(), count_shares(b.counts), self.ranks
             )
             for b in self.buckets
         )
@@ -125,11 +126,6 @@ class OptimizerShards:
         for bucket, host in zip(self.buckets, hosts, strict=True):
             if host is not bucket.flat:
                 bucket.flat.copy_(host)
-
-    @staticmethod
-    def _shares(bucket: BucketShard) -> list[float]:
-        total = max(1, sum(bucket.counts))
-        return [c / total for c in bucket.counts]
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 

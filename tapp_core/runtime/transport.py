@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from tapp_core.plan.placement import count_shares
 from tapp_core.platform import gpu
 from tapp_core.platform.hosts import cuda_aware_mpi
 from tapp_core.runtime.emulation import Emulation, now, sleep_until
@@ -292,9 +293,7 @@ class Transport:
         started = np.array([now()])
         requests.append(comm.Iallreduce(MPI.IN_PLACE, started, op=MPI.MAX))
         nbytes = host.numel() * host.element_size()
-        total = max(1, sum(counts))
-        shares = [c / total for c in counts]
-        link_s = self.emulation.collective_time("reduce_scatter", nbytes, shares, list(ranks))
+        link_s = self.emulation.collective_time("reduce_scatter", nbytes, count_shares(counts), list(ranks))
         me = ranks[comm.Get_rank()]
         reduction = Reduction(requests, received, out, started, nbytes, [r for r in ranks if r != me], link_s)
         self._collectives.append(reduction)
