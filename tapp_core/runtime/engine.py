@@ -274,7 +274,8 @@ class StageEngine:
 
     def optimizer_states(self) -> dict[str, dict[str, Any]]:
         """The optimiser's state of each parameter, whole, by the stage module's names. Where the stage shards it,
-        every device of the stage must call this (the slices are gathered)."""
+        every device of the stage must call this: the slices are gathered on the stage's first device (the one that
+        writes its checkpoint), and the others get no sharded state."""
         states: dict[str, dict[str, Any]] = {}
         if self.optimizer is not None:
             for local, param in self.stage.module.named_parameters():

@@ -10,7 +10,8 @@ updates more. An optimiser that steps each element on its own (SGD, Adam, AdamW:
 a slice as it would the whole parameters, so the stage trains as if it were not sharded.
 
 A checkpoint stores the optimiser state by the model's parameter names, as for any stage: ``whole_states`` gathers
-each parameter's state from the slices (every device of the stage takes part), ``load_states`` cuts it again.
+each parameter's state from the slices on the stage's first device, which writes it (every device of the stage takes
+part; no other holds the whole state), and ``load_states`` cuts it again.
 """
 
 from __future__ import annotations
@@ -129,33 +130,36 @@ class OptimizerShards:
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
-    def whole_states(self, optimizer: torch.optim.Optimizer | None) -> dict[str, dict[str, Any]]:
-        """Each bucket parameter's optimiser state, whole, by the stage module's names (every device of the stage
-        must call this: the slices are gathered). Before the optimiser's first step there is none."""
+    def whole_states(self, optimizer: torch.optim.Optimizer | None, root: int = 0) -> dict[str, dict[str, Any]]:
+        """Each bucket parameter's optimiser state, whole, by the stage module's names, on the group's device
+        ``root`` (the one that writes the stage's checkpoint); the others get none. Every device of the stage must
+        call this: the slices are gathered to ``root`` alone, so no other device holds the whole state. Before the
+        optimiser's first step there is none."""
         states: dict[str, dict[str, Any]] = {}
         for bucket in self.buckets:
             first = next(i for i, c in enumerate(bucket.counts) if c > 0)  # the first device with a slice
             mine = optimizer.state.get(bucket.own, {}) if bucket.own is not None and optimizer is not None else {}
             keys: list[str] = self.comm.bcast(sorted(mine), root=first)
             for key in keys:
-                whole = self._gathered(bucket, mine.get(key), first)
+                whole = self._gathered(bucket, mine.get(key), first, root)
+                if whole is None:
+                    continue
                 for name, part in self._per_parameter(bucket, whole).items():
                     states.setdefault(name, {})[key] = part
         return states
 
-    def _gathered(self, bucket: BucketShard, value: torch.Tensor | None, first: int) -> torch.Tensor:
-        """``value`` of every device's slice: a state per element gathered into the bucket's size; a number (a step
-        count) as device ``first`` holds it."""
+    def _gathered(self, bucket: BucketShard, value: torch.Tensor | None, first: int, root: int) -> torch.Tensor | None:
+        """``value`` of every device's slice on device ``root`` (None elsewhere): a state per element gathered into
+        the bucket's size; a number (a step count) as device ``first`` holds it."""
         per_element = self.comm.bcast(value is not None and value.dim() == 1, root=first)
         if not per_element:
             number = np.array([float(value) if value is not None else 0.0])
             self.comm.Bcast(number, root=first)
-            return torch.tensor(number[0], dtype=torch.float32)
-        whole = torch.empty(bucket.flat.numel(), dtype=bucket.flat.dtype)
-        local = value.detach().cpu().contiguous() if value is not None else whole[:0]
-        self.comm.Allgatherv(
-            [local.view(torch.uint8).numpy(), MPI.BYTE], [whole.view(torch.uint8).numpy(), *_in_bytes(bucket), MPI.BYTE]
-        )
+            return torch.tensor(number[0], dtype=torch.float32) if self.index == root else None
+        local = value.detach().cpu().contiguous() if value is not None else torch.empty(0, dtype=bucket.flat.dtype)
+        whole = torch.empty(bucket.flat.numel(), dtype=bucket.flat.dtype) if self.index == root else None
+        received = [whole.view(torch.uint8).numpy(), *_in_bytes(bucket), MPI.BYTE] if whole is not None else None
+        self.comm.Gatherv([local.view(torch.uint8).numpy(), MPI.BYTE], received, root=root)
         return whole
 
     def _per_parameter(self, bucket: BucketShard, whole: torch.Tensor) -> dict[str, torch.Tensor]:
