@@ -8,6 +8,7 @@ modules are leaves; user containers are traced through) plus every function and 
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -229,10 +230,29 @@ def layer_parameters(graph_module: torch.fx.GraphModule) -> list[dict[str, nn.Pa
     return result
 
 
-def layer_param_bytes(graph_module: torch.fx.GraphModule, frozen: bool = False) -> list[int]:
-    """Bytes of the parameters each layer uses (``layer_parameters``); with ``frozen``, of those alone that do not
-    train (``requires_grad`` False)."""
-    return [
-        sum(p.numel() * p.element_size() for p in own.values() if not (frozen and p.requires_grad))
-        for own in layer_parameters(graph_module)
-    ]
+@dataclass(frozen=True)
+class LayerBytes:
+    """Per layer, the bytes of the parameters it uses (``layer_parameters``: each charged to its first user), all of
+    them and those alone that do not train (``requires_grad`` False)."""
+
+    total: tuple[int, ...]
+    frozen: tuple[int, ...]
+
+    @classmethod
+    def of(cls, owners: Sequence[Mapping[str, nn.Parameter]]) -> LayerBytes:
+        def size(params: Iterable[nn.Parameter]) -> int:
+            return sum(p.numel() * p.element_size() for p in params)
+
+        return cls(
+            tuple(size(own.values()) for own in owners),
+            tuple(size(p for p in own.values() if not p.requires_grad) for own in owners),
+        )
+
+    @property
+    def trained(self) -> tuple[int, ...]:
+        return tuple(total - frozen for total, frozen in zip(self.total, self.frozen, strict=True))
+
+
+def layer_param_bytes(graph_module: torch.fx.GraphModule) -> LayerBytes:
+    """Bytes of the parameters each layer uses (``LayerBytes``)."""
+    return LayerBytes.of(layer_parameters(graph_module))

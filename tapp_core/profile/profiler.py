@@ -433,7 +433,8 @@ def _layers(
     times: _LayerTimes,
     cuts: CutFacts,
 ) -> list[Layer]:
-    param_bytes, frozen_bytes = layer_param_bytes(graph_module), layer_param_bytes(graph_module, frozen=True)
+    layer_bytes = layer_param_bytes(graph_module)
+    param_bytes, frozen_bytes = layer_bytes.total, layer_bytes.frozen
     layers = []
     for node, i in index.items():
         fact = facts.facts[node]

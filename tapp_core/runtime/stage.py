@@ -30,12 +30,12 @@ from tapp_core.model.crossing import CUT_SAMPLES, CutFacts, Layout, cut_facts, i
 from tapp_core.model.flops import tensors_in
 from tapp_core.model.graph import (
     MODEL_INPUT,
+    LayerBytes,
     LayerSpec,
     SharedParameter,
     layer_edges,
     layer_index,
     layer_nodes,
-    layer_param_bytes,
     layer_parameters,
     op_axes,
     op_type,
@@ -813,8 +813,8 @@ class ModelGraph:
         cls, graph_module: torch.fx.GraphModule, input_shape: Sequence[int] | TensorSpec = INPUT_SHAPE
     ) -> ModelGraph:
         owners = layer_parameters(graph_module)
-        param_bytes = tuple(layer_param_bytes(graph_module))
-        frozen_bytes = layer_param_bytes(graph_module, frozen=True)
+        layer_bytes = LayerBytes.of(owners)
+        param_bytes = layer_bytes.total
         outputs = _trace_values(graph_module, example_input(input_shape, 2))
         nodes = layer_nodes(graph_module)
         facts = _cut_facts(graph_module, input_shape)
@@ -823,7 +823,7 @@ class ModelGraph:
                 (u, v) for u, v in layer_edges(graph_module) if next(tensors_in(outputs[nodes[u]]), None) is not None
             ),
             param_bytes=param_bytes,
-            trained_bytes=tuple(total - frozen for total, frozen in zip(param_bytes, frozen_bytes, strict=True)),
+            trained_bytes=layer_bytes.trained,
             layer_of_param={name: layer for layer, own in enumerate(owners) for name in own},
             specs=layer_specs(graph_module, param_bytes, input_shape, facts.sample_free),
             input_shape=input_shape.shape if isinstance(input_shape, TensorSpec) else tuple(input_shape),
