@@ -41,17 +41,18 @@ def check_memory(plan: Plan, context: CostContext) -> None:
                 )
 
 
-def recomputing_where_needed(plan: Plan, context: CostContext) -> Plan:
+def recomputing_where_needed(plan: Plan, context: CostContext, shared: StageShares | None = None) -> Plan:
     """``plan`` with activation recomputation turned on for exactly the stages whose devices lack the memory to
     keep their activations (``Plan.recompute``), where they may recompute (no split signature).
 
     Of the plans that differ from ``plan`` only in which stages recompute, this is the fastest that fits, if any
     does: a stage's memory depends on its own choice alone, and recomputing only adds time (a forward more)."""
     needed = set(plan.recompute)
+    shared = shared or StageShares.of(plan, context.library)
     for stage in range(plan.n_stages):
         if stage in needed or plan.runs_split(stage):
             continue
-        if not _fits(plan, context, stage):
+        if not _fits(plan, context, stage, shared):
             needed.add(stage)
     if len(needed) == len(plan.recompute):
         return plan
@@ -64,16 +65,19 @@ def memory_choices_where_needed(plan: Plan, context: CostContext) -> Plan:
     recomputes its activations only if that is not enough (``recomputing_where_needed``). A stage that fits is left
     as it is: what it would gain by sharding is left to the searches that toggle it."""
     sharded = set(plan.shard_optimizer)
+    shared = StageShares.of(plan, context.library)
     for stage in range(plan.n_stages):
-        if stage not in sharded and optimizer_unshardable(plan, stage) is None and not _fits(plan, context, stage):
+        if stage in sharded or optimizer_unshardable(plan, stage) is not None:
+            continue
+        if not _fits(plan, context, stage, shared):
             sharded.add(stage)
     if len(sharded) > len(plan.shard_optimizer):
         plan = dataclasses.replace(plan, shard_optimizer=tuple(sorted(sharded)))
-    return recomputing_where_needed(plan, context)
+    return recomputing_where_needed(plan, context, shared)
 
 
-def _fits(plan: Plan, context: CostContext, stage: int) -> bool:
-    needs = stage_memory_bytes(plan, context.library, stage, context.optimizer_state)
+def _fits(plan: Plan, context: CostContext, stage: int, shared: StageShares) -> bool:
+    needs = stage_memory_bytes(plan, context.library, stage, context.optimizer_state, shared)
     return all(need <= context.cluster.device(name).memory for name, need in needs.items())
 
 

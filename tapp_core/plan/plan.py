@@ -577,6 +577,10 @@ class KeptOutputs:
         self.held = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
         self.read = np.array(library.read_by_backward(), dtype=bool)
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
+        reordered = max((layer.param_bytes for layer in library.layers if layer.op in CONVOLUTIONS), default=0)
+        self.trace_bytes = float(TRACE_SAMPLES * self.held.sum() + reordered)
+        """``model_trace_bytes``: every layer's held output of the trace's samples, and the largest convolution's
+        reordered weights."""
 
     _last: ClassVar[tuple[weakref.ref[LayerLibrary], KeptOutputs] | None] = None
 
@@ -603,10 +607,9 @@ def model_trace_bytes(library: LayerLibrary) -> float:
     """What a rank holds at once while it cuts the whole model for a plan: every layer's output (views left out,
     ``held_activation_bytes``) of ``TRACE_SAMPLES`` samples, and the largest convolution's reordered weights.
     Measured at its peak in one process: AlexNet 5.0 MiB (estimated 5.6), VGG-16 22.5 (25.5), the ViT 57 (62).
-    Freed before the stage is built (``tapp_core.runtime.rank``), it counts where the stage itself needs less."""
-    outputs = TRACE_SAMPLES * sum(held_activation_bytes(layer) for layer in library.layers)
-    reordered = max((layer.param_bytes for layer in library.layers if layer.op in CONVOLUTIONS), default=0)
-    return float(outputs + reordered)
+    Freed before the stage is built (``tapp_core.runtime.rank``), it counts where the stage itself needs less.
+    Counted once per library (``KeptOutputs.of``): the searches count thousands of plans' memory."""
+    return KeptOutputs.of(library).trace_bytes
 
 
 def stage_input_bytes(library: LayerLibrary, stage_of_layer: Sequence[int], stage: int) -> int:
@@ -678,12 +681,17 @@ class InputCounter:
 
 
 def stage_memory_bytes(
-    plan: Plan, library: LayerLibrary, stage: int, optimizer_state: int = SGD_MOMENTUM_STATE
+    plan: Plan,
+    library: LayerLibrary,
+    stage: int,
+    optimizer_state: int = SGD_MOMENTUM_STATE,
+    shared: StageShares | None = None,
 ) -> dict[str, int]:
     """Peak memory of each device of ``stage`` (the sum of ``device_memory_terms`` of its layers and its rows; on
     a stage whose layers run split signatures, each layer's weights and outputs as its layouts hold them), with a
-    copy of every tied parameter the stage holds (``tapp_core.plan.ties``)."""
-    return _summed(stage_memory_terms(plan, library, stage, optimizer_state))
+    copy of every tied parameter the stage holds (``tapp_core.plan.ties``); ``shared``: the plan's stage shares,
+    if counted (they depend on its cuts alone)."""
+    return _summed(stage_memory_terms(plan, library, stage, optimizer_state, shared))
 
 
 def plan_memory_bytes(plan: Plan, library: LayerLibrary, optimizer_state: int = SGD_MOMENTUM_STATE) -> dict[str, int]:
