@@ -486,7 +486,11 @@ def same_plan_sentences(result: Result) -> list[str]:
 def space_sentences(result: Result) -> list[str]:
     """What each method searched, and where a method's space holds another's faster plan (by the figures shown):
     a search that missed it, or an optimum over the cost model that the measurement contradicts."""
-    spaces = [f"{m.method}: {space.describe()}" for m in result.methods if (space := method_space(m.method))]
+    spaces = [
+        f"{m.method}: {space.describe()}{_unproved(m.plan)}"
+        for m in result.methods
+        if (space := method_space(m.method))
+    ]
     lines = ["What each method searches: " + "; ".join(spaces) + "."] if spaces else []
     for mine in result.methods:
         space = method_space(mine.method)
@@ -507,6 +511,13 @@ def space_sentences(result: Result) -> list[str]:
                 f" {mine.time_text} s): {why}."
             )
     return lines
+
+
+def _unproved(plan: Plan) -> str:
+    """What an exhaustive search cut short by its limit says of its plan ("" for any other)."""
+    if plan.notes.get("proved_optimal") is False:
+        return " (not proved: its time limit cut the search short, and its plan is the best it found)"
+    return ""
 
 
 def _clearly_faster(one: MethodResult, other: MethodResult) -> bool:

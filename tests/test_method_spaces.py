@@ -6,6 +6,9 @@ import dataclasses
 
 from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import PLANNER_NAMES, Space, method_space
+from tapp_core.planners.tapp.options import SearchOptions
+from tasks.config import ExperimentConfig
+from tasks.evaluate import method_options, rl_alone_options
 from tasks.summary import build_result, markdown, method_view, space_sentences
 from tests.test_summary import LINKS, estimated, evaluation
 
@@ -50,3 +53,23 @@ def test_the_views_say_each_space_and_when_a_space_holds_a_faster_plan() -> None
     assert lines[0] in markdown(result)
     oracle = result.method("oracle")
     assert oracle is not None and "Its space: optimal over pipelines" in method_view(result, oracle)[1]
+
+
+def test_an_oracle_cut_short_by_its_time_limit_is_said_not_proved() -> None:
+    evaluations = estimated(("single-cpu", 0.3))
+    cut = evaluation("oracle", 0.25, devices=("cpu0", "cpu1"), measured=False)
+    evaluations["oracle"] = dataclasses.replace(
+        cut, plan=dataclasses.replace(cut.plan, notes={**cut.plan.notes, "proved_optimal": False})
+    )
+    line = space_sentences(build_result("m", evaluations, LINKS))[0]
+    assert "oracle: optimal over pipelines of replicated stages (1f1b, async) without split layers or uneven " in line
+    assert "shares (not proved: its time limit cut the search short, and its plan is the best it found)" in line
+    proved = dataclasses.replace(cut, plan=dataclasses.replace(cut.plan, notes={"proved_optimal": True}))
+    assert "not proved" not in space_sentences(build_result("m", {**evaluations, "oracle": proved}, LINKS))[0]
+
+
+def test_an_experiment_gives_the_oracle_the_time_limit_of_tapps_search() -> None:
+    config = ExperimentConfig()
+    assert method_options("oracle", config)["time_limit_s"] == SearchOptions().time_limit_s
+    assert "time_limit_s" not in method_options("pipedream", config)
+    assert method_options("tapp-rl", config)["time_limit_s"] == rl_alone_options(config)["time_limit_s"]
