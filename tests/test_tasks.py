@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -28,7 +29,7 @@ from tasks.config import ExperimentConfig
 from tasks.evaluate import MEASUREMENT_FROM, Unfit, baseline_plan, evaluate_method, plan_method, race_methods
 from tasks.measure import RuntimeSettings
 from tasks.profile import record_library
-from tasks.search import SearchBudget
+from tasks.search import SearchBudget, shown_plans
 from tasks.tracking import ExperimentTags, TrackingError, check_tracking, code_version, open_store, tracked_run
 from tests.test_planners_common import chain_library, small_cluster
 
@@ -261,3 +262,16 @@ def test_the_race_says_how_many_rounds_each_plan_ran() -> None:
 
     assert rounds_text(race(7, 7)) == "7 rounds each"  # type: ignore[arg-type]
     assert rounds_text(race(5, 7, 5)) == "up to 7 rounds per plan (5–7)"  # type: ignore[arg-type]
+
+
+def test_the_prefect_artifact_of_sampled_plans_keeps_the_chosen_the_measured_and_the_fastest() -> None:
+    table = pd.DataFrame(
+        {
+            "plan_id": [f"p{i}" for i in range(6)],
+            "estimated_step_time_s": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+            "chosen": [False, False, False, False, True, False],
+            "measured": [False, False, True, False, False, False],
+        }
+    )
+    assert list(shown_plans(table, most=2)["plan_id"]) == ["p0", "p1", "p2", "p4"]  # in the order of the estimates
+    assert len(shown_plans(table, most=10)) == len(table)
