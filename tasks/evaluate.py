@@ -79,9 +79,10 @@ ORACLE = "oracle"
 
 
 def oracle_options() -> dict[str, object]:
-    """The oracle's proof, stopped at the time limit of TAPP's whole search (90 s on the defaults): without one, an
-    experiment on a larger model waits minutes for a baseline (the GPT's took 4 min on ``local``). Cut short, its
-    plan is the best it found, and the report says it is not proved (``tasks.summary.space_sentences``)."""
+    """The oracle's proofs (of every schedule, together), stopped at the time limit of TAPP's whole search (90 s on
+    the defaults): without one, an experiment on a larger model waits minutes for a baseline (the GPT's took 4 min
+    on ``local``). Cut short, its plan is the best it found, and the report says it is not proved
+    (``tasks.summary.space_sentences``)."""
     return {"time_limit_s": SearchOptions().time_limit_s}
 
 

@@ -226,6 +226,14 @@ def test_the_oracle_s_time_limit_covers_its_groupings_and_incumbents() -> None:
     assert plan.notes["estimated_step_time_s"] <= single.notes["estimated_step_time_s"]
 
 
+def test_the_oracle_s_time_limit_covers_every_schedule_s_search_together() -> None:
+    oracle = get_planner("oracle", time_limit_s=2)
+    assert oracle.schedules is not None and len(oracle.schedules) == 2  # 1f1b and async, each proved on its own
+    one = oracle.for_schedule("async", len(oracle.schedules))
+    assert (one.schedule, one.schedules, one.time_limit_s) == ("async", None, 1.0)  # type: ignore[attr-defined]
+    assert get_planner("oracle").for_schedule("1f1b", 2).time_limit_s is None  # type: ignore[attr-defined]
+
+
 def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:
     library = chain_library([6, 6, 6, 6, 6, 6])
     cluster = small_cluster((1.0, 1.0, 1.0, 1.0), slow_pair=False)

@@ -323,16 +323,22 @@ class PlannerBase:
     def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
         raise NotImplementedError
 
+    def for_schedule(self, name: str, schedules: int) -> PlannerBase:
+        """This planner on schedule ``name`` alone, one of the ``schedules`` it plans in turn
+        (``_plan_each_schedule``)."""
+        return dataclasses.replace(self, schedule=name, schedules=None)
+
     def _plan_each_schedule(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
         """``_plan``, once per schedule unless the planner chooses among them itself (each with its share of the
-        budget); the plan the cost model finds fastest, with every schedule's estimate in its notes."""
+        budget, and of the time limit where the planner has one: the oracle's); the plan the cost model finds
+        fastest, with every schedule's estimate in its notes."""
         names = self.schedules or (self.schedule,)
         if len(names) == 1 or self.searches_schedules:
             return self._plan(context, budget, progress)
         share = None if budget is None else max(1, budget // len(names))
         found: dict[str, tuple[float, Plan]] = {}
         for name in names:
-            one = dataclasses.replace(self, schedule=name, schedules=None)
+            one = self.for_schedule(name, len(names))
             plan = one._plan(context, share, progress)
             found[name] = (estimate(plan, context).step_time_s, plan)
         best = min(found, key=lambda name: found[name][0])

@@ -208,7 +208,7 @@ class OraclePlanner(PlannerBase):
     max_replicas: int | None = None
     """Largest replica group; None: any."""
     time_limit_s: float | None = None
-    """Stop (unproved) after this long; None: no limit."""
+    """Stop (unproved) after this long, every schedule's search together (``for_schedule``); None: no limit."""
 
     def __post_init__(self) -> None:
         """Neither ``schedule`` nor ``schedules`` given: both pipelines (``DEFAULT_SCHEDULES``), each proved on its
@@ -216,6 +216,12 @@ class OraclePlanner(PlannerBase):
         if self.schedules is None and self.schedule == PlannerBase.schedule:
             self.schedules = DEFAULT_SCHEDULES
         super().__post_init__()
+
+    def for_schedule(self, name: str, schedules: int) -> OraclePlanner:
+        """On schedule ``name`` alone, with its share of the time limit: the limit bounds the whole search, every
+        schedule's proof together."""
+        limit = self.time_limit_s / schedules if self.time_limit_s else None
+        return dataclasses.replace(self, schedule=name, schedules=None, time_limit_s=limit)
 
     def _plan(self, context: CostContext, budget: int | None, progress: ProgressCallback | None) -> Plan:
         library, cluster = context.library, context.cluster
