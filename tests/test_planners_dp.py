@@ -18,10 +18,11 @@ from tapp_core.cost.checks import validate
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.simulation import estimate
 from tapp_core.model.workload import OptimizerConfig
-from tapp_core.plan.plan import RUNTIME_BYTES, PlanError
+from tapp_core.plan.plan import RUNTIME_BYTES, Plan, PlanError, single_stage_plan
 from tapp_core.plan.schedules import SCHEDULES
 from tapp_core.planners import get_planner
 from tapp_core.planners.antichain import down_sets
+from tapp_core.planners.base import PlannerBase
 from tapp_core.planners.bounds import StepTimeBound
 from tapp_core.planners.evaluation import MemoryScreen
 from tapp_core.planners.even import min_max_partition
@@ -232,6 +233,23 @@ def test_the_oracle_s_time_limit_covers_every_schedule_s_search_together() -> No
     one = oracle.for_schedule("async", len(oracle.schedules))
     assert (one.schedule, one.schedules, one.time_limit_s) == ("async", None, 1.0)  # type: ignore[attr-defined]
     assert get_planner("oracle").for_schedule("1f1b", 2).time_limit_s is None  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass
+class _ProvesOneSchedule(PlannerBase):
+    """A planner whose search proves its optimum on 1f1b alone (as an oracle whose async proof hit its limit)."""
+
+    name = "proves-one"
+
+    def _plan(self, context: CostContext, budget: int | None, progress: object) -> Plan:
+        plan = single_stage_plan(context.library, ["d0"])
+        return dataclasses.replace(plan, schedule=self.schedule, notes={"proved_optimal": self.schedule == "1f1b"})
+
+
+def test_a_search_is_proved_optimal_only_where_every_schedule_s_search_was_proved() -> None:
+    context = CostContext(chain_library([1.0] * 4), small_cluster((1.0, 0.5)))
+    assert _ProvesOneSchedule(schedules=("1f1b",)).plan(context).notes["proved_optimal"] is True
+    assert _ProvesOneSchedule(schedules=("1f1b", "async")).plan(context).notes["proved_optimal"] is False
 
 
 def test_pipedream_replicates_when_devices_are_many_and_equal() -> None:

@@ -343,6 +343,9 @@ class PlannerBase:
             found[name] = (estimate(plan, context).step_time_s, plan)
         best = min(found, key=lambda name: found[name][0])
         notes = {**found[best][1].notes, "schedule_estimates_s": {name: t for name, (t, _) in found.items()}}
+        proofs = [plan.notes["proved_optimal"] for _, plan in found.values() if "proved_optimal" in plan.notes]
+        if proofs:  # the optimum over every schedule is proved only where each schedule's search proved its own
+            notes["proved_optimal"] = all(proofs)
         return dataclasses.replace(found[best][1], notes=notes)
 
     @property
