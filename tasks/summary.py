@@ -171,8 +171,9 @@ def search_sentences(story: SearchStory) -> list[str]:
             if race.tied > 1
             else ""
         )
+        rounds = f"{race.rounds} round" + ("s" if race.rounds != 1 else "")
         sentences.append(
-            f"The search's final race of {race.candidates} candidates ({race.rounds} rounds, stopped: {race.stop}{load}) chose "
+            f"The search's final race of {race.candidates} candidates ({rounds}, stopped: {race.stop}{load}) chose "
             f"{race.winner.shape}, {race.winner.time_text()}{tied}."
         )
     sentences.append(_answer(story))

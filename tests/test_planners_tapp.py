@@ -216,6 +216,24 @@ def test_hybrid_measures_only_the_best_candidates_of_its_last_rounds() -> None:
     assert search.polish_gain is None  # a measured best is not polished on the cost model
 
 
+@pytest.mark.parametrize("measured_rounds", [1, 2])
+def test_only_the_last_round_screens_its_plans_without_confirming_them(measured_rounds: int) -> None:
+    library, cluster = chain_library(), small_cluster()
+    pool = FakePool(PlanEvaluator(CostContext(library, cluster)))
+    search = TappPlanner(
+        reward="hybrid", rounds=3, measured_rounds=measured_rounds, population=2, samples_per_round=5
+    ).search(CostContext(library, cluster), measurer=pool)
+    rounds = list(search.rounds())
+    before_final = len(pool.measured)
+    assert [r.phase for r in rounds][-measured_rounds:] == ["measured"] * measured_rounds
+    if measured_rounds == 1:  # its final race follows: each plan one round, confirmed by that race
+        assert pool.measured and len(pool.measured) == len(set(pool.measured))
+    else:  # the first measured plan of an earlier round is raced for more rounds before the policy learns from it
+        assert len(pool.measured) > len(set(pool.measured))
+    search.finish()
+    assert len(pool.measured) > before_final  # the final race
+
+
 @pytest.mark.parametrize("warm_start", [False, True])
 def test_a_hybrid_search_out_of_time_still_fine_tunes_on_measurements(warm_start: bool) -> None:
     library, cluster = chain_library(), small_cluster()

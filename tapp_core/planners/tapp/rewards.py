@@ -8,7 +8,8 @@ the same values.
 The measured source races (``tapp_core.measure.races``): the new plans of a call run one interleaved round; a plan
 whose step time is near the best measured so far (or better) is raced against that best for more rounds before
 the policy learns from it, so that one lucky run does not make a plan the search's best. The final choice of a
-search (``TappSearch.finish``) is a race too (``MeasuredReward.race``).
+search (``TappSearch.finish``) is a race too (``MeasuredReward.race``); in the search's last round, which that race
+follows, the new plans are only screened (``MeasuredReward.screen``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ NEAR_BEST = 0.10
 """A new plan measured within this fraction of the best measured step time (or faster) is confirmed."""
 CONFIRM = RaceOptions(min_rounds=3, max_rounds=3)
 """The confirmation: more rounds raced against the best measured plan; both plans' rounds are pooled."""
-FINAL = RaceOptions(min_rounds=5, max_rounds=8, budget_s=60.0)
-"""The final choice's race among the search's top candidates (no new round after 60 s: the chosen plan is raced
+FINAL = RaceOptions(min_rounds=5, max_rounds=8, budget_s=30.0)
+"""The final choice's race among the search's top candidates (no new round after 30 s: the chosen plan is raced
 again against every method in an experiment's evaluation, and the tied are told apart by all their rounds)."""
 
 
@@ -93,6 +94,11 @@ class Racing(Protocol):
 
     def race(self, plans: Sequence[Plan], options: RaceOptions | None = None) -> RaceResult:
         """Race ``plans`` in interleaved rounds (``options``: the source's final-choice race by default)."""
+        ...
+
+    def screen(self, plans: Sequence[Plan]) -> list[float]:
+        """``step_times`` without the confirmations: the new plans' one interleaved round, for a search whose final
+        race follows (it races the near-best plans again, as a confirmation would)."""
         ...
 
 
@@ -162,6 +168,17 @@ class MeasuredReward:
         return len(self.measurements)
 
     def step_times(self, plans: Sequence[Plan]) -> list[float]:
+        for plan in sorted(self._screened(plans), key=self._step_time):
+            self._confirm(plan)
+        return [self._step_time(plan) for plan in plans]
+
+    def screen(self, plans: Sequence[Plan]) -> list[float]:
+        self._screened(plans)
+        return [self._step_time(plan) for plan in plans]
+
+    def _screened(self, plans: Sequence[Plan]) -> list[Plan]:
+        """Measure the plans not seen before in one interleaved round (a plan that cannot fit is failed without
+        running it); returns those that ran."""
         new: dict[str, Plan] = {}
         for plan in plans:
             if plan.id in self.measurements or plan.id in new:
@@ -174,9 +191,7 @@ class MeasuredReward:
             new[plan.id] = plan
         if new:
             self.race(list(new.values()), SCREEN)
-            for plan in sorted(new.values(), key=self._step_time):
-                self._confirm(plan)
-        return [self._step_time(plan) for plan in plans]
+        return list(new.values())
 
     def race(self, plans: Sequence[Plan], options: RaceOptions | None = None) -> RaceResult:
         """Race ``plans`` (``options``: the final choice's by default); their rounds join what was measured before."""

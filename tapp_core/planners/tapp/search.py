@@ -59,10 +59,12 @@ from tapp_core.planners.tapp.warm import WarmCandidate, WarmStart, warm_notes
 PHASES = ("simulated", "measured")
 WARM_AUTODDL_SHARE = 0.1
 """Share of the time limit the warm start's AutoDDL may take."""
-FINAL_BY_ESTIMATE = 2
-"""The final race's candidates by the cost model: the best distinct simulated plans."""
-FINAL_BY_MEASUREMENT = 3
-"""The final race's candidates by measurement: the best distinct measured plans."""
+FINAL_BY_MEASUREMENT = 2
+"""The final race's first candidates: the best distinct measured plans (every round of each pooled)."""
+FINAL_BY_ESTIMATE = 1
+"""Then the best distinct plans by the cost model."""
+FINAL_CANDIDATES = 4
+"""At most this many plans race in the final choice: each costs every round of it (``rewards.FINAL``)."""
 
 
 def _distinct(timed: Sequence[TimedPlan], count: int | None = None) -> list[Plan]:
@@ -395,7 +397,11 @@ class TappSearch:
         chosen = sorted(first.values(), key=lambda i: simulated[i])
         if self.config.reward == "hybrid":
             chosen = chosen[: self.config.measured_per_round]
-        return chosen, self.measured.step_times([plans[i] for i in chosen])
+        measured = [plans[i] for i in chosen]
+        if self.round + 1 >= self.config.rounds and isinstance(self.measured, Racing):
+            # The final race (``finish``) races the near-best plans again: confirming them here would pay twice.
+            return chosen, self.measured.screen(measured)
+        return chosen, self.measured.step_times(measured)
 
     def _rewards(self, times: Sequence[float], phase: str) -> np.ndarray:
         finite = [t for t in times if math.isfinite(t)]
@@ -471,8 +477,8 @@ class TappSearch:
         """End the search: its chosen plan, with how it was chosen in its notes (``chosen_by``).
 
         When nothing was measured: the best plan by the cost model, polished first when the options ask for it.
-        When plans were measured: a race (``MeasuredReward.race``) among the ``FINAL_BY_ESTIMATE`` best plans by
-        the cost model and the ``FINAL_BY_MEASUREMENT`` best by measurement; among the plans whose interval overlaps the
+        When plans were measured: a race (``MeasuredReward.race``) among the best plans by measurement and by the
+        cost model (``_final_candidates``); among the plans whose interval overlaps the
         fastest's, the winner is the one with the lowest median over all its measured rounds (``_fastest_pooled``),
         and the race's summary is in the notes as ``final_race``. A measured best is never polished on the cost model. The TAPP
         planner and the flow's sampling stage both end a search here.
@@ -492,7 +498,8 @@ class TappSearch:
         if winner is None:
             notes = {**chosen.notes, "chosen_by": "best measurement (every plan failed the final race)"}
             return dataclasses.replace(chosen, notes=notes)
-        how = f"race of {len(race.plans)} candidates ({race.rounds} rounds, stopped: {race.stop})"
+        rounds = f"{race.rounds} round" + ("s" if race.rounds != 1 else "")
+        how = f"race of {len(race.plans)} candidates ({rounds}, stopped: {race.stop})"
         if len(race.best_group()) > 1:
             how += (
                 f"; {len(race.best_group())} tied within the race's noise, the one with the lowest median over all"
@@ -513,22 +520,22 @@ class TappSearch:
         return group[best]
 
     def _final_candidates(self) -> list[Plan]:
-        """The best distinct plans by the cost model and by measurement, for the final race; by the cost model,
-        also the best of each schedule and the warm start's best, overall and of each schedule (so that a family the cost model
-        ranks too well, such as split layers it overrates, cannot crowd out another, and TAPP races the plans of the
-        cheap planners it started from)."""
-        simulated = sorted(self.remembered("simulated"), key=lambda t: t.step_time_s)
-        by_estimate = _distinct(simulated, FINAL_BY_ESTIMATE)
-        for spec in self.config.schedules:
-            by_estimate += _distinct([t for t in simulated if t.plan.schedule_spec == spec], 1)
-        by_estimate += [c.timed.plan for c in self.warm[:1]]
-        for spec in self.config.schedules:  # the warm start's best of each schedule: PipeDream's plan is async
-            by_estimate += [c.timed.plan for c in self.warm if c.timed.plan.schedule_spec == spec][:1]
+        """At most ``FINAL_CANDIDATES`` distinct plans for the final race, in this order: the best by measurement
+        (what every measured plan's rounds say now, all pooled), the best by the cost model, the warm start's best
+        (so that TAPP races the plans of the cheap planners it started from), then the best of each schedule by the
+        cost model and the warm start's best of each (so that a family the cost model ranks too well, such as split
+        layers it overrates, cannot crowd out another) while there is room."""
         assert self.measured is not None
         measured = _distinct(self.remembered("measured"))
-        now = self.measured.step_times(measured)  # what every measured plan's rounds say now, all pooled
-        fastest = sorted((t, i) for i, t in enumerate(now) if math.isfinite(t))[:FINAL_BY_MEASUREMENT]
-        return _distinct([TimedPlan(t, measured[i]) for t, i in fastest] + [TimedPlan(0.0, p) for p in by_estimate])
+        now = self.measured.step_times(measured)
+        fastest = [measured[i] for _, i in sorted((t, i) for i, t in enumerate(now) if math.isfinite(t))]
+        simulated = sorted(self.remembered("simulated"), key=lambda t: t.step_time_s)
+        ordered = [*fastest[:FINAL_BY_MEASUREMENT], *_distinct(simulated, FINAL_BY_ESTIMATE)]
+        ordered += [c.timed.plan for c in self.warm[:1]]
+        for spec in self.config.schedules:
+            ordered += _distinct([t for t in simulated if t.plan.schedule_spec == spec], 1)
+            ordered += [c.timed.plan for c in self.warm if c.timed.plan.schedule_spec == spec][:1]
+        return _distinct([TimedPlan(0.0, p) for p in ordered], FINAL_CANDIDATES)
 
     def polish(self, span: int = SPAN, tries: int = TRIES, starts: int = STARTS) -> float:
         """The local search of ``polish.Polish`` from the ``starts`` fastest distinct simulated plans this search
