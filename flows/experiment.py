@@ -396,7 +396,7 @@ def _evaluate(
     planned = [plan_method(method, context, config, tapp_plan if method == "tapp" else None) for method in methods]
     race = None
     if runtime.enabled:
-        planned, race = race_methods(planned, work.pool, config.workload(), runtime)
+        planned, race = race_methods(planned, work.pool, config.workload(), runtime, config.estimated_only)
     evaluations: dict[str, Evaluation] = {}
     failed: list[str] = []
     unfit: dict[str, str] = {}

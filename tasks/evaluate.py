@@ -272,14 +272,19 @@ def raced_plan(race: RaceResult | None, plan: Plan) -> Plan | None:
 
 
 def race_methods(
-    planned: Sequence[PlannedMethod], pool: WorkerPool, model: str | Workload, runtime: RuntimeSettings
+    planned: Sequence[PlannedMethod],
+    pool: WorkerPool,
+    model: str | Workload,
+    runtime: RuntimeSettings,
+    estimated_only: Sequence[str] = (),
 ) -> tuple[list[PlannedMethod], RaceResult | None]:
     """One race on the flow's worker pool ``pool`` of the plans the methods chose, each way of running once
-    (``same_execution``: the first method's plan stands for the others'; a method without a plan is left out). When
-    the race itself fails (the pool would not start), every method that was to be raced carries that failure."""
+    (``same_execution``: the first method's plan stands for the others'; a method without a plan, or one of
+    ``estimated_only``, is left out). When the race itself fails (the pool would not start), every method that was
+    to be raced carries that failure."""
     distinct: dict[str, Plan] = {}
     for p in planned:
-        if p.ok and p.plan is not None:
+        if p.ok and p.plan is not None and p.method not in estimated_only:
             distinct.setdefault(p.plan.execution_id, p.plan)
     plans = list(distinct.values())
     if not plans:
@@ -292,7 +297,8 @@ def race_methods(
         failure: Exception = EvaluationFailed("the evaluation race did not finish")
     except Exception as exc:
         failure = EvaluationFailed(f"the evaluation race failed: {type(exc).__name__}: {exc}")
-    return [dataclasses.replace(p, failure=failure) if p.ok else p for p in planned], None
+    raced = [p.ok and p.method not in estimated_only for p in planned]
+    return [dataclasses.replace(p, failure=failure) if r else p for p, r in zip(planned, raced, strict=True)], None
 
 
 @task(name="evaluate", task_run_name="evaluate-{planned.method}", cache_policy=NO_CACHE)

@@ -207,7 +207,9 @@ def test_methods_whose_plans_run_the_same_are_raced_once_and_share_its_figure(
         patch.setattr("tasks.evaluate.race_plans", race_plans)
         unstarted = WorkerPool(tiny_config().target)  # the race is the stand-in's: no worker starts
         _, race = race_methods([single, oracle, tapp, bsp], unstarted, "tiny_cnn", RuntimeSettings())
-    assert raced == [[single.plan.id, bsp.plan.id]] and race is not None
+        race_methods([bsp, single], unstarted, "tiny_cnn", RuntimeSettings(), estimated_only=("bsp",))
+    assert race is not None
+    assert raced == [[single.plan.id, bsp.plan.id], [single.plan.id]]  # a method estimated only is not raced
     with tracked_run("parent", tags.as_tags(), experiment=experiment_name) as parent:
         results = [
             evaluate_method.fn(single, parent.ref, tags, race),
