@@ -53,7 +53,7 @@ from tapp_core.cost.calibration import (
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.formulas import shared_hosts
 from tapp_core.errors import TappError
-from tapp_core.measure.metrics import DEFAULT_WARMUP, MIN_STEPS
+from tapp_core.measure.races import RoundSteps
 from tapp_core.paths import PROJECT_ROOT
 from tapp_core.plan.plan import single_stage_plan
 from tapp_core.platform.cluster import Cluster
@@ -106,8 +106,8 @@ def measure_kinds(
     pool: WorkerPool,
     library: LayerLibrary,
     cluster: Cluster,
-    steps: int = MIN_STEPS,
-    warmup: int = DEFAULT_WARMUP,
+    steps: int = RoundSteps.steps,
+    warmup: int = RoundSteps.warmup,
     rounds: int = 2,
 ) -> list[KindSteps]:
     """Per kind of ``cluster``, three single-device plans on its first device, measured with emulation off: the
@@ -145,8 +145,8 @@ def _speed_slowdowns(ideal: CostContext) -> dict[str, float]:
 def calibrate(
     cluster: Cluster,
     library: LayerLibrary,
-    steps: int = MIN_STEPS,
-    warmup: int = DEFAULT_WARMUP,
+    steps: int = RoundSteps.steps,
+    warmup: int = RoundSteps.warmup,
     log: Callable[[str], None] = print,
 ) -> Calibration:
     """Measure ``cluster``'s calibration on this machine with ``library`` (one library per kind, as costed)."""
