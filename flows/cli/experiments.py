@@ -269,7 +269,7 @@ def run(
 ) -> None:
     """Run the whole experiment: profile, TAPP search, runtime sampling, TAPP vs the baselines, training of the
     paper's methods' plans for the accuracy table, report (Prefect + MLflow)."""
-    _quiet_prefect_server()
+    _quiet_services()
     from flows.server import prefect_api, sigterm_exits
     from reports.report_folders import check_report_folder
     from tapp_core.paths import check_output_folder
@@ -303,11 +303,13 @@ def run(
         raise typer.Exit(1)
 
 
-def _quiet_prefect_server() -> None:
+def _quiet_services() -> None:
     # Prefect's local server would otherwise post anonymous usage data at start (and log an error when offline).
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh PREFECT_HOME migrates its database on the first start, which can pass Prefect's 20 s default here.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # MLflow draws a progress bar for every artifact it reads back (the report reads several): noise in the terminal.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def _checked(config: ExperimentConfig, tracking_uri: str | None) -> str:
@@ -451,7 +453,7 @@ def sweep(
     """Run a sweep of experiments without a Prefect server: every combination of models, clusters, computing powers
     and batch sizes (the deployments' benchmark_sweep, with the same parameters), then its report; a bar per
     configuration."""
-    _quiet_prefect_server()
+    _quiet_services()
     from flows.server import prefect_api, sigterm_exits
     from tapp_core.paths import check_output_folder
 
