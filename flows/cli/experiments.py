@@ -45,7 +45,14 @@ from flows.cli.common import (
 from reports import schema
 from tapp_core.errors import TappError
 from tapp_core.planners.base import PLANNER_NAMES
-from tasks.config import DEFAULT_MEASURED_ROUNDS, ExperimentConfig, ExperimentSettings, SweepConfig
+from tasks.config import (
+    DEFAULT_MEASURED_ROUNDS,
+    ESTIMATED_UNLESS_ASKED,
+    ExperimentConfig,
+    ExperimentSettings,
+    SweepConfig,
+    default_methods,
+)
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -75,8 +82,13 @@ MeasuredRoundsOpt = Annotated[
 MethodsOpt = Annotated[
     str | None,
     typer.Option(
-        help="comma-separated methods, tapp among them: " + " | ".join(PLANNER_NAMES) + " (default: all but even, "
-        "a sanity baseline that runs only when named; single-gpu only on a cluster with a GPU)"
+        help="comma-separated methods, tapp among them: "
+        + " | ".join(PLANNER_NAMES)
+        + " (default: "
+        + ", ".join(default_methods())
+        + " raced, and "
+        + ", ".join(ESTIMATED_UNLESS_ASKED)
+        + " estimated unless one's plan is raced; even only when named; single-gpu only on a cluster with a GPU)"
     ),
 ]
 EstimateOnlyOpt = Annotated[
