@@ -215,8 +215,9 @@ def search_budget(config: ExperimentConfig) -> SearchBudget:
 
 def runtime_settings(config: ExperimentConfig) -> RuntimeSettings:
     """How the final evaluation measures: a race whose rounds run each plan for ``steps`` timed steps after
-    ``warmup`` warm-up steps."""
-    return RuntimeSettings(config.measure, config.warmup + config.steps, config.warmup, seed=config.seed)
+    ``warmup`` warm-up steps, and which starts no new round after ``race_seconds``."""
+    runtime = RuntimeSettings(config.measure, config.warmup + config.steps, config.warmup, seed=config.seed)
+    return runtime.with_race(budget_s=config.race_seconds)
 
 
 def _search_params(budget: SearchBudget, sampling: RuntimeSettings) -> dict[str, object]:

@@ -23,12 +23,12 @@ from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
 from tapp_core.runtime.pool_race import race
+from tasks.config import DEFAULT_RACE_SECONDS
 from tasks.progress import StageProgress
 
-EVALUATION_RACE = RaceOptions(min_rounds=5, max_rounds=15, budget_s=60.0)
-"""The final evaluation's race: a verdict from 5 rounds (a 94 % interval), at most 15, no new round after 60 s (the
-default experiment's whole run stays within 5 minutes: its race runs 3 or 4 rounds, whose interval is the rounds'
-range and says its coverage)."""
+EVALUATION_RACE = RaceOptions(min_rounds=5, max_rounds=15, budget_s=DEFAULT_RACE_SECONDS)
+"""The final evaluation's race: a verdict from 5 rounds (a 94 % interval), at most 15, no new round after
+``DEFAULT_RACE_SECONDS`` (an experiment's ``race_seconds``)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ from tapp_core.model.graph import ModelError
 from tapp_core.model.workload import OptimizerConfig, workload_of
 from tapp_core.planners import PLANNER_NAMES, method_description, method_label
 from tapp_core.platform.cluster import Cluster, ClusterError, load_cluster, parse_cluster
-from tasks.config import DEFAULT_MEASURED_ROUNDS, NO_DATA, ConfigError, ExperimentConfig, SweepConfig, build
+from tasks.config import (
+    DEFAULT_MEASURED_ROUNDS,
+    DEFAULT_RACE_SECONDS,
+    NO_DATA,
+    ConfigError,
+    ExperimentConfig,
+    SweepConfig,
+    build,
+)
 
 
 def test_a_loaded_cluster_remembers_its_file_and_equals_the_same_fields_from_anywhere() -> None:
@@ -72,6 +80,15 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
     assert "no real data" in str(nothing.training_skipped) and "apt-get install dataset-fashion-mnist" in str(
         nothing.training_skipped
     )
+
+
+def test_race_seconds_bound_the_evaluation_race() -> None:
+    from flows.experiment import runtime_settings
+
+    assert runtime_settings(ExperimentConfig(dataset="synthetic")).race.budget_s == DEFAULT_RACE_SECONDS == 60.0
+    assert runtime_settings(ExperimentConfig(dataset="synthetic", race_seconds=7.5)).race.budget_s == 7.5
+    with pytest.raises(ConfigError, match="race_seconds"):
+        build(ExperimentConfig, {"race_seconds": 0, "dataset": "synthetic"})
 
 
 def test_a_configuration_read_back_is_the_one_that_ran(tmp_path: Path) -> None:

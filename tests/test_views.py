@@ -110,6 +110,8 @@ def seen(
             "16",
             "--measured-rounds",
             "1",
+            "--race-seconds",
+            "8",  # a short race: its figure is the same in every view whatever its rounds (tests/test_flows.py: 5+)
             *quick,
         )
         yield {"estimated": estimated, "measured": measured}
@@ -232,6 +234,7 @@ def test_tapp_has_one_step_time_in_every_view_each_named_by_its_source(
     stored = next(r for r in result["methods"] if r["method"] == "tapp")
     assert stored["step_time_s"] == median and stored["step time (s)"] == shown
     assert parent["evaluation_race_rounds"] >= tapp_rounds(run) >= 1
+    assert views.parent.data.params["race_seconds"] == "8.0"  # --race-seconds reached the run
     for metrics in (parent, views.sampling.data.metrics):
         for name in (n for n in metrics if "step_time" in n and not n.startswith("speedup_")):  # a step time
             assert "measured" in name or "estimated" in name, name

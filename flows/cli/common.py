@@ -94,6 +94,15 @@ TrackingUriOpt = Annotated[
 ]
 StepsOpt = Annotated[int, typer.Option(min=1, help="timed training steps per plan and race round, after the warm-up")]
 WarmupOpt = Annotated[int, typer.Option(min=0, help="warm-up steps per plan and race round, not counted")]
+RaceSecondsOpt = Annotated[
+    float,
+    typer.Option(
+        "--race-seconds",
+        min=0.001,
+        help="the evaluation race starts no new round after this many seconds (its verdict needs 5 rounds; fewer "
+        "give each plan the range of its rounds)",
+    ),
+]
 CheckpointDirOpt = Annotated[
     Path | None,
     typer.Option("--checkpoint-dir", help="write checkpoints here (and, at the end, the trained model.safetensors)"),
