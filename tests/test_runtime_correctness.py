@@ -180,6 +180,23 @@ def test_synchronous_plan_trains_like_one_device(
     assert set(measurement.peak_memory_bytes) == {d for stage in devices for d in stage}
 
 
+def test_a_jobs_dropout_does_not_depend_on_the_jobs_its_rank_ran_before(pool2: WorkerPool) -> None:
+    """A model with dropout, one plan run twice with another job between them on the same rank: the same weights
+    (what a job draws depends on its seed and place, so an experiment's training does not depend on its races)."""
+    plan = Plan("alexnet", 8, 1, "gpipe", stages_by_cuts("alexnet", ()), (("d0",),))
+
+    def trained(seed: int) -> dict[str, torch.Tensor]:
+        options = {"steps": 2, "warmup": 1, "seed": seed, "optimizer": OPTIMIZER, "collect_parameters": True}
+        measurement, parameters = pool2.run_steps(plan, **options)
+        assert measurement.ok, measurement.error
+        return parameters
+
+    first = trained(SEED)
+    trained(SEED + 1)  # draws its own dropout masks on d0
+    again = trained(SEED)
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+
+
 def test_skip_value_really_skips_a_stage() -> None:
     from tapp_core.runtime.stage import split_stages
 
