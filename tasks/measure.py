@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
 from tapp_core.errors import TappError
-from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps
+from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps, rounds_count
 from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
@@ -96,5 +96,5 @@ def rounds_text(result: RaceResult) -> str:
     left the race early (their intervals already clear of the best's)."""
     rounds = [m.rounds for m in result.measurements if m.ok] or [result.rounds]
     if min(rounds) == max(rounds):
-        return f"{rounds[0]} round{'s' if rounds[0] != 1 else ''} each"
+        return f"{rounds_count(rounds[0])} each"
     return f"up to {max(rounds)} rounds per plan ({min(rounds)}–{max(rounds)})"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from reports import numbers, schema
 from reports.numbers import percent, ratio, ratio_interval, rounded, seconds, seconds_interval
-from tapp_core.measure.races import RaceResult
+from tapp_core.measure.races import RaceResult, rounds_count
 from tapp_core.measure.stats import Interval, Proportion, best_group
 from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import method_space
@@ -103,8 +103,8 @@ class PlanTime:
     def time_text(self) -> str:
         """``0.1948 [0.1946, 0.1994] s measured over 6 rounds`` or ``0.1816 s estimated``."""
         if self.measured:
-            rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
-            return f"{seconds_interval(self.step_time_s, self.low_s, self.high_s)} s measured over {rounds}"
+            interval = seconds_interval(self.step_time_s, self.low_s, self.high_s)
+            return f"{interval} s measured over {rounds_count(self.rounds)}"
         return f"{seconds(self.step_time_s)} s estimated"
 
 
@@ -171,7 +171,7 @@ def search_sentences(story: SearchStory) -> list[str]:
             if race.tied > 1
             else ""
         )
-        rounds = f"{race.rounds} round" + ("s" if race.rounds != 1 else "")
+        rounds = rounds_count(race.rounds)
         sentences.append(
             f"The search's final race of {race.candidates} candidates ({rounds}, stopped: {race.stop}{load}) chose "
             f"{race.winner.shape}, {race.winner.time_text()}{tied}."
@@ -734,8 +734,11 @@ def method_view(result: Result, method: MethodResult) -> tuple[str, str]:
     """(run name, run description) of a method's MLflow run: the name carries its step time, so that MLflow's
     default columns and its charts' legends show it."""
     name = f"{method.method} {method.time_text} s" + ("" if method.measured else " (estimated)")
-    rounds = f"{method.rounds} round{'s' if method.rounds != 1 else ''}"
-    source = f"measured in the evaluation race over {rounds}" if method.measured else "estimated by the cost model"
+    source = (
+        f"measured in the evaluation race over {rounds_count(method.rounds)}"
+        if method.measured
+        else "estimated by the cost model"
+    )
     lines = [f"**{method.method}**: {method.time_text} s per step ({source})."]
     if method.best:
         lines.append("In the best group." if result.raced else "Fastest estimate.")

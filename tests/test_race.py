@@ -24,6 +24,7 @@ from tapp_core.measure.races import (
     RaceOptions,
     RoundSteps,
     pooled_rounds,
+    rounds_count,
     run_race,
 )
 from tapp_core.measure.stats import best_group, median_interval, order_statistic_rank, paired_ratio_interval, separated
@@ -323,3 +324,7 @@ def test_a_real_race_of_tiny_plans_on_the_workers(pool: WorkerPool) -> None:
         assert 0.0 <= measured.other_cpu_share <= 1.0  # the ranks' own CPU time is not counted as others'
     assert result.winner() in (ONE, THREE)
     assert all(order.count(raising.id) == (1 if n == 0 else 0) for n, order in enumerate(result.orders))
+
+
+def test_a_count_of_rounds_is_singular_for_one():
+    assert [rounds_count(n) for n in (0, 1, 2)] == ["0 rounds", "1 round", "2 rounds"]

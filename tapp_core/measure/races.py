@@ -65,6 +65,11 @@ ONE_PLAN = "one plan left"
 ALL_FAILED = "every plan failed"
 
 
+def rounds_count(rounds: int) -> str:
+    """``1 round``, ``3 rounds``: how every view names a count of race rounds."""
+    return f"{rounds} round{'' if rounds == 1 else 's'}"
+
+
 class RaceError(TappError):
     """Race options that make no sense; the message names the option."""
 

@@ -47,7 +47,7 @@ import torch
 
 from tapp_core.cost.context import CostContext
 from tapp_core.errors import TappError
-from tapp_core.measure.races import RaceResult
+from tapp_core.measure.races import RaceResult, rounds_count
 from tapp_core.plan.plan import Plan
 from tapp_core.planners.base import DEFAULT_MICRO_BATCHES
 from tapp_core.planners.tapp.options import SearchOptions
@@ -498,8 +498,7 @@ class TappSearch:
         if winner is None:
             notes = {**chosen.notes, "chosen_by": "best measurement (every plan failed the final race)"}
             return dataclasses.replace(chosen, notes=notes)
-        rounds = f"{race.rounds} round" + ("s" if race.rounds != 1 else "")
-        how = f"race of {len(race.plans)} candidates ({rounds}, stopped: {race.stop})"
+        how = f"race of {len(race.plans)} candidates ({rounds_count(race.rounds)}, stopped: {race.stop})"
         if len(race.best_group()) > 1:
             how += (
                 f"; {len(race.best_group())} tied within the race's noise, the one with the lowest median over all"
