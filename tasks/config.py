@@ -41,6 +41,7 @@ from pydantic import (
 from reports import schema
 from tapp_core.cost.calibration import calibrate_by_default
 from tapp_core.errors import TappError
+from tapp_core.measure.step import TIMED_STEPS, WARMUP_STEPS
 from tapp_core.model.data import DATASET_NAMES
 from tapp_core.model.workload import OptimizerConfig
 from tapp_core.plan.schedules import SCHEDULES
@@ -188,8 +189,8 @@ class ExperimentSettings(BaseModel):
         allow_inf_nan=False,
         description="the evaluation race starts no new round after this many seconds",
     )
-    steps: int = Field(default=3, ge=1, description="timed training steps per plan and race round")
-    warmup: int = Field(default=1, ge=0, description="warm-up steps per plan and race round, not counted")
+    steps: int = Field(default=TIMED_STEPS, ge=1, description="timed training steps per plan and race round")
+    warmup: int = Field(default=WARMUP_STEPS, ge=0, description="warm-up steps per plan and race round, not counted")
     dataset: str = Field(
         default="",
         description="cifar10 | fashion-mnist | synthetic | fortunes | none (default: the real data found for the "

@@ -282,9 +282,10 @@ def race_methods(
     (``same_execution``: the first method's plan stands for the others'; a method without a plan, or one of
     ``estimated_only``, is left out). When the race itself fails (the pool would not start), every method that was
     to be raced carries that failure."""
+    raced = [p.ok and p.plan is not None and p.method not in estimated_only for p in planned]
     distinct: dict[str, Plan] = {}
-    for p in planned:
-        if p.ok and p.plan is not None and p.method not in estimated_only:
+    for p, to_race in zip(planned, raced, strict=True):
+        if to_race and p.plan is not None:
             distinct.setdefault(p.plan.execution_id, p.plan)
     plans = list(distinct.values())
     if not plans:
@@ -297,7 +298,6 @@ def race_methods(
         failure: Exception = EvaluationFailed("the evaluation race did not finish")
     except Exception as exc:
         failure = EvaluationFailed(f"the evaluation race failed: {type(exc).__name__}: {exc}")
-    raced = [p.ok and p.method not in estimated_only for p in planned]
     return [dataclasses.replace(p, failure=failure) if r else p for p, r in zip(planned, raced, strict=True)], None
 
 

@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import State
 
 from tapp_core.errors import TappError
 from tapp_core.measure.races import RaceOptions, RaceResult, RoundSteps, rounds_count
+from tapp_core.measure.step import TIMED_STEPS, WARMUP_STEPS
 from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
 from tapp_core.runtime import PoolError, WorkerPool
@@ -37,10 +38,10 @@ class RuntimeSettings:
     of them not counted."""
 
     enabled: bool = True
-    steps: int = 4
+    steps: int = TIMED_STEPS + WARMUP_STEPS
     """Per plan and round, warm-up included. A round's value is the median of its timed steps; the interval comes
     from the rounds, which the interleaving makes comparable across plans (30 steps in a row were not)."""
-    warmup: int = 1
+    warmup: int = WARMUP_STEPS
     timeout_s: float = 600.0
     """Per plan and round: a guard against hangs, not a speed limit; a plan past it is failed."""
     seed: int = 0

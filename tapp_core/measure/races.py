@@ -52,6 +52,7 @@ from tapp_core.measure.stats import (
     median_interval,
     paired_ratio_interval,
 )
+from tapp_core.measure.step import TIMED_STEPS, WARMUP_STEPS
 from tapp_core.plan.plan import Plan
 from tapp_core.platform.hosts import host_cpus
 
@@ -105,10 +106,8 @@ class RaceOptions:
 class RoundSteps:
     """What one plan runs in one round on a pool: ``warmup`` steps not counted, then ``steps`` timed ones."""
 
-    steps: int = 3
-    warmup: int = 1
-    """A round builds the plan's stages afresh; its first step pays for the optimiser state and first-touch
-    allocations."""
+    steps: int = TIMED_STEPS
+    warmup: int = WARMUP_STEPS
     timeout_s: float = 600.0
     """Per plan and round: a guard against hangs; a run past it fails the plan."""
     seed: int = 0

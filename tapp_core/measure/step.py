@@ -13,6 +13,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+TIMED_STEPS = 3
+"""Timed steps per plan in one race round, by default (``RoundSteps``, ``tapp run --steps``, the calibration)."""
+WARMUP_STEPS = 1
+"""Warm-up steps before them, not counted: a round builds the plan's stages afresh, and its first step pays for
+the optimiser state and first-touch allocations."""
+
 TERMS: tuple[str, ...] = ("step_time_s", "compute_s", "communication_s", "peak_memory_bytes")
 """The terms of a step, in the order ``compare`` lists them."""
 
