@@ -54,6 +54,17 @@ SHARDED_OPTIMIZER = Plan(
 )
 """Stage 0 on two devices, each holding its share of the optimiser state of several buckets."""
 
+ALEXNET_LAYERS = 21
+DROPOUT = Plan(
+    "alexnet",
+    BATCH,
+    MICRO_BATCHES,
+    "1f1b",
+    tuple(int(layer >= 16) for layer in range(ALEXNET_LAYERS)),  # classifier_2 on: a dropout on each stage
+    (("d0", "d1"), ("d2",)),
+)
+"""AlexNet's two dropouts, one on each stage, the first stage's on two replicas."""
+
 
 def run(pool: WorkerPool, plan: Plan, options: CheckpointOptions, epochs: int = 1) -> None:
     result = pool.train(
@@ -157,3 +168,16 @@ def tapp(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def test_a_training_with_dropout_resumed_under_its_plan_ends_exactly_as_the_uninterrupted_one(
+    pool3: WorkerPool, tmp_path: Path
+) -> None:
+    """Every forward draws its dropout masks by its place in the training (``engine.draw_seed``), not by where its
+    job began: the training resumed from step 10 draws in steps 11 and 12 what the uninterrupted one drew."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(pool3, DROPOUT, CheckpointOptions(str(whole), every=2), epochs=2)
+    run(pool3, DROPOUT, CheckpointOptions(str(resumed), every=2, resume=str(step_folder(whole, 10))), epochs=2)
+    got, want = load_file(resumed / MODEL_FILE), load_file(whole / MODEL_FILE)
+    assert got.keys() == want.keys()
+    assert [name for name in want if not torch.equal(got[name], want[name])] == []

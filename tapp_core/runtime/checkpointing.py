@@ -164,7 +164,7 @@ class StageCheckpoints:
                 run = min(run, self.options.until - self.step)
             if run <= 0:
                 break
-            records.append(self.engine.train(run, IteratorBatches(cursor, self.meta["batch_size"])))
+            records.append(self.engine.train(run, IteratorBatches(cursor, self.meta["batch_size"]), self.step))
             done += run
             self.step += run
             self._where = (epoch, done, steps, cursor)

@@ -20,6 +20,7 @@ its step time is the GPU's, not the host's.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -166,12 +167,17 @@ class StageEngine:
         layout_comm: MPI.Comm | None = None,
         workload: Workload | None = None,
         tie_comms: Mapping[tuple[int, ...], MPI.Comm] | None = None,
+        seed: int = 0,
     ) -> None:
         """``group_comm``: the stage's devices, when it has several (for the gradient reductions); ``layout_comm``:
         the same devices, for the layout changes of a stage whose layers run split signatures; ``workload``: whose
         loss the last stage takes (class cross-entropy if None); ``tie_comms``: per group of plan positions holding
-        a tied parameter this stage holds, their communicator (``rank.PlanCommunicators.join_ties``)."""
+        a tied parameter this stage holds, their communicator (``rank.PlanCommunicators.join_ties``); ``seed``: the
+        run's, which every training forward's random numbers derive from (``draw_seed``)."""
         self.workload = workload
+        self.seed = seed
+        self._first_step = 0
+        """The training's step at which the current ``train`` began (a resumed training's is where it stopped)."""
         self.stage = stage
         self.place = place
         self.plan = place.plan
@@ -306,8 +312,11 @@ class StageEngine:
 
     # --- running --------------------------------------------------------------------------------------------
 
-    def train(self, steps: int, batches: BatchSource) -> RankRecord:
+    def train(self, steps: int, batches: BatchSource, first_step: int = 0) -> RankRecord:
+        """Train ``steps`` steps; ``first_step``: the training's count of steps before them, which the forwards'
+        random numbers are drawn by (``draw_seed``)."""
         self.stage.module.train()
+        self._first_step = first_step
         on_device = None
         if self._reads_data and self.clock.gpu:
             reads_input = any(v.producer == MODEL_INPUT for v in self.stage.inputs)
@@ -472,6 +481,8 @@ class StageEngine:
                     tensor.requires_grad_(True)
             inputs.append(tensor)
 
+        if training:
+            torch.manual_seed(draw_seed(self.seed, self.stage.index, self.replica, self._first_step + step, j))
         start = self.clock.start()
         params, version = self.gradients.weights_for_forward() if training else (None, 0)
         outputs = self.stage.forward(inputs, params, recompute=training and self.plan.recomputes(self.stage.index))
@@ -543,6 +554,14 @@ class StageEngine:
             self.shards.gather()
         self.gradients.updated()
         return compute_s
+
+
+def draw_seed(seed: int, stage: int, replica: int, step: int, micro_batch: int) -> int:
+    """The seed of the random numbers (dropout's) that one micro-batch's training forward draws on one device of a
+    stage: from the run's seed and the forward's place alone, so that what it draws depends neither on the jobs its
+    rank ran before (races, other methods' trainings) nor on where a training was stopped and resumed."""
+    key = f"{seed}/{stage}/{replica}/{step}/{micro_batch}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
 def check_routes(program: DeviceProgram, stage: Stage) -> None:

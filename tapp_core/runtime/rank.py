@@ -71,12 +71,6 @@ def plan_stage(plan: Plan, position: int) -> tuple[int, int]:
     raise ValueError(f"the plan has no device at position {position}")
 
 
-def seed_job(seed: int, stage: int, replica: int) -> None:
-    """Seed this process's random numbers (dropout's) for one job of one stage's device: what a job draws depends on
-    the run's seed and its place, not on the jobs this rank ran before it (races, other methods' trainings)."""
-    torch.manual_seed((seed * 1_000_003 + stage) * 1_009 + replica)
-
-
 def reset_peak_memory(device: torch.device) -> int:
     """Start counting the peak anew; the memory in use now (the baseline a plan's own memory comes on top of).
 
@@ -276,9 +270,9 @@ class Rank:
                 comms.layouts,
                 workload,
                 tie_comms=comms.ties,
+                seed=setup.spec.seed,
             )
             result.setup_s = now() - start
-            seed_job(setup.spec.seed, result.stage, result.replica)  # after the build, which runs once per split
             if isinstance(job, MeasureJob):
                 self._measure(engine, job, result)
             else:
