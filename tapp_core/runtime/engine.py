@@ -155,6 +155,9 @@ class PlanPlace:
 
 
 class StageEngine:
+    _first_step = 0
+    """The training's step at which the current ``train`` began (a resumed training's: where it stopped)."""
+
     def __init__(
         self,
         stage: Stage,
@@ -176,8 +179,6 @@ class StageEngine:
         run's, which every training forward's random numbers derive from (``draw_seed``)."""
         self.workload = workload
         self.seed = seed
-        self._first_step = 0
-        """The training's step at which the current ``train`` began (a resumed training's is where it stopped)."""
         self.stage = stage
         self.place = place
         self.plan = place.plan
@@ -212,16 +213,7 @@ class StageEngine:
         predict = None
         if optimizer.stale_compensation and delay > 0 and self.optimizer is not None:
             predict = functools.partial(predicted_weights, self.optimizer, self.params, delay)
-        local = {name: local for local, name in stage.parameter_names().items()}
-        ties = [
-            TiedGradient(
-                tie.index,
-                local[tie.name],
-                (tie_comms or {})[tie.devices],
-                [place.pool_ranks[p] for p in tie.devices if p != place.position],
-            )
-            for tie in template.ties
-        ]
+        ties = self._tied_gradients(template, tie_comms or {})
         self.gradients = StageGradients(
             self.params, stashes, template.buckets, layer_of, transport, group_comm, group, predict=predict, ties=ties
         )
@@ -240,6 +232,21 @@ class StageEngine:
         self._in_flight: dict[int, _InFlight] = {}
         self._to_send: dict[str, dict[int, ValueMap]] = {FORWARD: {}, BACKWARD: {}}
         """Per direction and micro-batch: the tensors the sends after the last compute action take rows of."""
+
+    def _tied_gradients(
+        self, template: DeviceProgram, tie_comms: Mapping[tuple[int, ...], MPI.Comm]
+    ) -> list[TiedGradient]:
+        """The tied parameters this device's stage holds, each with its communicator and the other holders' ranks."""
+        local = {name: local for local, name in self.stage.parameter_names().items()}
+        return [
+            TiedGradient(
+                tie.index,
+                local[tie.name],
+                tie_comms[tie.devices],
+                [self.place.pool_ranks[p] for p in tie.devices if p != self.place.position],
+            )
+            for tie in template.ties
+        ]
 
     def _programs(self, steps: int, schedule: PipelineSchedule | None = None) -> tuple[DeviceProgram, ...]:
         graph = self.graph
