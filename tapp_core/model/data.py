@@ -577,9 +577,9 @@ class BatchCursor:
         self.position = start
         """The next batch's number in the epoch."""
         size = len(loader.dataset)
-        order_generator = torch.Generator().manual_seed(_mix_seed(loader.seed, loader.epoch, "order"))
+        order_generator = torch.Generator().manual_seed(mixed_seed(loader.seed, loader.epoch, "order"))
         self._order = torch.randperm(size, generator=order_generator) if loader.shuffle else torch.arange(size)
-        self._augment = torch.Generator().manual_seed(_mix_seed(loader.seed, loader.epoch, "augment"))
+        self._augment = torch.Generator().manual_seed(mixed_seed(loader.seed, loader.epoch, "augment"))
         if augment_state is not None:
             self._augment.set_state(augment_state)
 
@@ -605,7 +605,8 @@ def batch_loader(
     return BatchLoader(dataset, batch_size, seed, epoch=epoch, shuffle=shuffle, drop_last=drop_last)
 
 
-def _mix_seed(seed: int, epoch: int, purpose: str) -> int:
-    # A stable hash (Python's hash() of str is salted per process), folded into torch's 63-bit seed range.
-    digest = hashlib.sha256(f"{seed}:{epoch}:{purpose}".encode()).digest()
+def mixed_seed(*parts: object) -> int:
+    """One seed for torch from several (a run's seed, an epoch, a purpose, a place): a stable hash of them (Python's
+    ``hash`` of a str is salted per process), folded into torch's 63-bit seed range."""
+    digest = hashlib.sha256(":".join(str(part) for part in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)

@@ -20,7 +20,6 @@ its step time is the GPU's, not the host's.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
+from tapp_core.model.data import mixed_seed
 from tapp_core.model.graph import MODEL_INPUT
 from tapp_core.model.workload import Workload
 from tapp_core.plan.plan import Plan
@@ -567,8 +567,7 @@ def draw_seed(seed: int, stage: int, replica: int, step: int, micro_batch: int) 
     """The seed of the random numbers (dropout's) that one micro-batch's training forward draws on one device of a
     stage: from the run's seed and the forward's place alone, so that what it draws depends neither on the jobs its
     rank ran before (races, other methods' trainings) nor on where a training was stopped and resumed."""
-    key = f"{seed}/{stage}/{replica}/{step}/{micro_batch}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+    return mixed_seed(seed, "dropout", stage, replica, step, micro_batch)
 
 
 def check_routes(program: DeviceProgram, stage: Stage) -> None:
