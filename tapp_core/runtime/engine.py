@@ -42,6 +42,7 @@ from tapp_core.runtime.emulation import Emulation, cpu_now
 from tapp_core.runtime.gradients import StageGradients, TiedGradient
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss, predicted_weights
 from tapp_core.runtime.optimizer_shards import OptimizerShards
+from tapp_core.runtime.progress import Pacer, progress_during
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
 from tapp_core.runtime.stage import CutValue, ModelGraph, Stage, StageError
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
@@ -184,6 +185,8 @@ class StageEngine:
         self.plan = place.plan
         self.graph = graph
         self.transport = transport
+        self._pacer = Pacer(transport.poke)
+        """Pokes MPI from inside the computes (``tapp_core.runtime.progress``)."""
         self.emulation = emulation
         self.schedule: PipelineSchedule = self.plan.pipeline_schedule
         programs = self._programs(1)
@@ -492,7 +495,8 @@ class StageEngine:
             torch.manual_seed(draw_seed(self.seed, self.stage.index, self.replica, self._first_step + step, j))
         start = self.clock.start()
         params, version = self.gradients.weights_for_forward() if training else (None, 0)
-        outputs = self.stage.forward(inputs, params, recompute=training and self.plan.recomputes(self.stage.index))
+        with progress_during(self._pacer):
+            outputs = self.stage.forward(inputs, params, recompute=training and self.plan.recomputes(self.stage.index))
         loss = None
         if self.stage.is_last:
             labels = y.to(device)
@@ -517,7 +521,8 @@ class StageEngine:
         self.transport.wait(receipts)
         start = self.clock.start()
         if context.loss is not None:
-            torch.autograd.backward(context.loss)
+            with progress_during(self._pacer):
+                torch.autograd.backward(context.loss)
         else:
             tensors, grads = [], []
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):
@@ -529,7 +534,8 @@ class StageEngine:
                     tensors.append(output)
                     grads.append(grad)
             if tensors:
-                torch.autograd.backward(tensors, grads)
+                with progress_during(self._pacer):
+                    torch.autograd.backward(tensors, grads)
         record.weight_ages.append(self.gradients.backward_done(context.version))
         compute = self.clock.stop(start)
         self._sending(

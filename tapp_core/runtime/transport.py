@@ -356,6 +356,13 @@ class Transport:
         if self._sends:
             self._sends = [(r, keep) for r, keep in self._sends if not r.Test()]
 
+    def poke(self) -> None:
+        """``progress``, and a test of the posted receives: calls into MPI that move this rank's transfers on
+        (``tapp_core.runtime.progress``). A receive found complete is done; its ``wait`` returns at once."""
+        self.progress()
+        if self._receives:
+            MPI.Request.Testall([r for receipt in self._receives.values() for r in receipt.requests])
+
     def flush(self) -> None:
         """Post every staged send and wait for every send (at the end of a run, outside every step)."""
         self._post_staged(wait=True)
