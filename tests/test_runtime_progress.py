@@ -1,5 +1,5 @@
 """MPI's progress while a rank computes (``tapp_core.runtime.progress``): a large send posted before a long compute
-reaches its receiver during the compute, not after it.
+or a gradient allreduce started before it reach the other rank during the compute, not after it.
 
 The MPI test forces MPICH's network path on this one host (``MPIR_CVAR_NOLOCAL=1``: no shared memory between the
 ranks), where a large message goes by rendezvous, as between two hosts. Without the pokes it shows the defect
@@ -72,15 +72,19 @@ RANKS = textwrap.dedent(
     from tapp_core.runtime.progress import Pacer, progress_during
     from tapp_core.runtime.transport import Control, Transport
 
-    poked, compute_s = sys.argv[1] == "poked", float(sys.argv[2])
+    poked, compute_s, what = sys.argv[1] == "poked", float(sys.argv[2]), sys.argv[3]
     world = MPI.COMM_WORLD
     data, headers = world.Dup(), world.Dup()
     transport = Transport(data, headers, world, Control(data, time.monotonic() + 120.0), Emulation(enabled=False))
     tensor = torch.ones(4 * 1024 * 1024)  # 16 MiB: far above any eager limit
     world.Barrier()
     start = time.monotonic()
-    if world.Get_rank() == 0:
-        transport.isend(tensor, 1, 7)
+    me = world.Get_rank()
+    if what == "reduce":
+        reductions = [transport.start_allreduce(tensor, world, [1 - me])]
+    if me == 0:
+        if what == "send":
+            transport.isend(tensor, 1, 7)
         layer, x = torch.nn.Linear(256, 256), torch.randn(64, 256)
         while time.monotonic() - start < compute_s:
             if poked:
@@ -89,18 +93,25 @@ RANKS = textwrap.dedent(
             else:
                 layer(x)
         transport.flush()
-    else:
+    elif what == "send":
         transport.wait([transport.irecv(torch.empty_like(tensor), 0, 7)])
+    if what == "reduce":
+        transport.finish_reductions(reductions)
+        assert torch.equal(tensor, torch.full_like(tensor, 2.0))
+    if me == 1:
         print(json.dumps({"received_s": time.monotonic() - start}), flush=True)
     """
 )
 
 
-def received_after(tmp_path: Path, poked: bool, compute_s: float) -> float:
+def received_after(tmp_path: Path, what: str, poked: bool, compute_s: float) -> float:
+    """When rank 1 had rank 0's data (``what``: a send, or both ranks' allreduce), rank 0 computing ``compute_s``
+    after posting its part, with or without pokes."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
     env = {**os.environ, "MPIR_CVAR_NOLOCAL": "1", "PYTHONPATH": str(PROJECT_ROOT)}
-    command = [mpiexec_path(), "-n", "2", sys.executable, str(script), "poked" if poked else "still", str(compute_s)]
+    mode = ["poked" if poked else "still", str(compute_s), what]
+    command = [mpiexec_path(), "-n", "2", sys.executable, str(script), *mode]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return float(json.loads(done.stdout.strip().splitlines()[-1])["received_s"])
@@ -108,7 +119,8 @@ def received_after(tmp_path: Path, poked: bool, compute_s: float) -> float:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-def test_a_large_send_reaches_its_receiver_while_its_sender_computes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("what", ["send", "reduce"])
+def test_a_large_transfer_reaches_its_peer_while_its_sender_computes(tmp_path: Path, what: str) -> None:
     compute_s = 1.5
-    assert received_after(tmp_path, poked=False, compute_s=compute_s) >= 0.9 * compute_s  # the defect, shown
-    assert received_after(tmp_path, poked=True, compute_s=compute_s) < 0.5 * compute_s
+    assert received_after(tmp_path, what, poked=False, compute_s=compute_s) >= 0.9 * compute_s  # the defect, shown
+    assert received_after(tmp_path, what, poked=True, compute_s=compute_s) < 0.5 * compute_s

@@ -357,11 +357,14 @@ class Transport:
             self._sends = [(r, keep) for r, keep in self._sends if not r.Test()]
 
     def poke(self) -> None:
-        """``progress``, and a test of the posted receives: calls into MPI that move this rank's transfers on
-        (``tapp_core.runtime.progress``). A receive found complete is done; its ``wait`` returns at once."""
+        """``progress``, and a test of the posted receives and started reductions: calls into MPI that move this
+        rank's transfers on (``tapp_core.runtime.progress``). What a test finds complete is done: its ``wait`` or
+        ``finish_reductions`` returns at once."""
         self.progress()
-        if self._receives:
-            MPI.Request.Testall([r for receipt in self._receives.values() for r in receipt.requests])
+        pending = [r for receipt in self._receives.values() for r in receipt.requests]
+        pending += [r for reduction in self._collectives for r in reduction.requests]
+        if pending:
+            MPI.Request.Testall(pending)
 
     def flush(self) -> None:
         """Post every staged send and wait for every send (at the end of a run, outside every step)."""
