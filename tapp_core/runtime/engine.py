@@ -42,7 +42,7 @@ from tapp_core.runtime.emulation import Emulation, cpu_now
 from tapp_core.runtime.gradients import StageGradients, TiedGradient
 from tapp_core.runtime.optim import OptimizerConfig, make_optimizer, micro_batch_loss, predicted_weights
 from tapp_core.runtime.optimizer_shards import OptimizerShards
-from tapp_core.runtime.progress import Pacer, progress_during
+from tapp_core.runtime.progress import Pacer, progress_beside, progress_during
 from tapp_core.runtime.sharding import ShardedStage, full_state, shard_stage
 from tapp_core.runtime.stage import CutValue, ModelGraph, Stage, StageError
 from tapp_core.runtime.transport import DATA_TAG_BASE, Receipt, Transport
@@ -560,8 +560,9 @@ class StageEngine:
         compute_s = 0.0
         if self.optimizer is not None:
             start = self.clock.start()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            with progress_beside(self.transport.poke):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
             compute_s = self.clock.stop(start)
         if self.shards is not None:
             self.shards.gather()

@@ -10,7 +10,9 @@ poke.
 
 ``progress_during(pacer)`` calls its ``Pacer``'s poke (``Transport.poke``: tests of the rank's pending transfers)
 from inside the forwards and backwards run under it: after every module's forward, and in the backward as each
-module's output gets its gradient, at most once per ``PROGRESS_INTERVAL_S``. The engine runs every compute so.
+module's output gets its gradient, at most once per ``PROGRESS_INTERVAL_S``. The engine runs every forward and
+backward so. An optimiser's step runs no module: ``progress_beside(poke)`` pokes from a thread of its own every
+``PROGRESS_INTERVAL_S`` while it runs (the rank's thread, in torch's kernels, does not touch the transport then).
 """
 
 from __future__ import annotations
@@ -67,3 +69,23 @@ def progress_during(pacer: Pacer) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def progress_beside(poke: Callable[[], None]) -> Iterator[None]:
+    """Call ``poke`` every ``PROGRESS_INTERVAL_S`` from a thread of its own while the block runs. Only for a block that
+    calls no MPI and leaves the transport alone (an optimiser's step): the thread is the transport's only user then.
+    """
+    stop = threading.Event()
+
+    def keep_poking() -> None:
+        while not stop.wait(PROGRESS_INTERVAL_S):
+            poke()
+
+    thread = threading.Thread(target=keep_poking, name="tapp-mpi-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
