@@ -520,11 +520,11 @@ class StageEngine:
         context = self._in_flight.pop(micro_batch)
         self.transport.wait(receipts)
         start = self.clock.start()
+        tensors: list[torch.Tensor] = []
+        grads: list[torch.Tensor | None] = []
         if context.loss is not None:
-            with progress_during(self._pacer):
-                torch.autograd.backward(context.loss)
+            tensors, grads = [context.loss], [None]
         else:
-            tensors, grads = [], []
             for value, output in zip(self.stage.outputs, context.outputs, strict=True):
                 parts = [buffers.pop((BACKWARD, value.layer, micro_batch, s)) for s in value.consumers]
                 if output.requires_grad and parts:
@@ -533,9 +533,9 @@ class StageEngine:
                         grad = grad + self.transport.to_device(extra, self.stage.device)
                     tensors.append(output)
                     grads.append(grad)
-            if tensors:
-                with progress_during(self._pacer):
-                    torch.autograd.backward(tensors, grads)
+        if tensors:
+            with progress_during(self._pacer):
+                torch.autograd.backward(tensors, grads)
         record.weight_ages.append(self.gradients.backward_done(context.version))
         compute = self.clock.stop(start)
         self._sending(
