@@ -26,14 +26,15 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import SupportsFloat, SupportsInt
-
-import pandas as pd
+from typing import TYPE_CHECKING, SupportsFloat, SupportsInt
 
 from tapp_core.errors import TappError
 from tapp_core.model.crossing import SAMPLE_FREE_REFUSALS
 from tapp_core.model.graph import MODEL_INPUT, LayerSpec, SharedParameter
 from tapp_core.platform.kinds import DeviceKind
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LAYERS_FILE = "layers.csv"
 META_FILE = "library.json"
@@ -207,6 +208,8 @@ class LayerLibrary:
         return cached[1]
 
     def to_frame(self) -> pd.DataFrame:
+        import pandas as pd  # here: a rank, which never reads or writes a library file, starts without it
+
         rows = []
         for layer in self.layers:
             row = asdict(layer)
@@ -255,6 +258,8 @@ class LayerLibrary:
             if not (src / name).is_file():
                 raise LibraryError(f"layer library {src} has no {name} (run `tapp profile` to make one)")
         try:
+            import pandas as pd
+
             meta = json.loads((src / META_FILE).read_text())
             frame = pd.read_csv(src / LAYERS_FILE, keep_default_na=False)
             layers = [_layer_from_row(row) for row in frame.to_dict("records")]
