@@ -45,11 +45,12 @@ data:
 run: $(STAMP) data
 	$(BIN)/tapp run $(ARGS)
 
-# Two pytest workers, each test module on one (its module fixtures start servers and pools once). A failed test is
-# run once more: on 2 shared cores a timing-bound test can lose to the other worker; a broken one fails twice.
+# Two pytest workers, each test module on one (its module fixtures start servers and pools once), the longest modules
+# first (tests/conftest.py). A failed test is run once more: on 2 shared cores a timing-bound test can lose to the
+# other worker; a broken one fails twice.
 TEST_WORKERS ?= 2
 test: $(STAMP) data
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --reruns 1 $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --reruns 1 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

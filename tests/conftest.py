@@ -139,6 +139,35 @@ def _untracked_files() -> set[str] | None:
     return {line[3:] for line in listed.splitlines() if line[:2] in ("??", "!!")}
 
 
+# --- The longest modules first ------------------------------------------------------------------------------------
+
+LONGEST_FIRST = (
+    "test_process_life.py",
+    "test_rule.py",
+    "test_testbed.py",
+    "test_sweep.py",
+    "test_flows.py",
+    "test_runtime_pool.py",
+    "test_flows_server.py",
+    "test_views.py",
+    "test_cli_hardware.py",
+    "test_runtime_checkpoints.py",
+    "test_runtime_orphans.py",
+    "test_examples.py",
+    "test_gpt.py",
+    "test_bench_scripts.py",
+    "test_cuts.py",
+)
+"""The modules that take a minute or more (``--durations``, on 2 cores), longest first. ``make test`` hands whole
+modules to its workers in collection order (``--dist loadfile --no-loadscope-reorder``): one of these handed out
+last would keep one worker busy for minutes after the others have finished."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    place = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: place.get(item.path.name, len(place)))  # stable: the others keep their order
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_UNTRACKED_BEFORE] = _untracked_files()
 
