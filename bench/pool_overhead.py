@@ -6,12 +6,17 @@ One pool measures plan after plan (different cuts and schedules of one model, as
 overhead is the wall time of ``pool.measure`` minus the sum of its measured step times (warm-up steps included):
 job hand-out, communicators, stage building, result gathering and the reply. The first plan also builds and
 traces the model on every rank; it is shown apart.
+
+Around the plans, what the pool costs its host's cores (which on a small host the planner and other pools share):
+the CPU its ranks used to start, their CPU share while the pool waits ``--idle-s`` seconds between jobs, and the
+wall time of its close (Linux: read from ``/proc``).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -42,6 +47,22 @@ def plans(model: str, cluster_devices: tuple[str, ...], batch_size: int, count: 
     return result
 
 
+def ranks_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes ``pids`` have used so far."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def idle_share(pool: WorkerPool, seconds: float) -> float:
+    """The ranks' CPU over ``seconds`` of waiting for a job, as a share of one core."""
+    before = ranks_cpu_s(pool.rank_pids)
+    time.sleep(seconds)
+    return (ranks_cpu_s(pool.rank_pids) - before) / seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="alexnet")
@@ -49,12 +70,18 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--plans", type=int, default=10)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--idle-s", type=float, default=10.0)
     args = parser.parse_args()
 
     cluster = load_cluster(args.cluster)
     started = time.perf_counter()
     with WorkerPool(cluster) as pool:
-        print(f"pool of {len(cluster.devices)} ranks up in {time.perf_counter() - started:.2f} s (once per search)")
+        pool.start()
+        print(
+            f"pool of {len(cluster.devices)} ranks up in {time.perf_counter() - started:.2f} s (once per search), "
+            f"its ranks' CPU {ranks_cpu_s(pool.rank_pids):.2f} s"
+        )
+        print(f"idle between jobs: its ranks use {100 * idle_share(pool, args.idle_s):.1f} % of a core")
         print(f"model {args.model} built and traced on every rank in {pool.prepare(args.model):.2f} s (once per model)")
         overheads = []
         for plan in plans(args.model, cluster.device_names, args.batch_size, args.plans):
@@ -71,6 +98,9 @@ def main() -> int:
                 f"steps {steps:6.3f} s, overhead {overhead:6.3f} s, setup on ranks {measurement.extra['setup_s']:.3f} s"
             )
             overheads.append(overhead)
+        print(f"idle after the plans: its ranks use {100 * idle_share(pool, args.idle_s):.1f} % of a core")
+        closing = time.perf_counter()
+    print(f"pool closed in {time.perf_counter() - closing:.2f} s")
     print(
         f"overhead per plan beyond its measured steps: median {statistics.median(overheads):.3f} s, "
         f"max {max(overheads):.3f} s (bar < 0.5 s)"
