@@ -21,7 +21,7 @@ from tapp_core.runtime.faults import rank_name
 from tapp_core.runtime.jobs import JOB_TYPES, Job, StopJob, WorkJob
 from tapp_core.runtime.rank import Rank, describe
 from tapp_core.runtime.results import RankResult, Reply, assemble_reply
-from tapp_core.runtime.transport import poll
+from tapp_core.runtime.transport import doze, poll
 from tapp_core.runtime.wire import ConnectionClosed, Link
 
 JOB_TAG = 11
@@ -30,9 +30,8 @@ RESULT_GRACE_S = 5.0
 """How long past a job's time limit rank 0 waits for the other ranks before it asks for a restart."""
 _IDLE_POLL_S = 0.5e-3
 _IDLE_POLL_MAX_S = 20e-3
-_IDLE_POLL_SHARE = 0.02
-"""A rank waiting for its next job, or rank 0 for the others' results, sleeps between probes for this share of the
-time it has waited (within the bounds above): a job handed out right after the last starts at once, and an idle pool
+"""A rank waiting for its next job, or rank 0 for the others' results, sleeps between probes as a transfer's wait
+does (``transport.doze``), within these bounds: a job handed out right after the last starts at once, and an idle pool
 (between searches, beside a planner or another pool on the same cores) costs its host ~1 % of a core rather than
 ~15 % (a pool of 3 ranks, measured)."""
 
@@ -58,12 +57,6 @@ def _next_job(link: Link) -> Job:
     return job
 
 
-def _idle(since: float) -> None:
-    """Sleep between two probes of a wait that began at ``since`` (``time.perf_counter``)."""
-    waited = time.perf_counter() - since
-    time.sleep(min(_IDLE_POLL_MAX_S, max(_IDLE_POLL_S, _IDLE_POLL_SHARE * waited)))
-
-
 def _wait_for_job(world: MPI.Intracomm) -> Job:
     start = time.perf_counter()
     while True:
@@ -71,7 +64,7 @@ def _wait_for_job(world: MPI.Intracomm) -> Job:
         if message is not None:
             job: Job = message.recv()
             return job
-        _idle(start)
+        doze(start, _IDLE_POLL_S, _IDLE_POLL_MAX_S)
 
 
 def _collect(world: MPI.Intracomm, job: WorkJob, own: RankResult) -> tuple[list[RankResult], list[int]]:
@@ -90,7 +83,7 @@ def _collect(world: MPI.Intracomm, job: WorkJob, own: RankResult) -> tuple[list[
                 results[rank] = result
                 waiting.discard(rank)
         if waiting:
-            _idle(start)
+            doze(start, _IDLE_POLL_S, _IDLE_POLL_MAX_S)
     return [results[r] for r in sorted(results)], sorted(waiting)
 
 

@@ -113,9 +113,14 @@ def poll(requests: Sequence[MPI.Request], check: Callable[[], None]) -> None:
     start = time.perf_counter()
     while not MPI.Request.Testall(reqs):
         check()
-        waited = time.perf_counter() - start
-        if waited > _SPIN_S:
-            time.sleep(min(_MAX_SLEEP_S, max(_MIN_SLEEP_S, _SLEEP_SHARE * waited)))
+        if time.perf_counter() - start > _SPIN_S:
+            doze(start)
+
+
+def doze(since: float, min_s: float = _MIN_SLEEP_S, max_s: float = _MAX_SLEEP_S) -> None:
+    """Sleep between two tests of a wait that began at ``since`` (``time.perf_counter``): ``_SLEEP_SHARE`` of the
+    time waited so far, within ``[min_s, max_s]``."""
+    time.sleep(min(max_s, max(min_s, _SLEEP_SHARE * (time.perf_counter() - since))))
 
 
 @dataclass
