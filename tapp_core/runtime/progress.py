@@ -18,6 +18,7 @@ backward so. An optimiser's step runs no module: ``progress_beside(poke)`` pokes
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +37,7 @@ class Pacer:
     def __init__(self, poke: Callable[[], None], interval_s: float = PROGRESS_INTERVAL_S) -> None:
         self.poke = poke
         self.interval_s = interval_s
-        self._last = 0.0
+        self._last = -math.inf  # the first call pokes, however long this host has been up
 
     def __call__(self) -> None:
         t = time.perf_counter()
