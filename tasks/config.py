@@ -63,12 +63,12 @@ DEFAULT_MEASURED_ROUNDS = 1
 DEFAULT_SAMPLES_PER_ROUND = 16
 """Plans each policy of TAPP's search samples per round: the TAPP planner's own default
 (``SearchOptions.samples_per_round``; a test checks that they agree)."""
-DEFAULT_TRAIN_SAMPLES = 2_112
-"""Training images per method on the defaults (33 steps of 64, in three equal parts): every method trains the same
-samples. With AdamW at 1e-3, AlexNet on Fashion-MNIST measured 52 % after 50 steps on a synchronous plan and 47 % on
-an asynchronous one, each ±3 points over the 1,000 test images, and about 10 points less after these 33: far from
-chance (10 %) either way. 100 steps gave 63-64 % and took half of ``make run``'s time; SGD at 0.01 is still near
-chance after 150."""
+DEFAULT_TRAIN_SAMPLES = 6_336
+"""Training images per method on the defaults (99 steps of 64, in three equal parts): every method trains the same
+samples. An asynchronous pipeline learns later than a synchronous plan: with AdamW at 1e-3, AlexNet on Fashion-MNIST
+(1,000 test images, ±3 points) on ``make run``'s asynchronous plan of three stages measured 11.6 % after 33 steps
+(chance is 10 %), 39 % after 66 and 60 % after 99, where its one-device plan measured 39 %, and 65 % after 99
+(2026-11-29). SGD at 0.01 is still near chance after 150."""
 TrainOptimizer = Literal["adamw", "sgd"]
 """The training's optimisers, by the ``torch.optim`` class each names (``TRAIN_OPTIMIZERS``)."""
 TRAIN_OPTIMIZERS: dict[str, str] = {"adamw": "AdamW", "sgd": "SGD"}

@@ -73,7 +73,7 @@ def test_the_defaults_are_one_configuration(monkeypatch: pytest.MonkeyPatch) -> 
         and ExperimentConfig(measure=False, dataset="none").measured_rounds == 0
     )
     assert config.training and config.equal_samples and config.train_seconds is None
-    assert (config.train_samples, config.optimizer.name, config.learning_rate) == (2_112, "AdamW", 1e-3)
+    assert (config.train_samples, config.optimizer.name, config.learning_rate) == (6_336, "AdamW", 1e-3)
     monkeypatch.setattr("tapp_core.model.data.FASHION_MNIST_ROOT", "/nowhere")
     nothing = ExperimentConfig()  # no real data anywhere: the step times need none, and nothing is trained
     assert nothing.dataset == NO_DATA and not nothing.training
@@ -165,8 +165,8 @@ def test_a_sweep_is_a_list_of_configurations_of_the_same_settings() -> None:
 @pytest.mark.parametrize(
     ("settings", "step_time", "plan"),
     [
-        ({}, 0.25, (3, 11)),  # 2,112 images of batch 64: 33 steps, in 3 parts of 11, whatever the step time
-        ({}, 2.5, (3, 11)),
+        ({}, 0.25, (3, 33)),  # 6,336 images of batch 64: 99 steps, in 3 parts of 33, whatever the step time
+        ({}, 2.5, (3, 33)),
         ({"train_samples": 640, "accuracy_points": 2}, 0.25, (2, 5)),
         ({"train_seconds": 12.0}, 0.25, (3, 16)),  # a time budget: 48 steps of 0.25 s, in 3 parts of 16
         ({"train_seconds": 1.0}, 0.3, (3, 1)),  # 3 steps: 3 parts of 1
