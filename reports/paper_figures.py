@@ -90,7 +90,8 @@ def accuracy_vs_time(curves: pd.DataFrame, path: str | Path, perplexity: bool = 
     if not curves.empty:
         _legend(figure, axes)
     interval = "" if perplexity else f" ({ACCURACY_CONFIDENCE:.0%} Wilson interval)"
-    figure.suptitle(f"Time to {quality}: test {quality}{interval} against training time, per method")
+    # two lines: a one-panel figure (one model on one cluster, make run's) is narrower than the title on one
+    figure.suptitle(f"Time to {quality}: test {quality}{interval}\nagainst training time, per method")
     return _save_png(figure, path)
 
 
