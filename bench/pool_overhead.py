@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from tapp_core.model.graph import layer_nodes  # noqa: E402
 from tapp_core.model.zoo import build_traced_model  # noqa: E402
 from tapp_core.plan.plan import Plan  # noqa: E402
 from tapp_core.platform.cluster import load_cluster  # noqa: E402
+from tapp_core.platform.hosts import process_cpu_s  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
 
 
@@ -48,12 +48,8 @@ def plans(model: str, cluster_devices: tuple[str, ...], batch_size: int, count: 
 
 
 def ranks_cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user and system) the processes ``pids`` have used so far."""
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user and system) the processes ``pids`` have used so far (those gone count nothing)."""
+    return sum(process_cpu_s(pid) or 0.0 for pid in pids)
 
 
 def idle_share(pool: WorkerPool, seconds: float) -> float:

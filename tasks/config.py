@@ -67,7 +67,7 @@ DEFAULT_TRAIN_SAMPLES = 6_336
 """Training images per method on the defaults (99 steps of 64, in three equal parts): every method trains the same
 samples. An asynchronous pipeline learns later than a synchronous plan: with AdamW at 1e-3, AlexNet on Fashion-MNIST
 (1,000 test images, ±3 points) on ``make run``'s asynchronous plan of three stages measured 11.6 % after 33 steps
-(chance is 10 %), 39 % after 66 and 60 % after 99, where its one-device plan measured 39 %, and 65 % after 99
+(chance is 10 %), 39 % after 66 and 60 % after 99; its one-device plan 39 % after 33 and 65 % after 99
 (2026-11-29). SGD at 0.01 is still near chance after 150."""
 TrainOptimizer = Literal["adamw", "sgd"]
 """The training's optimisers, by the ``torch.optim`` class each names (``TRAIN_OPTIMIZERS``)."""

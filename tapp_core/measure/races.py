@@ -54,7 +54,7 @@ from tapp_core.measure.stats import (
 )
 from tapp_core.measure.step import TIMED_STEPS, WARMUP_STEPS
 from tapp_core.plan.plan import Plan
-from tapp_core.platform.hosts import host_cpus
+from tapp_core.platform.hosts import host_cpus, process_cpu_s
 
 RoundRunner = Callable[[Plan], Measurement]
 """Runs one plan for one round (warm-up and timed steps) and measures it; never raises for a failing plan."""
@@ -272,15 +272,6 @@ def _host_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _process_cpu_s(pid: int) -> float | None:
-    """CPU seconds process ``pid`` has used (None when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
 class OtherWork:
     """Counts the CPU time that other processes than ``own()`` (the race's ranks and this process) take from the
     host between ``__init__`` and ``share()``."""
@@ -289,7 +280,7 @@ class OtherWork:
         self.own = own
         self.started = time.monotonic()
         self.host = _host_busy_s()
-        self.ours = {pid: _process_cpu_s(pid) for pid in {os.getpid(), *own()}}
+        self.ours = {pid: process_cpu_s(pid) for pid in {os.getpid(), *own()}}
 
     def share(self) -> float:
         """Others' CPU seconds over the host's CPU seconds available meanwhile (NaN where it cannot be counted)."""
@@ -299,7 +290,7 @@ class OtherWork:
             return math.nan
         ours = 0.0
         for pid in {os.getpid(), *self.own()}:
-            now, before = _process_cpu_s(pid), self.ours.get(pid)
+            now, before = process_cpu_s(pid), self.ours.get(pid)
             ours += (now or 0.0) - (before or 0.0) if now is not None else 0.0
         return max(host - ours, 0.0) / (elapsed * (os.cpu_count() or 1))
 

@@ -88,6 +88,15 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user and system) process ``pid`` has used so far, from ``/proc`` (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def host_cpus() -> int:
     """The cores this process (and the ranks it starts) may run on."""
     try:
