@@ -13,6 +13,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperOption
 
 from tapp_core.errors import TappError
+from tapp_core.model.zoo.registry import MODEL_NAMES
 from tapp_core.plan.schedules import SCHEDULES
 from tasks.config import ExperimentSettings
 
@@ -41,7 +42,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="alexnet | vgg16 | inception_v3 | vit | mlp | tiny_cnn | tiny_branchy | tiny_vit | module:callable | file.py:callable",
+        help=" | ".join((*MODEL_NAMES, "module:callable", "file.py:callable")),
     ),
 ]
 PlanModelOpt = Annotated[
