@@ -174,9 +174,12 @@ def test_slowdown_sleeps_the_extra_compute() -> None:
 
 def test_slowdown_scales_the_work_not_the_wait_for_a_core() -> None:
     emulation = Emulation(enabled=True, slowdown=3.0)
-    # 20 ms of wall time of which the process computed 10 ms (it waited for a core the rest): 2 x 10 ms more
-    assert emulation.slow_down(0.02, cpu_s=0.01) == pytest.approx(0.04)
+    # 20 ms of wall time of which the process computed 10 ms (it waited for a core the rest): 3 x 10 ms in all
+    start = time.perf_counter()
+    assert emulation.slow_down(0.02, cpu_s=0.01) == pytest.approx(0.03)
+    assert time.perf_counter() - start >= 0.01
     assert emulation.slow_down(0.02, cpu_s=0.05) == pytest.approx(0.06)  # several threads: the wall time
+    assert emulation.slow_down(0.05, cpu_s=0.01) == pytest.approx(0.05)  # waited longer than 3 x the work: no sleep
 
 
 def test_messages_on_one_link_queue_behind_each_other() -> None:

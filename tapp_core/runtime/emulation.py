@@ -1,8 +1,9 @@
 """Emulated heterogeneity on one host: compute slowdown and link delay (a rank's threads and cores: ``tapp_core.platform.hosts``).
 
-A device with ``slowdown`` k sleeps (k - 1) times the work it just did, so the compute it reports is k times the
-real one. The work is the compute's wall time or, where shorter, the CPU time the rank's process spent in it: the
-emulated devices of one host take turns on its cores, and a device of its own would not have waited for them. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
+A device with ``slowdown`` k sleeps until its compute has lasted k times the work it did, so the compute it reports
+is k times the real one. The work is the compute's wall time or, where shorter, the CPU time the rank's process
+spent in it: the emulated devices of one host take turns on its cores, and a device of its own would not have
+waited for them, so a wait for a core is absorbed in the sleep rather than added to it. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
 behind each other, as on a real wire. Both link times are ``tapp_core.cost.formulas``' formulas, the cost model's, with the
 ideal calibration (the emulation stands in for the hardware, not for the runtime's overheads). The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
 which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
@@ -61,14 +62,14 @@ class Emulation:
 
     def slow_down(self, compute_s: float, cpu_s: float | None = None) -> float:
         """Sleep as a slower device would have kept computing after ``compute_s`` of wall time that took ``cpu_s``
-        of the process's CPU time (``cpu_now``; None: as long as the wall time); returns the emulated compute time.
-        """
+        of the process's CPU time (``cpu_now``; None: as long as the wall time); returns the emulated compute time,
+        ``slowdown`` times the work, or the wall time where that was longer already."""
         if not self.enabled or self.slowdown <= 1.0 or compute_s <= 0:
             return compute_s
         work = compute_s if cpu_s is None else min(compute_s, cpu_s)
-        extra = (self.slowdown - 1.0) * work
-        sleep_until(now() + extra)
-        return compute_s + extra
+        emulated = max(compute_s, self.slowdown * work)
+        sleep_until(now() + emulated - compute_s)
+        return emulated
 
     def send_ready_at(self, peer: int, nbytes: int) -> float:
         """When a message posted now to ``peer`` would have arrived over the emulated link (0 when disabled)."""
