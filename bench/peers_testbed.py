@@ -8,7 +8,8 @@ For each cluster file the bench makes its testbed (``tapp testbed up``'s code: h
 sshd, CPU quotas, shaped links; name ``tapppr``, subnet ``10.219.0.0/24``), and for each model it profiles (the
 profile cache), calibrates the testbed (``tapp calibrate``'s code, in memory), plans with every method of the
 registry (the oracle stopped at TAPP's time limit, as in an experiment), and races the distinct plans on the
-testbed's ranks: ``rounds`` interleaved rounds of a warm-up and ``steps`` timed steps, none dropped. A plan that several methods chose runs once, under all their names.
+testbed's ranks: ``rounds`` interleaved rounds of a warm-up and ``steps`` timed steps, none dropped. A plan that
+several methods chose runs once, under all their names.
 
 Each cell (cluster, model) prints every plan's median and interval and its estimate, the best group (the plans whose interval
 overlaps the best's), and TAPP's ratio to its best peer: the method other than TAPP and ``tapp-rl`` with the lowest

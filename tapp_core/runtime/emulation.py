@@ -3,8 +3,8 @@
 A device with ``slowdown`` k sleeps until its compute has lasted k times the work it did, so the compute it reports
 is k times the real one. The work is the compute's wall time or, where shorter, the CPU time the rank's process
 spent in it: the emulated devices of one host take turns on its cores, and a device of its own would not have
-waited for them, so a wait for a core is absorbed in the sleep rather than added to it. A link makes a transfer take at least ``latency + bytes / bandwidth``; messages on one link queue
-behind each other, as on a real wire. Both link times are ``tapp_core.cost.formulas``' formulas, the cost model's, with the
+waited for them, so a wait for a core is absorbed in the sleep rather than added to it. A link makes a transfer
+take at least ``latency + bytes / bandwidth``; messages on one link queue behind each other, as on a real wire. Both link times are ``tapp_core.cost.formulas``' formulas, the cost model's, with the
 ideal calibration (the emulation stands in for the hardware, not for the runtime's overheads). The timestamps that carry this between ranks come from CLOCK_MONOTONIC,
 which every process on one host shares, so link emulation is for one host only (it is off on real clusters).
 """
