@@ -2,21 +2,24 @@
 
     .venv/bin/python bench/no_fit.py [--model vgg16] [--library bench/libraries/vgg16_b64] [--cluster homo4]
         [--memory 260MiB] [--optimizer AdamW] [--planners tapp pipedream even pipetorch bsp autoddl]
-        [--rounds 5] [--steps 2] [--epochs 3] [--steps-per-epoch 8]
+        [--rounds 5] [--steps 2] [--epochs 3] [--steps-per-epoch 8] [--testbed]
 
-Every device of the cluster gets ``--memory`` (the budget the planners and the memory check read), less than the
-model's training state under ``--optimizer`` with one batch's activations: the bench first prints, device by device,
-what the whole model needs there and that it is over. Then every planner plans under that budget (TAPP's polish
-and AutoDDL may shard a replicated stage's optimiser state or recompute a stage's activations; the notes say where);
-a method with no plan that fits says so. The plans that fit are raced on the cluster's ranks (interleaved rounds,
-each plan's median step with its interval, the best group); TAPP's plan trains ``--epochs`` epochs of
-``--steps-per-epoch`` steps of synthetic data (augmented), each epoch's training loss printed and whether it fell;
-then it runs again in a pool of its own, each device's own memory (its peak less its baseline, as
-``bench/memory.py`` measures) printed beside its estimate and its budget.
+Every device of the cluster gets ``--memory``, less than the model's training state under ``--optimizer`` with one
+batch's activations: the bench first prints, device by device, what the whole model needs there and that it is
+over. Then every planner plans under that memory (TAPP's polish and AutoDDL may shard a replicated stage's optimiser
+state or recompute a stage's activations; the notes say where); a method with no plan that fits says so. The plans
+that fit are raced on the cluster's ranks (interleaved rounds, each plan's median step with its interval, the best
+group); TAPP's plan trains ``--epochs`` epochs of ``--steps-per-epoch`` steps of synthetic data (augmented), each
+epoch's training loss printed and whether it fell; then it runs again in a pool of its own, each device's own memory
+(its peak less its baseline, as ``bench/memory.py`` measures) printed beside its estimate and the memory it has for
+a plan, and the rank's whole peak beside the device's memory.
 
-The budget is the plan's own memory, what the memory model counts; a rank's baseline (the interpreter, torch, MPI
-and its trace of the whole model) is not in it (README, "Memory"). The cluster's ``memory:`` is a number the
-planners read: on the testbed's hosts the kernel's limit would also have to hold each rank's baseline.
+Without ``--testbed`` the cluster is emulated on this host's ranks, ``memory:`` is a number the planners read, and
+the whole of it is the plan's (the ideal calibration). With ``--testbed`` (root) the cluster's testbed is brought
+up with each host's kernel memory limit from its devices' ``memory:`` (``tapp testbed up``), and calibrated first
+(``tapp calibrate``'s code): what a rank holds before a plan's first tensor (the interpreter, torch, MPI, its data
+and model) is measured and left aside from a plan's memory (``CostContext.plan_memory``), and a plan over the limit
+would be killed by the kernel ("out of memory on device D").
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import dataclasses
 import itertools
 import statistics
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -44,13 +50,16 @@ from tapp_core.plan.plan import (  # noqa: E402
     single_stage_plan,
 )
 from tapp_core.planners import PlannerError, get_planner  # noqa: E402
-from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
+from tapp_core.platform.cluster import Cluster, load_cluster, resolve_cluster_path  # noqa: E402
+from tapp_core.platform.testbed import down, state_folder, up  # noqa: E402
 from tapp_core.profile.library import LayerLibrary, load_libraries  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
+from tapp_core.runtime.calibrator import calibrate  # noqa: E402
 from tapp_core.runtime.pool_race import race  # noqa: E402
 from tapp_core.units import parse_bytes  # noqa: E402
 
 MiB = 2**20
+NAME, SUBNET = "tappnf", "10.212.0.0/24"
 PLANNERS = ("tapp", "pipedream", "even", "pipetorch", "bsp", "autoddl")
 OPTIONS: dict[str, dict[str, object]] = {"tapp": {"rounds": 10}, "autoddl": {"max_sweeps": 3}}
 
@@ -97,8 +106,9 @@ def planned(context: CostContext, planners: list[str]) -> dict[str, Plan]:
 
 def measured_memory(context: CostContext, workload: Workload, plan: Plan, steps: int) -> bool:
     """Run ``plan`` in a pool of its own (no earlier plan's memory left behind, no emulated slowdown) and print each
-    device's own memory (its peak less its baseline, as ``bench/memory.py``) by its estimate and its budget; whether
-    every device kept within its budget."""
+    device's own memory (its peak less its baseline, as ``bench/memory.py``) by its estimate and the memory it has
+    for a plan, and the rank's whole peak by the device's memory (a testbed host's kernel limit); whether every
+    device kept within both."""
     with WorkerPool(context.cluster) as pool:
         pool.prepare(workload)
         measurement, _ = pool.run_steps(plan, workload, steps=steps, warmup=1, emulate=False, timeout_s=1800)
@@ -110,14 +120,28 @@ def measured_memory(context: CostContext, workload: Workload, plan: Plan, steps:
     estimated = estimate(plan, context).peak_memory_bytes
     within = True
     for device in plan.devices:
-        own = measurement.peak_memory_bytes[device] - int(baseline[device])
-        budget = context.cluster.device(device).memory
-        within &= own <= budget
+        peak, rank = measurement.peak_memory_bytes[device], int(baseline[device])
+        own, budget, memory = peak - rank, context.plan_memory[device], context.cluster.device(device).memory
+        within &= own <= budget and peak <= memory
         print(
-            f"  {device}: measured {own / MiB:.0f} MiB, estimated {estimated[device] / MiB:.0f}, budget "
-            f"{budget / MiB:.0f} ({'within' if own <= budget else 'OVER'}; baseline {int(baseline[device]) / MiB:.0f})"
+            f"  {device}: measured {own / MiB:.0f} MiB, estimated {estimated[device] / MiB:.0f}, for a plan "
+            f"{budget / MiB:.0f} ({'within' if own <= budget else 'OVER'}); the rank's peak {peak / MiB:.0f} MiB of "
+            f"{memory / MiB:.0f} ({'within' if peak <= memory else 'OVER'}; before the plan {rank / MiB:.0f})"
         )
     return within
+
+
+def on_testbed(cluster_name: str, memory: str, library: LayerLibrary, work: Path) -> CostContext:
+    """Bring up the testbed of ``cluster_name`` with every device's memory ``memory`` (each host's kernel limit),
+    and calibrate it: what a rank holds before a plan is measured and left aside from the plan's memory."""
+    data = yaml.safe_load(resolve_cluster_path(cluster_name).read_text())
+    for device in data["devices"]:
+        device["memory"] = memory
+    budgeted_file = work / "budgeted.yaml"
+    budgeted_file.write_text(yaml.safe_dump(data))
+    testbed = up(budgeted_file, work / "testbed.yaml", prefix=NAME, subnet=SUBNET, log=lambda x: print(f"  {x}"))
+    calibration = calibrate(testbed, library, log=lambda line: print(f"  calibration: {line}"))
+    return CostContext(library, testbed, calibration)
 
 
 def main() -> int:
@@ -125,7 +149,7 @@ def main() -> int:
     parser.add_argument("--model", default="vgg16")
     parser.add_argument("--library", type=Path, default=ROOT / "bench" / "libraries" / "vgg16_b64")
     parser.add_argument("--cluster", default="homo4")
-    parser.add_argument("--memory", default="260MiB", help="every device's memory budget")
+    parser.add_argument("--memory", default="260MiB", help="every device's memory")
     parser.add_argument("--optimizer", default="AdamW")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--planners", nargs="+", default=list(PLANNERS))
@@ -133,16 +157,31 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps-per-epoch", type=int, default=8)
+    parser.add_argument(
+        "--testbed", action="store_true", help="on the cluster's testbed (root), --memory each host's kernel limit"
+    )
     args = parser.parse_args()
 
     library = load_libraries(args.library)
-    budget = parse_bytes(args.memory)
-    cluster = budgeted(load_cluster(args.cluster), budget)
     optimizer = OptimizerConfig(name=args.optimizer, lr=args.lr)
     workload: Workload = dataclasses.replace(as_workload(args.model), optimizer=optimizer)
-    context = CostContext(library, cluster, optimizer=optimizer)
+    if not args.testbed:
+        cluster = budgeted(load_cluster(args.cluster), parse_bytes(args.memory))
+        return bench(CostContext(library, cluster, optimizer=optimizer), workload, args)
+    with tempfile.TemporaryDirectory(prefix="tapp-bench-no-fit-") as work:
+        try:
+            context = on_testbed(args.cluster, args.memory, library, Path(work))
+            return bench(dataclasses.replace(context, optimizer=optimizer), workload, args)
+        finally:
+            down(NAME, state_folder(NAME))
+
+
+def bench(context: CostContext, workload: Workload, args: argparse.Namespace) -> int:
+    """Plan, race and train ``args.model`` on the context's cluster (see the module's docstring); its exit code."""
+    library, cluster, optimizer = context.library, context.cluster, context.optimizer
     print(
         f"{args.model} under {args.optimizer}, batch {library.batch_size}, on {cluster.name} at {args.memory} a device"
+        + (" (the testbed: each host's kernel limit)" if args.testbed else "")
     )
     print("the whole model on one device:")
     if not single_devices_over(library, context):

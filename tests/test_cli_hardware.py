@@ -100,12 +100,14 @@ def _made_for(host: str) -> MadeFor:
 def test_calibrate_measures_every_kind_on_the_workers(work_dir: Path, cluster_file: Path) -> None:
     output = tapp("calibrate", "--cluster", str(cluster_file), *MODEL, "--steps", "2", "--warmup", "1")
     assert "cpu-t1 (t1)" in output and "cpu-t2 (t2)" in output and "per message" in output
+    assert "MiB before a plan" in output
     calibration = Calibration.load(work_dir / "unequal.calibration.json")
     assert calibration.made_for is not None and calibration.made_for.host == platform.node()
     assert set(calibration.made_for.kinds) == {"cpu-t1", "cpu-t2"} == set(calibration.kinds)
     for figures in calibration.kinds.values():
         assert figures.compute_scale > 0 and figures.update_s_per_param_byte > 0
         assert figures.d2h_s_per_byte == 0.0  # no GPU, nothing staged
+        assert 100 * 2**20 < figures.runtime_memory_bytes < 2 * 2**30  # interpreter, torch, MPI, the model
     assert calibration.per_message_s >= 0
     # t1 and t2 want 3 threads: on fewer cores, how they slow each other is measured (CI's host has 2).
     if host_cpus() < 3:

@@ -323,7 +323,7 @@ def simulate(
         console.print(
             f"calibration: {calibration_phrase(context.calibration, not no_calibrate)}", highlight=False, soft_wrap=True
         )
-        _print_estimate(chosen, predicted, layers, target)
+        _print_estimate(chosen, predicted, context)
     if gantt is not None:
         from reports.figures import gantt as draw_gantt
 
@@ -331,12 +331,17 @@ def simulate(
         console.print(f"wrote {gantt}")
 
 
-def _print_estimate(chosen: Plan, predicted: Estimate, layers: LayerLibrary, target: Cluster) -> None:
+def _print_estimate(chosen: Plan, predicted: Estimate, context: CostContext) -> None:
+    """The plan's estimate, and a table of each device's times and estimated peak beside the memory a plan may use
+    there (``CostContext.plan_memory``: the device's less what its rank holds before the plan, where calibrated)."""
+    layers = context.library
     console.print(
         f"plan {chosen.id}: {chosen.describe(layers)}; estimated {step_kind(chosen.pipeline_schedule)} "
         f"[bold]{predicted.step_time_s:.4f} s[/], communication share {predicted.communication_share:.1%}"
     )
-    table = Table("device", "stage", "share", "compute s", "communication s", "idle s", "peak memory MiB", "memory MiB")
+    table = Table(
+        "device", "stage", "share", "compute s", "communication s", "idle s", "peak memory MiB", "for a plan MiB"
+    )
     stage_of = {d: s for s, devices in enumerate(chosen.stage_devices) for d in devices}
     for device in predicted.compute_s:
         stage = stage_of[device]
@@ -349,6 +354,6 @@ def _print_estimate(chosen: Plan, predicted: Estimate, layers: LayerLibrary, tar
             f"{predicted.communication_s[device]:.4f}",
             f"{predicted.idle_s[device]:.4f}",
             f"{predicted.peak_memory_bytes.get(device, 0) / 2**20:.1f}",
-            f"{target.device(device).memory / 2**20:.0f}",
+            f"{context.plan_memory[device] / 2**20:.0f}",
         )
     console.print(table)

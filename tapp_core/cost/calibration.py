@@ -90,6 +90,10 @@ class KindCalibration:
     shared_cores_factor: float = 1.0
     """On a host whose ranks want more threads than it has cores (``Calibration.host_cores``): a device of the
     kind's compute while every rank of the host computes, over its compute alone (``sharing_stretch``)."""
+    runtime_memory_bytes: float = 0.0
+    """What a rank of the kind holds before a plan's first tensor: the interpreter, torch, MPI, its data and the
+    model it traced at its initial weights (``rank.reset_peak_memory``'s baseline). A device's ``memory`` is the
+    whole rank's (a testbed host's kernel limit counts it all); a plan gets the rest (``CostContext.plan_memory``)."""
 
     def __post_init__(self) -> None:
         positive = ("compute_scale", "shared_cores_factor")
@@ -484,6 +488,8 @@ class KindSteps:
     kind: str
     device: str
     points: tuple[StepPoint, ...]
+    runtime_memory_bytes: float = 0.0
+    """What the device's rank held before the plans' first tensors (``KindCalibration.runtime_memory_bytes``)."""
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,20 @@ def check_memory(plan: Plan, context: CostContext) -> None:
     shared = StageShares.of(plan, context.library)
     for stage in range(plan.n_stages):
         for name, terms in stage_memory_terms(plan, context.library, stage, context.optimizer_state, shared).items():
-            need, have = int(sum(terms.values())), context.cluster.device(name).memory
+            need, have = int(sum(terms.values())), context.plan_memory[name]
             if need > have:
                 named = ", ".join(f"{term} {_size(n)}" for term, n in sorted(terms.items(), key=lambda t: -t[1]) if n)
                 raise OutOfMemory(
                     f"out of memory on device {name!r}: stage {stage} needs {_size(need)} ({named}), "
-                    f"the device has {_size(have)}"
+                    f"the device has {_size(have)}{_beside_the_rank(context, name)}"
                 )
+
+
+def _beside_the_rank(context: CostContext, device: str) -> str:
+    """How the device's memory for a plan comes about, where its rank holds some of it before the plan."""
+    whole = context.cluster.device(device).memory
+    rank = whole - context.plan_memory[device]
+    return f" for a plan ({_size(whole)} less its rank's own {_size(rank)})" if rank else ""
 
 
 def recomputing_where_needed(plan: Plan, context: CostContext, shared: StageShares | None = None) -> Plan:
@@ -78,7 +85,7 @@ def memory_choices_where_needed(plan: Plan, context: CostContext) -> Plan:
 
 def _fits(plan: Plan, context: CostContext, stage: int, shared: StageShares) -> bool:
     needs = stage_memory_bytes(plan, context.library, stage, context.optimizer_state, shared)
-    return all(need <= context.cluster.device(name).memory for name, need in needs.items())
+    return all(need <= context.plan_memory[name] for name, need in needs.items())
 
 
 def validate(plan: Plan, context: CostContext) -> None:

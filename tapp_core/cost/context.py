@@ -56,6 +56,15 @@ class CostContext:
             )
         return terms
 
+    @cached_property
+    def plan_memory(self) -> Mapping[str, int]:
+        """Per device of the cluster: the memory a plan may use there, its ``memory`` less what its rank holds
+        before the plan's first tensor (its kind's ``KindCalibration.runtime_memory_bytes``; 0 when ideal)."""
+        return {
+            name: max(0, self.cluster.device(name).memory - int(terms.figures.runtime_memory_bytes))
+            for name, terms in self.terms.items()
+        }
+
     def with_library(self, library: LayerLibrary) -> CostContext:
         """The same cluster and calibration with another library (a model's other profile)."""
         return CostContext(library, self.cluster, self.calibration, self.optimizer)

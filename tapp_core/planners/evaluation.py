@@ -44,12 +44,12 @@ class MemoryScreen:
 
     def __init__(self, context: CostContext) -> None:
         self.context = context
-        library, cluster = context.library, context.cluster
+        library = context.library
         self.params = np.array([layer.param_bytes for layer in library.layers], dtype=np.float64)
         self.frozen = np.array([layer.frozen_bytes for layer in library.layers], dtype=np.float64)
         self.kept = KeptOutputs.of(library)
         self.outputs = self.kept.held
-        self.memory = {d.name: d.memory for d in cluster.devices}
+        self.memory = context.plan_memory
         self.shared = library.shared
         self.inputs = InputCounter(library)
         self.optimizer_state = context.optimizer_state

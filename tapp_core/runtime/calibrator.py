@@ -8,8 +8,10 @@ For a cluster and the layer libraries of its kinds (``ProfileCache.cluster_libra
    one message through the runtime's transport, over the cluster's emulated links when it is emulated; and, on a
    real cluster whose ranks want more threads than this host has cores, each kind's step of the model while every
    rank computes at once against its step alone (``KindCalibration.shared_cores_factor``, with ``host_cores``);
-2. measures, on the worker pool with emulation off, three single-device plans on the first device of every kind
-   (the batch in 1 and in ``MICRO_BATCHES`` micro-batches, a quarter of it in 1) and fits the kind's compute
+2. measures, on the worker pool with emulation off, what the first device of every kind holds before a plan's
+   first tensor (``runtime_memory``: the memory model's budget for a plan leaves it aside) and three single-device
+   plans there (a batch in 1 and in ``MICRO_BATCHES`` micro-batches, a quarter of it in 1; the batch is the
+   library's, or less where the whole model does not fit the device: ``fitting_batch``), and fits the kind's compute
    scale against its library, its fixed cost per operation and its fixed cost per step (``fit_compute``);
 3. returns a ``Calibration`` with those figures per kind and the per-message cost, recording what it was made
    for (``calibration.MadeFor``), so that it is refused on another machine or library
@@ -50,12 +52,14 @@ from tapp_core.cost.calibration import (
     per_message_s,
     shared_cores_factors,
 )
+from tapp_core.cost.checks import check_memory
 from tapp_core.cost.context import CostContext
 from tapp_core.cost.formulas import shared_hosts
 from tapp_core.errors import TappError
 from tapp_core.measure.races import RoundSteps
+from tapp_core.model.workload import as_workload
 from tapp_core.paths import PROJECT_ROOT
-from tapp_core.plan.plan import single_stage_plan
+from tapp_core.plan.plan import OutOfMemory, single_stage_plan
 from tapp_core.platform.cluster import Cluster
 from tapp_core.platform.hosts import host_cpus
 from tapp_core.platform.kinds import cluster_kinds, device_kind
@@ -110,14 +114,19 @@ def measure_kinds(
     warmup: int = RoundSteps.warmup,
     rounds: int = 2,
 ) -> list[KindSteps]:
-    """Per kind of ``cluster``, three single-device plans on its first device, measured with emulation off: the
-    batch in one micro-batch, in ``MICRO_BATCHES``, and a ``SMALL_BATCH_DIVISOR``-th of it in one. They run in
-    turns (A B C A B C...) for ``rounds`` rounds; each point is the median of its rounds."""
-    batch = library.batch_size
-    shapes = [(batch, 1), (batch, MICRO_BATCHES), (max(1, batch // SMALL_BATCH_DIVISOR), 1)]
+    """Per kind of ``cluster``, what its first device's rank holds before a plan (``runtime_memory``) and three
+    single-device plans there, measured with emulation off: a batch in one micro-batch, in ``MICRO_BATCHES``, and a
+    ``SMALL_BATCH_DIVISOR``-th of it in one. The batch is the library's, or the largest half of it that fits the
+    device's memory less the rank's (``fitting_batch``: a device that cannot hold the whole model is measured on a
+    smaller batch, not killed). They run in turns (A B C A B C...) for ``rounds`` rounds; each point is the median of
+    its rounds."""
     found = []
+    ideal = CostContext(library, cluster, optimizer=as_workload(library.model).optimizer)
     for kind in cluster_kinds(cluster):
         device = next(d.name for d in cluster.devices if device_kind(d).name == kind)
+        runtime = runtime_memory(pool, library, device)
+        batch = fitting_batch(ideal, device, runtime)
+        shapes = [(batch, 1), (batch, MICRO_BATCHES), (max(1, batch // SMALL_BATCH_DIVISOR), 1)]
         plans = [single_stage_plan(library, [device], micro_batches=m, batch_size=b) for b, m in shapes]
         times: list[list[float]] = [[] for _ in plans]
         for _ in range(rounds):
@@ -127,8 +136,39 @@ def measure_kinds(
                     raise CalibrationRunError(f"measuring plan {plan.id} on {device} failed: {measured.error}")
                 measured_times.append(measured.step_time_s)
         points = tuple(StepPoint(b, m, statistics.median(t)) for (b, m), t in zip(shapes, times, strict=True))
-        found.append(KindSteps(kind, device, points))
+        found.append(KindSteps(kind, device, points, runtime))
     return found
+
+
+def runtime_memory(pool: WorkerPool, library: LayerLibrary, device: str) -> int:
+    """What ``device``'s rank holds before a plan's first tensor (its baseline), read on one step of the smallest
+    single-device plan (a ``SMALL_BATCH_DIVISOR``-th of the batch in ``MICRO_BATCHES``) after the pool's model is
+    built: the most likely to fit."""
+    batch = max(1, library.batch_size // SMALL_BATCH_DIVISOR)
+    plan = single_stage_plan(library, [device], micro_batches=min(MICRO_BATCHES, batch), batch_size=batch)
+    measured = pool.measure(plan, steps=1, warmup=0, emulate=False)
+    if not measured.ok:
+        raise CalibrationRunError(f"measuring plan {plan.id} on {device} failed: {measured.error}")
+    baseline = measured.extra.get("baseline_memory_bytes")
+    return int(baseline.get(device, 0)) if isinstance(baseline, dict) else 0
+
+
+def fitting_batch(context: CostContext, device: str, runtime_memory_bytes: int) -> int:
+    """The library's batch, halved until the whole model fits ``device`` in one micro-batch beside its rank's
+    ``runtime_memory_bytes`` (the context's optimiser state counted); at least ``SMALL_BATCH_DIVISOR`` samples, or
+    ``CalibrationRunError`` when even that does not fit."""
+    kind = device_kind(context.cluster.device(device)).name
+    figures = Calibration(kinds={kind: KindCalibration(runtime_memory_bytes=float(runtime_memory_bytes))})
+    context = context.with_calibration(figures)
+    batch = context.library.batch_size
+    while True:
+        try:
+            check_memory(single_stage_plan(context.library, [device], batch_size=batch), context)
+            return batch
+        except OutOfMemory as exc:
+            if batch // 2 < SMALL_BATCH_DIVISOR:
+                raise CalibrationRunError(f"no batch of the model fits {device} to calibrate it: {exc}") from None
+            batch //= 2
 
 
 def _speed_slowdowns(ideal: CostContext) -> dict[str, float]:
@@ -176,7 +216,8 @@ def calibrate(
                 f"{measured.kind} ({measured.device}): steps "
                 + ", ".join(f"{p.step_s:.4f} s (batch {p.batch_size}/{p.micro_batches})" for p in measured.points)
                 + f"; compute scale {fit.compute_scale:.3f}, {fit.per_operation_s * 1e3:.3f} ms per operation, "
-                f"{per_step * 1e3:.2f} ms per step beyond the update"
+                f"{per_step * 1e3:.2f} ms per step beyond the update; a rank holds "
+                f"{measured.runtime_memory_bytes / 2**20:.0f} MiB before a plan"
             )
             figures[measured.kind] = KindCalibration(
                 compute_scale=fit.compute_scale,
@@ -187,6 +228,7 @@ def calibrate(
                 h2d_s_per_byte=found.h2d.per_byte_s if found.h2d else 0.0,
                 staging_per_copy_s=(found.d2h.fixed_s + found.h2d.fixed_s) / 2 if found.d2h and found.h2d else 0.0,
                 shared_cores_factor=sharing.get(measured.kind, 1.0),
+                runtime_memory_bytes=measured.runtime_memory_bytes,
             )
     message = per_message_s(probe, cluster, figures)
     log(f"per message: {message * 1e6:.1f} us beyond the link")
@@ -239,6 +281,8 @@ __all__ = [
     "CalibrationRunError",
     "calibrate",
     "calibration_on_first_use",
+    "fitting_batch",
     "measure_kinds",
     "run_probe",
+    "runtime_memory",
 ]

@@ -16,7 +16,7 @@ connected one, and a device the model does not fit alone from one it does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,16 +181,22 @@ def model_needs(
     )
 
 
-def device_features(cluster: Cluster, needs: ModelNeeds, speeds: Sequence[float] | None = None) -> torch.Tensor:
+def device_features(
+    cluster: Cluster,
+    needs: ModelNeeds,
+    speeds: Sequence[float] | None = None,
+    memory: Mapping[str, int] | None = None,
+) -> torch.Tensor:
     """(devices, len(DEVICE_FEATURES)), each in [-1, 1]: log speed against the fastest (``speeds``, in device
-    order; default: each ``speed``); log memory against the model's need alone, and whether the model fits alone;
+    order; default: each ``speed``); log memory (a plan's, ``CostContext.plan_memory``; default: each ``memory``)
+    against the model's need alone, and whether the model fits alone;
     the log bandwidth to the fastest device (the fastest's own: its best link), of its best and its mean link, each
     against the cluster's best link; the log of the time to send a typical cut both ways over its best link against
     its time for the whole model's work; whether it is a GPU."""
     names = cluster.device_names
     n = len(names)
     speed = np.array(list(speeds) if speeds is not None else [d.speed for d in cluster.devices], dtype=float)
-    memory = np.array([cluster.device(name).memory for name in names], dtype=float)
+    held = np.array([memory[name] if memory else cluster.device(name).memory for name in names], dtype=float)
     bandwidth = np.ones((n, n))
     for i, a in enumerate(names):
         for j, b in enumerate(names):
@@ -207,8 +213,8 @@ def device_features(cluster: Cluster, needs: ModelNeeds, speeds: Sequence[float]
     computing = needs.compute_s / speed
     columns = [
         _scaled_log(speed / speed.max(), SPEED_RANGE, high=0.0),
-        _scaled_log(memory / max(needs.memory_bytes, 1.0), MEMORY_RANGE),
-        (memory >= needs.memory_bytes).astype(float),
+        _scaled_log(held / max(needs.memory_bytes, 1.0), MEMORY_RANGE),
+        (held >= needs.memory_bytes).astype(float),
         _scaled_log(to_fastest / top_link, LINK_RANGE, high=0.0),
         _scaled_log(best / top_link, LINK_RANGE, high=0.0),
         _scaled_log(mean / top_link, LINK_RANGE, high=0.0),

@@ -163,7 +163,7 @@ class TappPolicy(nn.Module):
         self.register_buffer("op_ids", features.op_ids)
         self.register_buffer("numeric", features.numeric)
         needs = model_needs(library, self.micro_batch_choices, batch_size, self.schedules[0])
-        self.register_buffer("devices", device_features(cluster, needs, speeds.tolist()))
+        self.register_buffer("devices", device_features(cluster, needs, speeds.tolist(), context.plan_memory))
         self.register_buffer("log_bandwidth", log_bandwidth_matrix(cluster))
         self.register_buffer("slot_position", torch.eye(groups))
         shares = initial_shares(config.initial_split, speeds, groups)
