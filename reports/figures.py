@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from reports import schema
 from reports.numbers import seconds, seconds_interval
-from tapp_core.cost.estimate import NO_MICRO_BATCH, OP_KINDS, TimelineOp
+from tapp_core.cost.estimate import NO_MICRO_BATCH, OP_KINDS, MemoryCurve, TimelineOp
 
 KIND_COLOURS = {
     "forward": "#4C72B0",
@@ -44,6 +44,8 @@ SEND_LANE = ("send", "reduce")
 """Kinds drawn in a thin lane under the device's row: they overlap the device's compute."""
 ROW_HEIGHT = 0.6
 SEND_HEIGHT = 0.18
+MEMORY_PANEL_HEIGHT = 2.0
+"""Inches of the Gantt figure's memory panel, under the rows."""
 MIN_LABEL_FRACTION = 0.012
 """Bars narrower than this fraction of the time axis get no micro-batch number."""
 
@@ -66,16 +68,22 @@ def gantt(
         raise ValueError("the timeline is empty: nothing to draw")
     step_time = _step_time_of(estimate_or_timeline, timeline)
     devices = _device_order(timeline)
-    figure = Figure(figsize=(12, 1.6 + 0.7 * len(devices)), layout="constrained")
+    curves: Mapping[str, MemoryCurve] = getattr(estimate_or_timeline, "memory_over_time", {})
+    height = 1.6 + 0.7 * len(devices)
+    figure = Figure(figsize=(12, height + (MEMORY_PANEL_HEIGHT if curves else 0)), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    if curves:
+        axes, memory_axes = figure.subplots(2, 1, sharex=True, height_ratios=[height, MEMORY_PANEL_HEIGHT])
+        _draw_memory(memory_axes, curves, devices, getattr(estimate_or_timeline, "plan_memory_bytes", {}))
+    else:
+        axes = figure.add_subplot()
     span = max(op.end for op in timeline) - min(op.start for op in timeline)
     several_iterations = any(op.iteration for op in timeline)
     _draw_bars(axes, timeline, devices, span, several_iterations)
     stage_of = {op.device: op.stage for op in reversed(timeline)}  # each device's first operation's stage
     axes.set_yticks(range(len(devices)), [f"{d}\nstage {stage_of[d]}" for d in devices])
     axes.set_ylim(len(devices) - 0.5, -0.6)
-    axes.set_xlabel("time (s)")
+    (memory_axes if curves else axes).set_xlabel("time (s)")
     figure_of = "steady-state time per mini-batch" if several_iterations else "step time"  # metrics.step_kind
     axes.set_title("\n".join(textwrap.wrap(f"{title} — {figure_of} {step_time:.4g} s", 115)))
     kinds = [k for k in OP_KINDS if any(op.kind == k for op in timeline)]
@@ -84,6 +92,28 @@ def gantt(
     figure.legend(handles=handles, loc="outside lower center", ncol=len(kinds), frameon=False)
     axes.grid(axis="x", alpha=0.3)
     return _save_png(figure, path)
+
+
+def _draw_memory(
+    axes: Axes, curves: Mapping[str, MemoryCurve], devices: Sequence[str], plan_memory: Mapping[str, int]
+) -> None:
+    """Each device's memory in use over the timeline, as a share of the memory it has for a plan where that is
+    known (the 100 % line is its limit), else in MiB."""
+    share = all(plan_memory.get(d, 0) > 0 for d in curves)
+    colours = SPARE_COLOURS + tuple(METHOD_COLOURS.values())
+    for position, device in enumerate(d for d in devices if d in curves):
+        times = [t for t, _ in curves[device]]
+        held = [b / plan_memory[device] * 100 if share else b / 2**20 for _, b in curves[device]]
+        axes.step(times, held, where="post", color=colours[position % len(colours)], linewidth=1.2, label=device)
+    if share:
+        axes.axhline(100, color="#c44e52", linestyle="--", linewidth=1)
+        axes.set_ylabel("memory in use\n(% of the device's\nfor a plan)")
+        axes.set_ylim(0, max(105.0, axes.get_ylim()[1]))
+    else:
+        axes.set_ylabel("memory in use (MiB)")
+        axes.set_ylim(bottom=0)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    axes.grid(alpha=0.3)
 
 
 def _timeline_of(source: HasTimeline | Sequence[TimelineOp]) -> list[TimelineOp]:

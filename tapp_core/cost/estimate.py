@@ -111,6 +111,35 @@ class Timeline(Sequence[TimelineOp]):
         return f"Timeline({len(self)} operations)"
 
 
+MemoryCurve = tuple[tuple[float, float], ...]
+"""A device's memory in use over a timeline: (time, bytes) at the start and after every change."""
+
+
+class MemoryCurves(Mapping[str, MemoryCurve]):
+    """Per device, its ``MemoryCurve``, built on first use (``tapp_core.cost.memory_curve``), as ``Timeline``."""
+
+    def __init__(self, build: Callable[[], Mapping[str, MemoryCurve]]) -> None:
+        self._build: Callable[[], Mapping[str, MemoryCurve]] | None = build
+        self._curves: Mapping[str, MemoryCurve] = {}
+
+    def _materialized(self) -> Mapping[str, MemoryCurve]:
+        if self._build is not None:
+            self._curves, self._build = self._build(), None
+        return self._curves
+
+    def __getitem__(self, device: str) -> MemoryCurve:
+        return self._materialized()[device]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._materialized())
+
+    def __len__(self) -> int:
+        return len(self._materialized())
+
+    def __repr__(self) -> str:
+        return f"MemoryCurves({len(self)} devices)"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """The cost model's prediction for one plan, in the step's vocabulary (``tapp_core.measure.step``): seconds per
@@ -127,6 +156,11 @@ class Estimate:
     peak_memory_bytes: dict[str, int]
     timeline: Sequence[TimelineOp] = field(repr=False)
     calibration: Calibration = DEFAULT_CALIBRATION
+    memory_over_time: Mapping[str, MemoryCurve] = field(default_factory=dict, repr=False)
+    """Per device: its memory in use over the timeline (the memory model's terms on it; none in an estimate written
+    before they were)."""
+    plan_memory_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Per device: the memory a plan may use there (``CostContext.plan_memory``)."""
 
     @property
     def terms(self) -> StepTerms:
@@ -148,8 +182,11 @@ class Estimate:
             "peak_memory_bytes": dict(self.peak_memory_bytes),
             "calibration": self.calibration.to_dict(),
         }
+        if self.plan_memory_bytes:
+            data["plan_memory_bytes"] = dict(self.plan_memory_bytes)
         if include_timeline:
             data["timeline"] = [op.to_dict() for op in self.timeline]
+            data["memory_over_time"] = {d: [list(point) for point in c] for d, c in self.memory_over_time.items()}
         return data
 
     def to_json(self, include_timeline: bool = True) -> str:
@@ -170,7 +207,21 @@ class Estimate:
             peak_memory_bytes=_number_map(data["peak_memory_bytes"], int),
             timeline=[TimelineOp.from_dict(op) for op in timeline],
             calibration=Calibration.from_dict(calibration),
+            memory_over_time=_curves(data.get("memory_over_time", {})),
+            plan_memory_bytes=_number_map(data.get("plan_memory_bytes", {}), int),
         )
+
+
+def _curves(value: object) -> dict[str, MemoryCurve]:
+    """``Estimate.memory_over_time`` read from JSON: per device, a list of [time, bytes] pairs."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"estimate: memory_over_time must be a mapping, got {value!r}")
+    curves = {}
+    for device, points in value.items():
+        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise ValueError(f"estimate: memory_over_time of {device!r} must be a list of [time, bytes] pairs")
+        curves[str(device)] = tuple((float(_number(t)), float(_number(b))) for t, b in points)
+    return curves
 
 
 def _number(value: object) -> int | float | str:

@@ -103,6 +103,7 @@ from tapp_core.cost.estimate import (
     NO_MICRO_BATCH,
     UPDATE,
     Estimate,
+    MemoryCurves,
     Timeline,
     TimelineOp,
     per_step,
@@ -118,6 +119,7 @@ from tapp_core.cost.formulas import (
     update_s,
 )
 from tapp_core.cost.layer_arrays import layer_arrays
+from tapp_core.cost.memory_curve import memory_curves
 from tapp_core.cost.shared_cores import OpKey, Record, settle_sharing
 from tapp_core.cost.split_layout import EXCHANGE, split_stage_durations
 from tapp_core.plan.plan import (
@@ -634,6 +636,7 @@ def estimate(plan: Plan, context: CostContext) -> Estimate:
         {device_of[d]: t for d, t in busy.items()}, {device_of[d]: t for d, t in waiting.items()}, window, steps
     )
     memory = plan_memory_bytes(plan, context.library, context.optimizer_state)
+    timeline = Timeline(lambda: _timeline_ops(records, devices, plan.micro_batches))
     return Estimate(
         plan_id=plan.id,
         step_time_s=(window[1] - window[0]) / steps,
@@ -641,6 +644,8 @@ def estimate(plan: Plan, context: CostContext) -> Estimate:
         communication_s=communication,
         idle_s=idle,
         peak_memory_bytes=memory,
-        timeline=Timeline(lambda: _timeline_ops(records, devices, plan.micro_batches)),
+        timeline=timeline,
         calibration=context.calibration,
+        memory_over_time=MemoryCurves(lambda: memory_curves(plan, context.library, context.optimizer_state, timeline)),
+        plan_memory_bytes={device: context.plan_memory[device] for device in memory},
     )
