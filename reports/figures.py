@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -46,6 +47,8 @@ ROW_HEIGHT = 0.6
 SEND_HEIGHT = 0.18
 MEMORY_PANEL_HEIGHT = 2.0
 """Inches of the Gantt figure's memory panel, under the rows."""
+MEMORY_SHARE_SHOWN = 0.25
+"""The memory panel is drawn as a share of each device's memory for a plan when some device uses this much of it."""
 MIN_LABEL_FRACTION = 0.012
 """Bars narrower than this fraction of the time axis get no micro-batch number."""
 
@@ -97,21 +100,28 @@ def gantt(
 def _draw_memory(
     axes: Axes, curves: Mapping[str, MemoryCurve], devices: Sequence[str], plan_memory: Mapping[str, int]
 ) -> None:
-    """Each device's memory in use over the timeline, as a share of the memory it has for a plan where that is
-    known (the 100 % line is its limit), else in MiB."""
-    share = all(plan_memory.get(d, 0) > 0 for d in curves)
-    colours = SPARE_COLOURS + tuple(METHOD_COLOURS.values())
+    """Each device's memory in use over the timeline: as a share of the memory it has for a plan (the 100 % line is
+    its limit) where that is known and some device comes within ``MEMORY_SHARE_SHOWN`` of it, else in MiB (a limit
+    far above would flatten every curve), the least memory a device has for a plan then said above the panel."""
+    known = all(plan_memory.get(d, 0) > 0 for d in curves)
+    highest = max((b / plan_memory[d] for d in curves for _, b in curves[d]), default=0.0) if known else 0.0
+    share = known and highest >= MEMORY_SHARE_SHOWN
+    colours = colormaps["tab10"]
     for position, device in enumerate(d for d in devices if d in curves):
         times = [t for t, _ in curves[device]]
         held = [b / plan_memory[device] * 100 if share else b / 2**20 for _, b in curves[device]]
-        axes.step(times, held, where="post", color=colours[position % len(colours)], linewidth=1.2, label=device)
+        axes.step(times, held, where="post", color=colours(position % colours.N), linewidth=1.2, label=device)
     if share:
         axes.axhline(100, color="#c44e52", linestyle="--", linewidth=1)
         axes.set_ylabel("memory in use\n(% of the device's\nfor a plan)")
         axes.set_ylim(0, max(105.0, axes.get_ylim()[1]))
     else:
-        axes.set_ylabel("memory in use (MiB)")
+        axes.set_ylabel("memory in use\n(MiB)")
         axes.set_ylim(bottom=0)
+        if known:
+            least = min(plan_memory[d] for d in curves) / 2**20
+            note = f"each device has at least {least:,.0f} MiB for a plan ({highest:.0%} at most in use)"
+            axes.set_title(note, loc="left", fontsize=8, color="#555555")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     axes.grid(alpha=0.3)
 

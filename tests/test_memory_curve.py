@@ -69,3 +69,5 @@ def test_the_gantt_figure_draws_the_memory_panel_under_the_rows(tmp_path: Path) 
     with_panel = imread(gantt(predicted, tmp_path / "with.png"))
     without = imread(gantt(list(predicted.timeline), tmp_path / "without.png"))
     assert with_panel.shape[0] > without.shape[0] and with_panel.shape[1] == without.shape[1]
+    roomy = estimate(plan, CostContext(LIBRARY, make_cluster([1.0, 1.0], memory="64GiB")))  # drawn in MiB instead
+    assert imread(gantt(roomy, tmp_path / "roomy.png")).shape == with_panel.shape
