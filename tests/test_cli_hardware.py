@@ -161,6 +161,9 @@ def test_a_kept_calibration_is_keyed_by_the_cluster_the_model_and_this_host(tmp_
     assert cached_calibration_path(slower, "tiny_cnn", tmp_path) != path  # a changed cluster is measured afresh
     # another model too: its compute scale and cost per operation are fitted to its own steps
     assert cached_calibration_path(cluster, "alexnet", tmp_path) != path
+    with pytest.MonkeyPatch.context() as patch:  # one kept before a calibration measured more is measured afresh
+        patch.setattr("tapp_core.cost.calibration.CALIBRATION_VERSION", 1)
+        assert cached_calibration_path(cluster, "tiny_cnn", tmp_path) != path
     measured = Calibration(per_step_s=0.5, made_for=_made_for(platform.node()), note="kept")
     measured.save(path)
     library = profile_model(ProfileRequest("tiny_cnn", 8, repeats=1, warmup=0))

@@ -324,10 +324,16 @@ def _software(library: LayerLibrary | None) -> dict[str, tuple[str, object]]:
     }
 
 
+CALIBRATION_VERSION = 2
+"""What a calibration measures, numbered: a kept calibration of another number is measured afresh (2: the rank's own
+memory, ``KindCalibration.runtime_memory_bytes``, which one kept before lacks)."""
+
+
 def cached_calibration_path(cluster: Cluster, model: str, root: Path | None = None) -> Path:
     """Where a calibration of ``cluster`` measured on first use with ``model`` is kept (``root``: default
     ``default_cache_dir()``), keyed as the profile cache keys a layer library: by this host, the cluster's every
-    field, the model, torch, the profiler and the MPI's CUDA-awareness. A changed cluster or host, or another model,
+    field, the model, torch, the profiler, the MPI's CUDA-awareness and what a calibration measures
+    (``CALIBRATION_VERSION``). A changed cluster or host, or another model,
     finds no entry and is measured afresh: the compute scale and the cost per operation are fitted to the model's
     own steps (a tiny model's, where fixed costs are the whole step, put AlexNet's at a twentieth of its time)."""
     import torch
@@ -339,6 +345,7 @@ def cached_calibration_path(cluster: Cluster, model: str, root: Path | None = No
         "torch": torch.__version__,
         "profiler": PROFILE_VERSION,
         "cuda_aware_mpi": cuda_aware_mpi(),
+        "measures": CALIBRATION_VERSION,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster.name}_{model}")[-80:]
@@ -573,6 +580,7 @@ def shared_cores_factors(probes: Sequence[SharingProbe]) -> dict[str, float]:
 __all__ = [
     "CALIBRATIONS_FOLDER",
     "CALIBRATION_SUFFIX",
+    "CALIBRATION_VERSION",
     "DEFAULT_CALIBRATION",
     "NO_CALIBRATE_VARIABLE",
     "Calibration",
