@@ -189,7 +189,9 @@ def test_accuracy_table_holds_the_trained_plans_accuracy(measured: tuple[Experim
         assert [m.step for m in curve] == [1, 2] and curve[-1].value == run.data.metrics[schema.TEST_ACCURACY]
         # The budget is in the plan's own steps: its measured step time times its steps is about one second.
         step_time = nested[method].data.metrics[schema.STEP_TIME]
-        assert steps == 2 * max(1, int(1.0 / step_time) // 2)
+        # Within one step a part: the step time the budget was cut with and the one logged have differed by 0.6 %
+        # (172 steps where 1 / 0.005747 s gives 174), which moves a boundary of the floor.
+        assert abs(steps - 2 * max(1, int(1.0 / step_time) // 2)) <= 2
         # The same computation (``training_key``: every synchronous plan computes what one device does) is trained
         # once, by the first method in the training's order; the others record its result.
         key = training_key(result.evaluations[method].plan)
