@@ -3,14 +3,17 @@ batches, result assembly and the mpiexec command."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import time
+import weakref
 from typing import Any
 
 import pytest
 import torch
 
 from tapp_core.model.graph import MODEL_INPUT
-from tapp_core.model.workload import RunSpec
+from tapp_core.model.workload import RunSpec, workload_of
 from tapp_core.model.zoo import build_traced_model
 from tapp_core.plan.placement import even_shares, row_routes, split_ranges
 from tapp_core.plan.plan import Plan, PlanError
@@ -162,6 +165,25 @@ def test_stages_start_from_the_seeds_weights_whatever_ran_before() -> None:
     assert set(first) == {"fc1.weight", "fc1.bias"}
     for name, tensor in again.named_parameters().items():
         torch.testing.assert_close(tensor.detach(), first[name])
+
+
+def test_a_stage_s_tensors_go_with_it() -> None:
+    """The cached split keeps no reference to the stages copied from it (torch.fx makes a graph's last taker its
+    owner): a rank that ran a plan does not hold its stage's parameters, gradients and optimiser state into the next."""
+    factory = StageFactory()
+    stage = factory.stage("mlp", 0, (0, 0, 0, 1, 1, 1), 2, 0, torch.device("cpu"))
+    weight = weakref.ref(next(iter(stage.named_parameters().values())))
+    del stage
+    gc.collect()
+    assert weight() is None
+
+
+def test_a_model_is_traced_once_whatever_it_trains_on_and_with() -> None:
+    factory = StageFactory()
+    plain = workload_of("mlp")
+    trained = dataclasses.replace(plain, optimizer=OptimizerConfig(name="AdamW"), data="synthetic")
+    assert factory.traced(trained, 0) is factory.traced(plain, 0)
+    assert factory.split(trained, 0, (0, 0, 0, 1, 1, 1), 2) is factory.split(plain, 0, (0, 0, 0, 1, 1, 1), 2)
 
 
 def test_slowdown_sleeps_the_extra_compute() -> None:

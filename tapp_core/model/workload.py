@@ -218,6 +218,13 @@ class Workload:
             raise WorkloadError("next_token targets need integer token ids as the first input")
 
     @property
+    def network(self) -> Workload:
+        """Only what its model is built and traced from (the model, its inputs, classes and output), the rest at
+        the defaults: what a traced model is cached by, so that training on other data or with another optimiser
+        reuses it rather than holding a second copy of the model."""
+        return Workload(model=self.model, inputs=self.inputs, num_classes=self.num_classes, output=self.output)
+
+    @property
     def images(self) -> bool:
         """Whether it takes one CIFAR-shaped image, as the image datasets give."""
         return self.inputs == (IMAGE,)

@@ -672,6 +672,9 @@ def owned_copy(shared: torch.fx.GraphModule, device: torch.device) -> torch.fx.G
         moved = tensor.detach().to(device, copy=True)
         copies[id(tensor)] = nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
     owned = torch.fx.GraphModule(shared, shared.graph, class_name=type(shared).__name__)
+    # Taking the graph made the copy its owner, a reference from the cached split that would keep the copy (its
+    # parameters, gradients and optimiser state's parameters) alive after the stage is gone, until the next copy.
+    shared.graph.owning_module = shared
     for name, child in list(owned.named_children()):
         setattr(owned, name, copy.deepcopy(child, copies))
     for name, param in list(owned._parameters.items()):
@@ -894,7 +897,7 @@ class StageFactory:
 
     def traced(self, model: str | Workload, seed: int) -> torch.fx.GraphModule:
         """The traced model of ``model`` at ``seed``'s initial weights, on the CPU (read only: do not train it)."""
-        key = (as_workload(model), seed)
+        key = (as_workload(model).network, seed)
         if key not in self._models:
             if len(self._models) >= self.MAX_MODELS:
                 oldest = next(iter(self._models))
@@ -905,7 +908,7 @@ class StageFactory:
 
     def graph(self, model: str | Workload, seed: int) -> ModelGraph:
         """The traced model's ``ModelGraph`` (cached with it)."""
-        key = (as_workload(model), seed)
+        key = (as_workload(model).network, seed)
         if key not in self._graphs or self._graphs[key][0] is not self.traced(model, seed):
             traced = self.traced(model, seed)
             self._graphs[key] = (traced, ModelGraph.of(traced, key[0].feed))
@@ -914,7 +917,7 @@ class StageFactory:
     def split(
         self, model: str | Workload, seed: int, stage_of_layer: Sequence[int], n_stages: int
     ) -> tuple[torch.fx.GraphModule, PipelineGraph]:
-        workload = as_workload(model)
+        workload = as_workload(model).network
         key = (workload, seed, tuple(stage_of_layer), n_stages)
         if key not in self._splits:
             if len(self._splits) >= self.MAX_SPLITS:
