@@ -20,6 +20,7 @@ of every stage holding it; the update waits for that too, so every copy takes th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -170,7 +171,7 @@ class StageGradients:
 
     def _hook(self, name: str, tensor: torch.Tensor) -> None:
         if name in self._bucket_of and self._overlap and self.comm is not None:
-            tensor.register_post_accumulate_grad_hook(lambda _: self._made(name))  # type: ignore[no-untyped-call]
+            tensor.register_post_accumulate_grad_hook(_calling(weakref.WeakMethod(self._made), name))  # type: ignore[no-untyped-call]
 
     def _made(self, name: str) -> None:
         if not self._final:
@@ -286,3 +287,16 @@ class StageGradients:
 
     def snapshot_versions(self) -> Iterator[int]:
         return iter(self._snapshots)
+
+
+def _calling(made: weakref.WeakMethod[Callable[[str], None]], name: str) -> Callable[[torch.Tensor], None]:
+    """A gradient hook that calls ``made(name)`` while its object lives. A hook lives in the tensor's autograd
+    metadata, which the garbage collector does not see into: a strong reference from it to the object that holds the
+    tensor would make a cycle never freed (the stage's parameters, gradients and optimiser state, plan after plan)."""
+
+    def hook(_: torch.Tensor) -> None:
+        method = made()
+        if method is not None:
+            method(name)
+
+    return hook
