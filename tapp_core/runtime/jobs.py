@@ -89,6 +89,9 @@ class RankInfo:
     argv: tuple[str, ...]
     boot: str = ""
     """The boot of the kernel it runs on (``guard.boot_id``): equal to the pool's, its pid is a process here."""
+    bounded_memory: bool = False
+    """Whether its C allocator gives every large block back when freed (``allocator.bound_freed_memory``): it runs
+    under a memory limit no higher than its device's memory."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ that fails tells the others to abort; every rank answers with a RankResult all t
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import gc
 import resource
@@ -28,6 +27,7 @@ from tapp_core.plan.program import tied_reductions
 from tapp_core.platform import gpu
 from tapp_core.platform.cluster import Cluster, Device
 from tapp_core.platform.hosts import configure_threads
+from tapp_core.runtime.allocator import release_freed_memory
 from tapp_core.runtime.batches import IteratorBatches, SyntheticBatches
 from tapp_core.runtime.checkpointing import StageCheckpoints
 from tapp_core.runtime.emulation import Emulation, now
@@ -84,14 +84,6 @@ def reset_peak_memory(device: torch.device) -> int:
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the resident-set high-water mark
     return _status_bytes("VmRSS:")
-
-
-def release_freed_memory() -> None:
-    """Give the memory freed so far back to the system (``malloc_trim``): the C allocator otherwise keeps it
-    resident, and what is allocated next lands beside it rather than in it, so the resident set grows by both."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def peak_memory(device: torch.device) -> int:

@@ -76,6 +76,7 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     import torch
 
     from tapp_core.platform.hosts import configure_threads, pin_rank
+    from tapp_core.runtime.allocator import bound_freed_memory
     from tapp_core.runtime.coordinator import coordinate, follow
     from tapp_core.runtime.jobs import RankInfo, RankSetup, Ready
     from tapp_core.runtime.rank import Rank, warm_up
@@ -96,12 +97,14 @@ def serve(world: MPI.Intracomm, args: argparse.Namespace, key: bytes, guard: Ran
     if world.Get_size() != len(setup.devices):
         raise RuntimeError(f"{world.Get_size()} ranks for the pool's {len(setup.devices)} devices")
     devices = [setup.cluster.device(name) for name in setup.devices]
-    configure_threads(devices[world.Get_rank()])
+    own = devices[world.Get_rank()]
+    configure_threads(own)
+    bounded = own.kind != "cuda" and bound_freed_memory(own.memory)
     pin_rank(devices, world.Get_rank())
     warm_up()
     rank = Rank(world, setup.cluster, setup.devices)
     _quiet_barrier(world)  # and here for the slowest to warm up
-    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv), boot_id()), root=0)
+    ranks = world.gather(RankInfo(os.getpid(), os.uname().nodename, tuple(sys.argv), boot_id(), bounded), root=0)
     if link is None:
         follow(world, rank)
     else:
