@@ -199,6 +199,10 @@ def bench(context: CostContext, workload: Workload, args: argparse.Namespace) ->
     options = RaceOptions(min_rounds=args.rounds, max_rounds=args.rounds, eliminate=False, budget_s=3600)
     with WorkerPool(cluster) as pool:
         pool.prepare(workload)
+        bounded = sum(info.bounded_memory for info in pool.ranks)
+        print(
+            f"\n{bounded} of {len(pool.ranks)} ranks give freed memory back at once (a memory limit within the device's)"
+        )
         result = race(pool, distinct, workload, options, RoundSteps(steps=args.steps))
         print(f"\nraced ({result.rounds} interleaved rounds of {args.steps} steps after a warm-up):")
         best = {p.id for p in result.best_group()}
