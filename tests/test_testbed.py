@@ -153,6 +153,7 @@ def test_ranks_start_over_ssh_on_their_hosts_inside_their_namespaces_and_quotas(
             namespace = f"{PREFIX}-{device.name}"
             assert os.stat(f"/proc/{rank.pid}/ns/net").st_ino == os.stat(f"/run/netns/{namespace}").st_ino
             assert rank.pid in cgroups.pids(namespace)
+            assert rank.bounded_memory  # it sees its host's memory limit (its device's memory) from its namespace
         measurement = pool.measure(good_plan(), steps=3, warmup=1, timeout_s=60)
         assert measurement.ok, measurement.error
         assert not measurement.emulated

@@ -13,7 +13,7 @@ from flows.cli.testbed import parse_cores
 from tapp_core.platform import testbed
 from tapp_core.platform.cluster import load_cluster, parse_cluster
 from tapp_core.platform.testbed import plan_testbed, system
-from tapp_core.platform.testbed.cgroups import Cgroups
+from tapp_core.platform.testbed.cgroups import Cgroups, mount_commands
 from tapp_core.platform.testbed.layout import PERIOD_US, host_groups, real_cluster
 from tapp_core.platform.testbed.shaping import shaping_commands
 
@@ -237,3 +237,25 @@ def test_service_hosts_come_after_the_devices_hosts_without_quota_or_shaping() -
     assert {s.source for s in layout.shaping} | {s.target for s in layout.shaping} == {0, 1, 2}
     with pytest.raises(testbed.TestbedError, match="given twice"):
         plan_testbed(load_cluster("local"), [0, 1], service_hosts=("cpu0",))
+
+
+def test_a_host_s_fresh_sys_mounts_the_control_groups_again_read_only(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
+        "tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n"
+        "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,relatime,cpu,cpuacct 0 0\n"
+        "cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n"
+        "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+    )
+    assert mount_commands(mounts) == [
+        "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup",
+        "mkdir -p /sys/fs/cgroup/cpu,cpuacct && mount -t cgroup -o ro,cpu,cpuacct cgroup /sys/fs/cgroup/cpu,cpuacct",
+        "mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o ro,name=systemd cgroup /sys/fs/cgroup/systemd",
+        "mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 -o ro cgroup2 /sys/fs/cgroup/unified",
+    ]
+    unified = tmp_path / "unified"
+    unified.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0\n")
+    assert mount_commands(unified) == [
+        "mkdir -p /sys/fs/cgroup && mount -t cgroup2 -o ro,nsdelegate cgroup2 /sys/fs/cgroup"
+    ]

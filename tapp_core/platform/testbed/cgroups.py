@@ -11,10 +11,13 @@ so that whatever a session starts there (Hydra's proxy, the ranks) runs under th
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 MOUNTS = Path("/proc/self/mounts")
+MOUNT_FLAGS = frozenset({"rw", "ro", "nosuid", "nodev", "noexec", "relatime", "noatime", "strictatime", "nodiratime"})
+"""The options of a mount that are not a control-group hierarchy's own (its controllers, its name)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,25 @@ class Cgroups:
         if "throttled_usec" in stat:
             return int(stat["throttled_usec"]) / 1e6
         return int(stat.get("throttled_time", "0")) / 1e9
+
+
+def mount_commands(mounts: Path = MOUNTS) -> list[str]:
+    """Shell commands that mount again, read-only, the control-group filesystems mounted here under ``/sys/fs/cgroup``
+    (a tmpfs holding v1's hierarchies, each hierarchy, v2's unified one): for a fresh ``/sys``, such as the one
+    ``ip netns exec`` mounts, so that the processes there still see the groups they run in and their limits."""
+    commands = []
+    for line in _read(mounts).splitlines():
+        fields = line.split()
+        if len(fields) < 4 or not fields[1].startswith("/sys/fs/cgroup"):
+            continue
+        where, kind = shlex.quote(fields[1]), fields[2]
+        own = [option for option in fields[3].split(",") if option not in MOUNT_FLAGS]
+        if kind == "tmpfs":
+            commands.append(f"mount -t tmpfs -o mode=755 cgroup {where}")
+        elif kind in ("cgroup", "cgroup2"):
+            options = shlex.quote(",".join(["ro", *own]))
+            commands.append(f"mkdir -p {where} && mount -t {kind} -o {options} {kind} {where}")
+    return commands
 
 
 def _read(path: Path) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tapp_core.platform.testbed import system
-from tapp_core.platform.testbed.cgroups import Cgroups
+from tapp_core.platform.testbed.cgroups import Cgroups, mount_commands
 from tapp_core.platform.testbed.layout import TestbedError, TestbedHost
 
 ALIVE_INTERVAL_S = 2
@@ -155,9 +155,18 @@ def launch_sshd(config: Path, namespace: str, procs: list[Path], address: str) -
     files; its pid once it answers on ``address``."""
     sshd = system.sshd_path()
     assert sshd is not None  # system.require checked it
-    join = 'for procs; do echo $$ > "$procs" || exit 1; done; exec ip netns exec "$NS" "$SSHD" -f "$CONF" -E "$LOG"'
+    # `ip netns exec` mounts a /sys of its own, which MPI's transports read the namespace's interfaces from, but
+    # without the control groups: they are mounted again there, so that a rank sees the memory limit it runs under.
+    join = (
+        'for procs; do echo $$ > "$procs" || exit 1; done; '
+        'exec ip netns exec "$NS" sh -c \'eval "$MOUNT_CGROUPS"; exec "$SSHD" -f "$CONF" -E "$LOG"\''
+    )
     log = config.with_suffix(".log")
-    environment = {**os.environ, "NS": namespace, "SSHD": sshd, "CONF": str(config), "LOG": str(log)}
+    mounts = "".join(f"{{ {command}; }} 2>/dev/null; " for command in mount_commands())
+    environment = {
+        **os.environ,
+        **{"NS": namespace, "SSHD": sshd, "CONF": str(config), "LOG": str(log), "MOUNT_CGROUPS": mounts},
+    }
     for attempt in range(START_ATTEMPTS):  # an sshd just killed may hold its address for a moment
         started = subprocess.run(
             ["sh", "-c", join, "sh", *map(str, procs)], env=environment, capture_output=True, text=True, timeout=30
