@@ -274,7 +274,9 @@ def test_emulated_layout_changes_wait_out_their_link_time_and_slow_devices_hold_
             "name": "slow-link",
             "emulated": True,
             "devices": [{"name": "fast", "memory": "2GiB"}, {"name": "slow", "memory": "2GiB", "slowdown": 3}],
-            "links": {"bandwidth": "8Mbit/s", "latency": "1ms"},
+            # Slow enough that the emulated exchanges stand far above a real step on a loaded host (84 ms once,
+            # where 8 Mbit/s gave them 124 ms).
+            "links": {"bandwidth": "2Mbit/s", "latency": "1ms"},
         }
     )
     signatures = {1: "col", 3: "row"}
