@@ -5,7 +5,8 @@ from its heap, whose freed blocks stay resident for the next. What "large" means
 largest mapped block freed (up to 32 MiB), after which a stage's transient tensors come from the heap and stay:
 measured on VGG-16's split stage under AdamW, 25-35 MiB over what its tensors hold in a step, and 100 MiB more
 after reading a training set. Fixing the threshold at its starting value gives that back at once, but every large
-tensor then costs fresh pages: 13-28 % of a rank's speed on the main job's plans. So a rank fixes it only where
+tensor then costs fresh pages: 13-40 % of a rank's speed (13-28 % on the main job's plans, 28-40 % on
+VGG-16's under AdamW). So a rank fixes it only where
 its memory is a real limit (``bound_freed_memory``): its memory control group's limit is no more than its
 device's ``memory:``, as on a testbed host (``tapp testbed up``) or in a container sized as the device. Elsewhere
 it keeps glibc's default, and gives back what it freed between plans (``release_freed_memory``).
