@@ -266,6 +266,17 @@ def test_a_library_without_fixed_parts_loads_as_linear(branchy: LayerLibrary, tm
     assert all(layer.forward_fixed_s == layer.backward_fixed_s == 0.0 for layer in loaded.layers)
 
 
+def test_a_library_records_what_autograd_keeps_and_an_older_one_loads_without(tiny_cnn: LayerLibrary, tmp_path) -> None:
+    assert all(layer.output_saved is not None for layer in tiny_cnn.layers)
+    assert any(layer.output_saved for layer in tiny_cnn.layers)
+    assert by_name(tiny_cnn, "pool").saved_bytes > 0  # a max pool's indices
+    tiny_cnn.save(tmp_path)
+    frame = pd.read_csv(tmp_path / "layers.csv", keep_default_na=False).drop(columns=["output_saved", "saved_bytes"])
+    frame.to_csv(tmp_path / "layers.csv", index=False)
+    loaded = LayerLibrary.load(tmp_path)
+    assert all(layer.output_saved is None and layer.saved_bytes == 0 for layer in loaded.layers)
+
+
 def test_batchnorm_inplace_relu_and_dropout_profile() -> None:
     model = nn.Sequential(
         nn.Conv2d(3, 4, 3, padding=1, bias=False),

@@ -86,6 +86,12 @@ class Layer:
     frozen_bytes: int = 0
     """Of ``param_bytes``, the frozen parameters' (``requires_grad`` False): held, but given no gradient, optimiser
     state, stash or reduction."""
+    output_saved: bool | None = None
+    """Whether autograd keeps its output for the backward (``tapp_core.profile.saved``); None: not measured (a
+    library profiled before), read as ``LayerLibrary.read_by_backward`` says."""
+    saved_bytes: int = 0
+    """Bytes per sample that autograd keeps of what its forward made besides its output (a dropout's mask, a max
+    pool's indices, a layer norm's statistics; ``tapp_core.profile.saved``)."""
 
     @property
     def trained_bytes(self) -> int:
@@ -378,7 +384,16 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
         # Libraries written before frozen parameters were told apart train every parameter.
         frozen_bytes=_int(row.get("frozen_bytes") or 0),
         sample_free=_sample_free(row),
+        # Libraries written before autograd's saved tensors were measured: None, the rule of what a backward reads.
+        output_saved=_optional_bool(row.get("output_saved")),
+        saved_bytes=_int(row.get("saved_bytes") or 0),
     )
+
+
+def _optional_bool(value: object) -> bool | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    return value is True or str(value).lower() == "true"
 
 
 def _sample_free(row: Mapping[Hashable, object]) -> bool:

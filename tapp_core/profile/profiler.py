@@ -46,6 +46,7 @@ from tapp_core.model.workload import (
 )
 from tapp_core.platform import gpu
 from tapp_core.profile.library import PROFILE_VERSION, Layer, LayerLibrary
+from tapp_core.profile.saved import SavedFacts, saved_facts
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
 LOSS = -1
@@ -432,6 +433,7 @@ def _layers(
     facts: _FactsInterpreter,
     times: _LayerTimes,
     cuts: CutFacts,
+    saved: SavedFacts,
 ) -> list[Layer]:
     layer_bytes = layer_param_bytes(graph_module)
     param_bytes, frozen_bytes = layer_bytes.total, layer_bytes.frozen
@@ -457,6 +459,8 @@ def _layers(
                 cut_refusal=cuts.refusals.get(i, ""),
                 sample_free=i in cuts.sample_free,
                 frozen_bytes=frozen_bytes[i],
+                output_saved=saved.output_saved[i],
+                saved_bytes=saved.saved_bytes[i],
             )
         )
     return layers
@@ -489,7 +493,8 @@ def _profile(
     whole_steps, steps = run.interleaved()
     times = _layer_times(run, steps, batch_size)
     cuts = cut_facts(graph_module, example_input(workload.feed, CUT_SAMPLES).to(device))
-    layers = _layers(graph_module, run.index, facts, times, cuts)
+    saved = saved_facts(graph_module, run.index, (inputs,), partial(_loss, labels=labels, workload=workload))
+    layers = _layers(graph_module, run.index, facts, times, cuts, saved)
     whole_forward = [forward for forward, _ in whole_steps]
     whole_backward = [backward for _, backward in whole_steps]
     whole_steps_s = [f + b for f, b in zip(whole_forward, whole_backward, strict=True)]
