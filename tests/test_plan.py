@@ -157,9 +157,12 @@ def test_memory_by_schedule() -> None:
     # 1f1b stage 0 of 2 holds 2 in flight; the last stage 1
     assert terms(ofob, 0)["activations"] == 2 * first
     assert terms(ofob, 1)["activations"] == 1 * (10 + 10) * 2
-    # async also stashes the weight versions its in-flight micro-batches ran on (2 at most) and makes one more while
-    # they live: 3 of 1 byte
-    assert terms(asyn, 0)["activations"] == 2 * first and terms(asyn, 0)["stashed weights"] == 3
+    # async also stashes the weight versions its in-flight micro-batches ran on (2 at most), each dropped at the
+    # update after its last backward, before the next forward makes one (gradients.StageGradients): 2 of 1 byte
+    assert terms(asyn, 0)["activations"] == 2 * first and terms(asyn, 0)["stashed weights"] == 2
+    # one micro-batch a step: each version's gradient is taken as made, none is added to another
+    single = dataclasses.replace(asyn, micro_batches=1)
+    assert terms(single, 0)["stashed weights"] > 0 and terms(single, 0)["gradient transient"] == 0
     # with staleness 0 it is 1f1b: no version stashed
     assert terms(dataclasses.replace(asyn, staleness=0), 0) == terms(ofob, 0)
     # the total is the terms' sum, the runtime's fixed bytes among them
@@ -260,3 +263,18 @@ def test_a_frozen_prefix_keeps_no_activations_but_what_its_first_trained_layer_r
     # what a stage sends on the runtime keeps until its backward, read or not
     early = dataclasses.replace(one, stage_of_layer=(0, 1, 1, 1))
     assert stage_memory_terms(early, library, 0)["d0"]["activations"] == 8 * (library.input_bytes + 100)
+
+
+def test_measured_saved_tensors_count_instead_of_what_a_backward_reads() -> None:
+    """A profiled library says which outputs autograd keeps and what else it keeps of a layer's forward
+    (``tapp_core.profile.saved``): the model counts those, and an output sent to another stage all the same."""
+    library = chain_library(4, param_bytes=[8, 8, 8, 8], activation_bytes=[100, 200, 300, 400])
+    kept = (True, False, True, False)
+    library.layers = [
+        dataclasses.replace(x, output_saved=kept[x.index], saved_bytes=10 * x.index) for x in library.layers
+    ]
+    one = Plan("toy", 8, 1, "gpipe", (0, 0, 1, 1), (("d0",), ("d1",)))
+    first, second = (stage_memory_terms(one, library, s)[f"d{s}"]["activations"] for s in (0, 1))
+    # layer 1's output is not kept by autograd, but the runtime holds it until the backward: it crosses the cut
+    assert first == 8 * (library.input_bytes + 100 + 0 + 200 + 10)
+    assert second == 8 * (200 + 300 + 20 + 30)  # the stage's input, layer 2's output and the extras

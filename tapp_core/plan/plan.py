@@ -29,7 +29,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from tapp_core.errors import TappError
-from tapp_core.model.graph import GROUPED_CONV2D, LayerSpec
+from tapp_core.model.graph import LayerSpec
 from tapp_core.plan.placement import (
     DATA,
     SAMPLES,
@@ -78,24 +78,27 @@ MEMORY_TERMS = (
 - training state: weights, gradients and the optimiser's state, ``WEIGHT_AND_GRADIENT`` plus the optimiser's
   tensors per parameter (``OptimizerConfig.state_per_param``) times the parameters (a device of a stage that shards
   its optimiser state, ``Plan.shard_optimizer``: the optimiser's tensors of its share alone);
-- stashed weights: the weight versions an asynchronous stage keeps for its forwards in flight, and the one it
-  makes while they live;
-- activations: the stage's inputs and every layer output of each micro-batch in flight, views left out
-  (``VIEW_OPS``; a recomputing stage: the inputs, and the outputs of the one whose backward runs);
+- stashed weights: the weight versions an asynchronous stage keeps for its forwards in flight (a version is
+  dropped at the update after its last backward, before the next forward makes one);
+- activations: the stage's inputs and what autograd keeps of each layer's forward (``KeptOutputs``) of each
+  micro-batch in flight, views left out (``VIEW_OPS``; a recomputing stage: the inputs, and what the one whose
+  backward runs keeps);
 - backward working memory: the gradient a layer takes and the one it makes, twice the largest layer output of a
   micro-batch;
 - gradient transient: a layer's new weight gradient before it is added to the gradient so far (a stage that runs
-  several backwards a step, or stashes), the largest layer's;
+  several backwards a step; a stashing stage of one micro-batch a step takes each version's gradient as it is),
+  the largest layer's;
 - gradient buckets: on a stage of several devices, the flat buffer each bucket is reduced in and MPI's working
   memory for the allreduce, ``BUCKET_COPIES`` times the gradients reduced (a device of a stage that shards its
   optimiser state accumulates the gradients in the flat buffers themselves and receives its share of their sum:
   ``SHARD_COPIES`` times its share of them);
 - posted receives: the buffers of the receives a device posts ahead of its forwards and backwards
-  (``schedules.receive_lookahead``) that none has taken yet, at most (a later stage's activations and an earlier
-  stage's gradients of about a step's micro-batches beyond those in flight);
+  (``schedules.receive_lookahead``) whose messages have come and none has taken yet, at most: no more than their
+  senders' micro-batches in flight (a fresh buffer's pages are taken when its message is copied in);
 - runtime: what a stage costs a rank whatever its layers (its traced program, the transport's buffers);
-- model trace: how far the rank's run of the whole model at the plan's start (``model_trace_bytes``) goes beyond
-  the other terms: a transient before the stage is built, so the device's peak is the larger of the two."""
+- model trace: how far the rank's run of the whole model at the plan's start (``model_trace_bytes``, with the
+  runtime's own) goes beyond the other terms: a transient before the stage is built, so the device's peak is the
+  larger of the two."""
 BUCKET_COPIES = 1.5
 """Bytes a replicated stage holds per byte of gradient it reduces: the flat bucket (1) and MPICH's allreduce working
 memory (measured about half, on 2 and 4 CPU ranks: ``bench/memory.py``)."""
@@ -111,16 +114,17 @@ VIEW_OPS = frozenset(
 """Layers whose output is a view of their input, sharing its memory: they hold no activation of their own (a
 ``reshape`` of a tensor that is not contiguous copies it; counted as a view all the same)."""
 RUNTIME_BYTES = 7 * 2**20
-"""What running a stage adds to a rank's memory whatever its layers: measured 5.6-8.9 MiB on CPU ranks for AlexNet's
-last layer alone, and 5.7 MiB for the ViT's parameter-free last layer with its split out of the peak (the 13-16 MiB
-measured before held AlexNet's split, the "model trace")."""
+"""What running a stage adds to a rank's memory whatever its layers (its traced program, the transport's buffers,
+MPI's): with the C allocator giving freed memory back, the 23 stages of under 30 MiB that ``bench/memory.py``
+measured (2026-11-30) held 4.0-10.0 MiB beyond their other terms, median 7.6 (AlexNet's last two layers 5.0-5.5,
+the GPT's stages 4.0-10.0): what the model cannot tell apart, within about 3 MiB."""
 
-TRACE_SAMPLES = 5
-"""Samples of every layer's output a rank holds at once while it cuts the model for a plan
-(``tapp_core.runtime.stage.split_stages``: the whole model run on 2 samples, then on 3 while the first run's values
-are kept), with the autograd graph that keeps them."""
-CONVOLUTIONS = ("Conv1d", "Conv2d", GROUPED_CONV2D, "Conv3d")
-"""Layer ops whose weights oneDNN copies into its own layout for each call on a CPU."""
+TRACE_SAMPLES = 1
+"""Samples of every layer's output that a rank's trace of the whole model, when it cuts the model for a plan
+(``tapp_core.runtime.stage.split_stages``, on 2 samples), holds at its peak above the runtime's own, as measured
+with the C allocator giving freed memory back (``tapp_core.runtime.allocator``): the ViT's head alone on a device,
+12.7 MiB above the runtime against 12.5 counted (``bench/memory.py``, 2026-11-30). By glibc's default the peak
+looks five samples' (57 MiB), the blocks the trace frees kept by the allocator."""
 
 LayerName = Callable[[int], str]
 """The name of a layer, by index: how a check names the layer at fault."""
@@ -531,13 +535,13 @@ def device_memory_terms(
         activations = in_flight * f.kept_bytes * samples + f.activation_bytes * samples
     else:
         activations = in_flight * (f.activation_bytes + f.kept_bytes) * samples
-    accumulates = plan.micro_batches > 1 or versions > 0
+    accumulates = plan.micro_batches > 1
     trained = f.param_bytes - f.frozen_bytes
     sharded = plan.shards_optimizer(stage)
     share = plan.optimizer_share(stage, samples)
     terms = {
         "training state": f.param_bytes + (WEIGHT_AND_GRADIENT - 1 + optimizer_state * share) * trained,
-        "stashed weights": (versions + 1) * trained if versions else 0.0,
+        "stashed weights": versions * trained,
         "activations": activations,
         "backward working memory": 2 * f.largest_activation_bytes * samples,
         "gradient transient": f.largest_param_bytes if accumulates else 0.0,
@@ -547,19 +551,24 @@ def device_memory_terms(
         "posted receives": samples * _posted_receive_bytes(plan, stage, *f.received_bytes),
         "runtime": float(RUNTIME_BYTES),
     }
-    terms["model trace"] = max(0.0, trace_bytes - sum(terms.values()))
+    terms["model trace"] = max(0.0, terms["runtime"] + trace_bytes - sum(terms.values()))
     return terms
 
 
 def _posted_receive_bytes(plan: Plan, stage: int, forward: float, backward: float) -> float:
-    """Per sample, the most that the receives a device of ``stage`` has posted ahead hold at once
-    (``schedules.posted_receives``)."""
+    """Per sample, the most that the receives a device of ``stage`` has posted ahead hold at its peak
+    (``schedules.posted_receives``), beyond the micro-batches in flight: a receive's fresh buffer takes memory once
+    its message is copied in. An earlier stage sends the activations of no more forwards than it has in flight,
+    those this stage has taken among them, so at this stage's peak of micro-batches in flight, the difference has
+    come and waits (a buffer taken is the stage's input, counted in its activations); a later stage sends the
+    gradients of no more backwards than this stage has forwards in flight."""
     if not (forward or backward):
         return 0.0
-    counts = posted_receives(
-        plan.pipeline_schedule, stage, plan.n_stages, plan.micro_batches, forward > 0, backward > 0
-    )
-    return max(n_forward * forward + n_backward * backward for n_forward, n_backward in counts)
+    schedule, n_stages, micro_batches = plan.pipeline_schedule, plan.n_stages, plan.micro_batches
+    counts = posted_receives(schedule, stage, n_stages, micro_batches, forward > 0, backward > 0)
+    own = schedule.in_flight(stage, n_stages, micro_batches)
+    sent = schedule.in_flight(stage - 1, n_stages, micro_batches) if stage > 0 else own
+    return max(min(n_f, max(sent - own, 0)) * forward + min(n_b, own) * backward for n_f, n_b in counts)
 
 
 def held_activation_bytes(layer: Layer) -> int:
@@ -568,19 +577,23 @@ def held_activation_bytes(layer: Layer) -> int:
 
 
 class KeptOutputs:
-    """Per layer, the bytes per sample of its output that a micro-batch in flight keeps until its backward, under a
-    plan's stages (``held_activation_bytes``): an output the backward reads (``LayerLibrary.read_by_backward``), and
-    one sent to a layer of another stage (the runtime holds what it sends until that micro-batch's backward, read
-    or not: a frozen prefix's last output). The one definition the memory model and the planners' screen count."""
+    """Per layer, the bytes per sample that a micro-batch in flight keeps of its forward until its backward, under
+    a plan's stages: its output (``held_activation_bytes``) where autograd saves it (``Layer.output_saved``; in a
+    library that did not measure it, where the backward reads it: ``LayerLibrary.read_by_backward``) or it is sent
+    to a layer of another stage (the runtime holds what it sends until that micro-batch's backward, saved or not:
+    a frozen prefix's last output), and what else autograd saves of its forward (``Layer.saved_bytes``). The one
+    definition the memory model and the planners' screen count."""
 
     def __init__(self, library: LayerLibrary) -> None:
         self.held = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
-        self.read = np.array(library.read_by_backward(), dtype=bool)
+        read = library.read_by_backward()
+        self.read = np.array(
+            [read[x.index] if x.output_saved is None else x.output_saved for x in library.layers], dtype=bool
+        )
+        self.saved = np.array([layer.saved_bytes for layer in library.layers], dtype=np.float64)
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
-        reordered = max((layer.param_bytes for layer in library.layers if layer.op in CONVOLUTIONS), default=0)
-        self.trace_bytes = float(TRACE_SAMPLES * self.held.sum() + reordered)
-        """``model_trace_bytes``: every layer's held output of the trace's samples, and the largest convolution's
-        reordered weights."""
+        self.trace_bytes = float(TRACE_SAMPLES * self.held.sum())
+        """``model_trace_bytes``: every layer's held output of the trace's samples."""
 
     _last: ClassVar[tuple[weakref.ref[LayerLibrary], KeptOutputs] | None] = None
 
@@ -600,14 +613,13 @@ class KeptOutputs:
         kept = self.read.copy()
         crossing = self.edges[stages[self.edges[:, 0]] != stages[self.edges[:, 1]], 0]
         kept[crossing] = True
-        return np.where(kept, self.held, 0.0)
+        return np.where(kept, self.held, 0.0) + self.saved
 
 
 def model_trace_bytes(library: LayerLibrary) -> float:
-    """What a rank holds at once while it cuts the whole model for a plan: every layer's output (views left out,
-    ``held_activation_bytes``) of ``TRACE_SAMPLES`` samples, and the largest convolution's reordered weights.
-    Measured at its peak in one process: AlexNet 5.0 MiB (estimated 5.6), VGG-16 22.5 (25.5), the ViT 57 (62).
-    Freed before the stage is built (``tapp_core.runtime.rank``), it counts where the stage itself needs less.
+    """What a rank holds at once, besides the runtime's own, while it cuts the whole model for a plan: every
+    layer's output (views left out, ``held_activation_bytes``) of ``TRACE_SAMPLES`` samples. Freed before the
+    stage is built (``tapp_core.runtime.rank``), it counts where the stage itself needs less.
     Counted once per library (``KeptOutputs.of``): the searches count thousands of plans' memory."""
     return KeptOutputs.of(library).trace_bytes
 
@@ -753,7 +765,8 @@ def stage_memory_terms(
 ) -> dict[str, dict[str, float]]:
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
-    kept = KeptOutputs.of(library).per_layer(plan.stage_of_layer)
+    kept_outputs = KeptOutputs.of(library)
+    kept, extras = kept_outputs.per_layer(plan.stage_of_layer), kept_outputs.saved
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
@@ -786,7 +799,7 @@ def stage_memory_terms(
         rows = stop - start
         part = [shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0 for x in layers]
         held = [x.param_bytes * share for x, share in zip(layers, part, strict=True)]
-        per_row = sum(kept[x.index] * _rows_held(layouts.outputs[x.index], shares[d], rows, plan) for x in layers)
+        per_row = sum(_kept_rows(x, kept[x.index], extras[x.index], layouts, shares[d], rows, plan) for x in layers)
         footprint = DeviceFootprint(
             param_bytes=copies + sum(held),
             activation_bytes=per_row,
@@ -800,6 +813,18 @@ def stage_memory_terms(
         )
         out[device] = device_memory_terms(plan, stage, rows, footprint, optimizer_state, trace)
     return out
+
+
+def _kept_rows(
+    layer: Layer, kept: float, extra: float, layouts: StageLayouts, share: float, rows: int, plan: Plan
+) -> float:
+    """What a device keeps of ``layer``'s forward per row it computes, on a stage run by split signatures: its
+    output as the layout it is read in (a layer of the stage that reads it gathered keeps the gathered copy, which
+    is the one autograd saves) or made in, the larger, and the rest autograd keeps of its forward (``extra``) as
+    its output is held."""
+    made = _rows_held(layouts.outputs[layer.index], share, rows, plan)
+    read = [_rows_held(layouts.inputs[s], share, rows, plan) for s in layer.successors if s in layouts.inputs]
+    return (kept - extra) * max([made, *read]) + extra * made
 
 
 def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:
