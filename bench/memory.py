@@ -1,7 +1,7 @@
 """The memory model against the machine: every planner's plans, each device's measured peak beside its estimate.
 
     .venv/bin/python bench/memory.py [--clusters homo4 hetero4] [--models alexnet vgg16 vit gpt] [--planners ...]
-        [--library DIR ...] [--steps 3] [--sharded] [--save rows.json] [--load rows.json]
+        [--library DIR ...] [--steps 3] [--sharded] [--default-allocator] [--save rows.json] [--load rows.json]
 
 For each model (its layer library from ``bench/libraries``) and cluster, every planner plans; each distinct plan
 trains ``--steps`` steps on the cluster's real MPI ranks, without the emulated slowdown (it changes times, not
@@ -10,6 +10,11 @@ memory), in a pool of its own, so that no plan runs on memory an earlier plan le
 - its **baseline**: the memory in use when the plan starts, before its stage is built (on a CPU the resident set:
   the interpreter, torch, MPI, the rank's traced copy of the whole model; ``rank.reset_peak_memory``);
 - its **peak** over the plan (``VmHWM`` on a CPU, ``max_memory_allocated`` on a GPU).
+
+The ranks' C allocator gives every large block back when it is freed, as a rank's does under a real memory limit
+(``tapp_core.runtime.allocator``), so that what is measured is what the tensors hold; ``--default-allocator`` leaves
+glibc's default, which keeps 20-100 MiB a rank of what was freed, depending on the order of allocations (the
+model leaves that out).
 
 The plan's own memory is the peak less the baseline, and that is what the memory model
 (``tapp_core.plan.plan.stage_memory_bytes``, with the model's workload's optimiser: the GPT's AdamW) estimates; the baseline is printed beside it as a named term, not
@@ -49,6 +54,7 @@ from tapp_core.planners import PlannerError, get_planner  # noqa: E402
 from tapp_core.platform.cluster import Cluster, load_cluster  # noqa: E402
 from tapp_core.profile.library import LayerLibrary, load_libraries  # noqa: E402
 from tapp_core.runtime import WorkerPool  # noqa: E402
+from tapp_core.runtime.allocator import bounding_environment  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "vit", "gpt")
 CLUSTERS = ("homo4", "hetero4")
@@ -88,8 +94,11 @@ def with_sharded(plans: list[Plan]) -> list[Plan]:
     return out
 
 
-def measured_rows(model: str, cluster: Cluster, plans: list[Plan], steps: int) -> list[dict[str, object]]:
-    """Each plan trained in a pool of its own: per device, its baseline and its peak."""
+def measured_rows(
+    model: str, cluster: Cluster, plans: list[Plan], steps: int, allocator: str
+) -> list[dict[str, object]]:
+    """Each plan trained in a pool of its own: per device, its baseline and its peak (``allocator``: how the
+    ranks' C allocator ran, recorded in each row)."""
     rows: list[dict[str, object]] = []
     for plan in plans:
         started = time.perf_counter()
@@ -111,6 +120,7 @@ def measured_rows(model: str, cluster: Cluster, plans: list[Plan], steps: int) -
                     "device": device,
                     "baseline_bytes": int(baseline[device]),
                     "peak_bytes": int(measurement.peak_memory_bytes[device]),
+                    "allocator": allocator,
                 }
             )
         print(f"  {plan.planner}: {plan.describe()} measured in {time.perf_counter() - started:.0f} s", flush=True)
@@ -149,6 +159,12 @@ def main() -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--planners", nargs="+", default=list(PLANNERS))
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="leave the ranks' C allocator as glibc starts it, keeping what it frees (default: bounded, as under a "
+        "real memory limit)",
+    )
     parser.add_argument("--save", type=Path, help="write every measured row (JSON)")
     parser.add_argument("--load", type=Path, help="estimate the rows of an earlier --save instead of measuring")
     parser.add_argument("--library", type=Path, action="append", default=[], help="a library folder to measure")
@@ -159,6 +175,9 @@ def main() -> int:
     own = {library.model: library for library in map(load_libraries, args.library)}
     warnings.filterwarnings("ignore", message="no layer library of kind")
     print(f"load average at the start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    allocator = "default" if args.default_allocator else "bounded"
+    if not args.default_allocator:
+        os.environ.update(bounding_environment())  # the ranks, started from here, inherit it
     rows: list[dict[str, object]] = []
     if args.load is not None:
         rows = json.loads(args.load.read_text())
@@ -169,9 +188,13 @@ def main() -> int:
                 cluster = load_cluster(name)
                 print(f"{model} on {cluster.name}:", flush=True)
                 plans = planned(library, cluster, args.planners)
-                rows += measured_rows(model, cluster, with_sharded(plans) if args.sharded else plans, args.steps)
+                measured = with_sharded(plans) if args.sharded else plans
+                rows += measured_rows(model, cluster, measured, args.steps, allocator)
                 if args.save is not None:
                     args.save.write_text(json.dumps(rows, indent=1))
+    # Rows saved before the allocator was recorded were measured by glibc's default.
+    allocators = sorted({str(row.get("allocator", "default")) for row in rows})
+    print(f"ranks' C allocator: {', '.join(allocators)} (bounded: giving every large block back when freed)")
     libraries = {model: own.get(model) or library_of(model) for model in sorted({str(row["model"]) for row in rows})}
     errors = report(rows, libraries)
     if not errors:

@@ -28,6 +28,13 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 """glibc's starting threshold: a block this large or larger is mapped, and unmapped when freed."""
 
 
+def bounding_environment() -> dict[str, str]:
+    """The environment under which a new process's glibc gives every large block back when it is freed from its
+    start, as ``bound_freed_memory`` makes a rank do (glibc's ``MALLOC_MMAP_THRESHOLD_`` tunable): for ranks
+    measured as they run under a real limit, where none is (``bench/memory.py``)."""
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+
+
 def release_freed_memory() -> None:
     """Give the memory freed so far back to the system (``malloc_trim``): the C allocator otherwise keeps it
     resident, and what is allocated next lands beside it rather than in it, so the resident set grows by both."""
