@@ -194,7 +194,8 @@ def main() -> int:
                     args.save.write_text(json.dumps(rows, indent=1))
     # Rows saved before the allocator was recorded were measured by glibc's default.
     allocators = sorted({str(row.get("allocator", "default")) for row in rows})
-    print(f"ranks' C allocator: {', '.join(allocators)} (bounded: giving every large block back when freed)")
+    told = {"bounded": "bounded, every large block given back when freed", "default": "glibc's default"}
+    print(f"ranks' C allocator: {'; '.join(told.get(a, a) for a in allocators)}")
     libraries = {model: own.get(model) or library_of(model) for model in sorted({str(row["model"]) for row in rows})}
     errors = report(rows, libraries)
     if not errors:

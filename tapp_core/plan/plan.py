@@ -93,8 +93,9 @@ MEMORY_TERMS = (
   optimiser state accumulates the gradients in the flat buffers themselves and receives its share of their sum:
   ``SHARD_COPIES`` times its share of them);
 - posted receives: the buffers of the receives a device posts ahead of its forwards and backwards
-  (``schedules.receive_lookahead``) whose messages have come and none has taken yet, at most: no more than their
-  senders' micro-batches in flight (a fresh buffer's pages are taken when its message is copied in);
+  (``schedules.receive_lookahead``) whose messages have come and none has taken yet, at the stage's peak: the
+  activations of as many micro-batches as the earlier stage has more in flight, the gradients of at most its own
+  (a fresh buffer's pages are taken when its message is copied in);
 - runtime: what a stage costs a rank whatever its layers (its traced program, the transport's buffers);
 - model trace: how far the rank's run of the whole model at the plan's start (``model_trace_bytes``, with the
   runtime's own) goes beyond the other terms: a transient before the stage is built, so the device's peak is the
@@ -116,8 +117,8 @@ VIEW_OPS = frozenset(
 RUNTIME_BYTES = 7 * 2**20
 """What running a stage adds to a rank's memory whatever its layers (its traced program, the transport's buffers,
 MPI's): with the C allocator giving freed memory back, the 23 stages of under 30 MiB that ``bench/memory.py``
-measured (2026-11-30) held 4.0-10.0 MiB beyond their other terms, median 7.6 (AlexNet's last two layers 5.0-5.5,
-the GPT's stages 4.0-10.0): what the model cannot tell apart, within about 3 MiB."""
+measured held 2.6-10.0 MiB beyond their other terms in two runs (2026-11-30), medians 7.6 and 6.9, the same stage
+up to 4 MiB apart from one run to the next: what the model cannot tell apart."""
 
 TRACE_SAMPLES = 1
 """Samples of every layer's output that a rank's trace of the whole model, when it cuts the model for a plan
@@ -587,10 +588,10 @@ class KeptOutputs:
     def __init__(self, library: LayerLibrary) -> None:
         self.held = np.array([held_activation_bytes(layer) for layer in library.layers], dtype=np.float64)
         read = library.read_by_backward()
-        self.read = np.array(
+        self.output_saved = np.array(
             [read[x.index] if x.output_saved is None else x.output_saved for x in library.layers], dtype=bool
         )
-        self.saved = np.array([layer.saved_bytes for layer in library.layers], dtype=np.float64)
+        self.extra_saved = np.array([layer.saved_bytes for layer in library.layers], dtype=np.float64)
         self.edges = np.array(library.edges(), dtype=np.int64).reshape(-1, 2)
         self.trace_bytes = float(TRACE_SAMPLES * self.held.sum())
         """``model_trace_bytes``: every layer's held output of the trace's samples."""
@@ -610,10 +611,10 @@ class KeptOutputs:
     def per_layer(self, stage_of_layer: Sequence[int] | np.ndarray) -> np.ndarray:
         """Each layer's kept output bytes per sample under ``stage_of_layer``."""
         stages = np.asarray(stage_of_layer)
-        kept = self.read.copy()
+        kept = self.output_saved.copy()
         crossing = self.edges[stages[self.edges[:, 0]] != stages[self.edges[:, 1]], 0]
         kept[crossing] = True
-        return np.where(kept, self.held, 0.0) + self.saved
+        return np.where(kept, self.held, 0.0) + self.extra_saved
 
 
 def model_trace_bytes(library: LayerLibrary) -> float:
@@ -766,7 +767,7 @@ def stage_memory_terms(
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
     kept_outputs = KeptOutputs.of(library)
-    kept, extras = kept_outputs.per_layer(plan.stage_of_layer), kept_outputs.saved
+    kept, extras = kept_outputs.per_layer(plan.stage_of_layer), kept_outputs.extra_saved
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
