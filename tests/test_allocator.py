@@ -65,7 +65,7 @@ def test_the_limit_is_the_lowest_of_the_group_and_those_above_it(
     (tmp_path / "host" / "rank" / "memory.max").write_text("max\n")
     cgroups = Cgroups(2, tmp_path, None, tmp_path)
     monkeypatch.setattr(Cgroups, "find", classmethod(lambda cls: cgroups))
-    monkeypatch.setattr(Cgroups, "memory_group_of", lambda self, pid: "host/rank")
+    monkeypatch.setattr(Cgroups, "memory_group_of", lambda self, pid="self": "host/rank")
     assert allocator.memory_limit() == 800 * MiB
-    monkeypatch.setattr(Cgroups, "memory_group_of", lambda self, pid: "")
+    monkeypatch.setattr(Cgroups, "memory_group_of", lambda self, pid="self": "")
     assert allocator.memory_limit() is None

@@ -3,6 +3,7 @@ made-up control-group tree), the cluster file it writes, and the refusals. No ro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,10 @@ def test_a_host_s_fresh_sys_mounts_the_control_groups_again_read_only(tmp_path: 
     assert mount_commands(unified) == [
         "mkdir -p /sys/fs/cgroup && mount -t cgroup2 -o ro,nsdelegate cgroup2 /sys/fs/cgroup"
     ]
+
+
+def test_a_process_finds_its_own_memory_group_as_its_pid_s() -> None:
+    cgroups = Cgroups.find()
+    if cgroups is None or cgroups.memory is None:
+        pytest.skip("no memory controller mounted here")
+    assert cgroups.memory_group_of() == cgroups.memory_group_of(os.getpid()) is not None

@@ -1,9 +1,9 @@
 """What autograd keeps of each layer's forward for the backward, measured on one forward of the traced model.
 
 A layer's output is not always kept: an ``add`` or a ``masked_fill`` saves nothing of its inputs, a ``softmax``
-keeps its output, a ``Linear`` its input, a dropout only a mask of a byte an element, a layer norm two
+keeps its output, a ``Linear`` its input, a dropout its mask (on a CPU as wide as its input), a layer norm two
 statistics a row. So "every output the backward reads" (``LayerLibrary.read_by_backward``) counts too much: the
-GPT's activations 45 % more than its ranks hold. Here every tensor autograd saves (``saved_tensors_hooks``) is
+GPT's activations 51 % more than autograd keeps. Here every tensor autograd saves (``saved_tensors_hooks``) is
 found by its storage: one that a layer output is that layer's output kept, any other (made inside a layer's
 forward and never its output) is charged to the layer whose forward saved it. Each storage counts once, whole,
 since a view keeps all of it. Parameters, buffers and the model's inputs are left out: the memory model counts

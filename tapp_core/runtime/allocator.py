@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import os
-from pathlib import PurePosixPath
 
 from tapp_core.platform.testbed.cgroups import Cgroups
 
@@ -46,13 +44,8 @@ def release_freed_memory() -> None:
 def memory_limit() -> int | None:
     """The lowest memory limit of this process's control group and the groups above it, in bytes (None: none)."""
     cgroups = Cgroups.find()
-    group = cgroups.memory_group_of(os.getpid()) if cgroups is not None else None
-    if cgroups is None or group is None:
-        return None
-    path = PurePosixPath(group)
-    limits = [cgroups.memory_limit(str(p)) for p in (path, *path.parents) if str(p) not in ("", ".")]
-    found = [limit for limit in limits if limit is not None]
-    return min(found) if found else None
+    group = cgroups.memory_group_of() if cgroups is not None else None
+    return cgroups.effective_memory_limit(group) if cgroups is not None and group is not None else None
 
 
 def bound_freed_memory(device_memory_bytes: int) -> bool:

@@ -46,6 +46,6 @@ class OomWatch:
         for group, ranks in self._ranks.items():
             before, now = self._counts[group], self._kills(group)
             if before is not None and now is not None and now > before:
-                limit = self._cgroups.memory_limit(group) if self._cgroups is not None else None
+                limit = self._cgroups.effective_memory_limit(group) if self._cgroups is not None else None
                 found.append(OutOfMemory(tuple(ranks), limit))
         return found

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MOUNTS = Path("/proc/self/mounts")
 MOUNT_FLAGS = frozenset({"rw", "ro", "nosuid", "nodev", "noexec", "relatime", "noatime", "strictatime", "nodiratime"})
@@ -119,9 +119,17 @@ class Cgroups:
         text = _read(self.memory / name / ("memory.limit_in_bytes" if self.version == 1 else "memory.max"))
         return int(text) if text.isdigit() and int(text) < 2**62 else None
 
-    def memory_group_of(self, pid: int) -> str | None:
-        """The memory control group process ``pid`` is in, relative to the memory root ("" for the root itself;
-        None: no memory controller, or no such process)."""
+    def effective_memory_limit(self, name: str) -> int | None:
+        """The lowest memory limit of group ``name`` and the groups above it, in bytes (None: none): what a process
+        in it can hold."""
+        path = PurePosixPath(name)
+        limits = (self.memory_limit(str(p)) for p in (path, *path.parents) if str(p) not in ("", "."))
+        return min((limit for limit in limits if limit is not None), default=None)
+
+    def memory_group_of(self, pid: int | str = "self") -> str | None:
+        """The memory control group process ``pid`` is in (by default this one, as its own PID namespace names
+        it), relative to the memory root ("" for the root itself; None: no memory controller, or no such
+        process)."""
         if self.memory is None:
             return None
         for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():

@@ -165,7 +165,11 @@ def launch_sshd(config: Path, namespace: str, procs: list[Path], address: str) -
     mounts = "".join(f"{{ {command}; }} 2>/dev/null; " for command in mount_commands())
     environment = {
         **os.environ,
-        **{"NS": namespace, "SSHD": sshd, "CONF": str(config), "LOG": str(log), "MOUNT_CGROUPS": mounts},
+        "NS": namespace,
+        "SSHD": sshd,
+        "CONF": str(config),
+        "LOG": str(log),
+        "MOUNT_CGROUPS": mounts,
     }
     for attempt in range(START_ATTEMPTS):  # an sshd just killed may hold its address for a moment
         started = subprocess.run(
