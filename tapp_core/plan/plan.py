@@ -608,13 +608,18 @@ class KeptOutputs:
         cls._last = (weakref.ref(library), kept)
         return kept
 
-    def per_layer(self, stage_of_layer: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Each layer's kept output bytes per sample under ``stage_of_layer``."""
+    def outputs(self, stage_of_layer: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Each layer's kept output bytes per sample under ``stage_of_layer`` (what else its forward keeps apart:
+        ``extra_saved``)."""
         stages = np.asarray(stage_of_layer)
         kept = self.output_saved.copy()
         crossing = self.edges[stages[self.edges[:, 0]] != stages[self.edges[:, 1]], 0]
         kept[crossing] = True
-        return np.where(kept, self.held, 0.0) + self.extra_saved
+        return np.where(kept, self.held, 0.0)
+
+    def per_layer(self, stage_of_layer: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Each layer's kept bytes per sample under ``stage_of_layer``: its output and the rest of its forward."""
+        return self.outputs(stage_of_layer) + self.extra_saved
 
 
 def model_trace_bytes(library: LayerLibrary) -> float:
@@ -767,7 +772,8 @@ def stage_memory_terms(
     """``device_memory_terms`` of each device of ``stage`` (``shared``: the plan's stage shares, if counted)."""
     layers = [library.layers[i] for i in plan.stage_layers(stage)]
     kept_outputs = KeptOutputs.of(library)
-    kept, extras = kept_outputs.per_layer(plan.stage_of_layer), kept_outputs.extra_saved
+    outputs, extras = kept_outputs.outputs(plan.stage_of_layer), kept_outputs.extra_saved
+    kept = outputs + extras
     devices = plan.stage_devices[stage]
     shared = shared or StageShares.of(plan, library)
     copies = shared.copy_bytes(stage)
@@ -800,7 +806,7 @@ def stage_memory_terms(
         rows = stop - start
         part = [shares[d] if isinstance(layouts.weights.get(x.index), Split) else 1.0 for x in layers]
         held = [x.param_bytes * share for x, share in zip(layers, part, strict=True)]
-        per_row = sum(_kept_rows(x, kept[x.index], extras[x.index], layouts, shares[d], rows, plan) for x in layers)
+        per_row = sum(_kept_rows(x, outputs[x.index], extras[x.index], layouts, shares[d], rows, plan) for x in layers)
         footprint = DeviceFootprint(
             param_bytes=copies + sum(held),
             activation_bytes=per_row,
@@ -817,15 +823,15 @@ def stage_memory_terms(
 
 
 def _kept_rows(
-    layer: Layer, kept: float, extra: float, layouts: StageLayouts, share: float, rows: int, plan: Plan
+    layer: Layer, output: float, extra: float, layouts: StageLayouts, share: float, rows: int, plan: Plan
 ) -> float:
-    """What a device keeps of ``layer``'s forward per row it computes, on a stage run by split signatures: its
-    output as the layout it is read in (a layer of the stage that reads it gathered keeps the gathered copy, which
-    is the one autograd saves) or made in, the larger, and the rest autograd keeps of its forward (``extra``) as
-    its output is held."""
+    """What a device keeps of ``layer``'s forward per row it computes, on a stage run by split signatures: its kept
+    ``output`` as the layout it is read in (a layer of the stage that reads it gathered keeps the gathered copy,
+    which is the one autograd saves) or made in, the larger, and the rest autograd keeps of its forward (``extra``)
+    as its output is held."""
     made = _rows_held(layouts.outputs[layer.index], share, rows, plan)
     read = [_rows_held(layouts.inputs[s], share, rows, plan) for s in layer.successors if s in layouts.inputs]
-    return (kept - extra) * max([made, *read]) + extra * made
+    return output * max([made, *read]) + extra * made
 
 
 def _rows_held(output: Layout, share: float, rows: int, plan: Plan) -> float:

@@ -390,8 +390,13 @@ def _layer_from_row(row: Mapping[Hashable, object]) -> Layer:
     )
 
 
+def _missing(value: object) -> bool:
+    """Whether a row has no value in that column (absent, or pandas' NaN)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _optional_bool(value: object) -> bool | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+    if _missing(value) or value == "":
         return None
     return value is True or str(value).lower() == "true"
 
@@ -399,9 +404,9 @@ def _optional_bool(value: object) -> bool | None:
 def _sample_free(row: Mapping[Hashable, object]) -> bool:
     """The row's ``sample_free``; a library written before that column tells it by its refusal."""
     given = row.get("sample_free")
-    if given is None or (isinstance(given, float) and math.isnan(given)):
+    if _missing(given):
         return str(row.get("cut_refusal") or "") in SAMPLE_FREE_REFUSALS
-    return given is True or str(given).lower() == "true"
+    return _optional_bool(given) is True
 
 
 __all__ = ["Layer", "LayerLibrary", "LibraryError", "load_libraries", "save_libraries"]

@@ -110,5 +110,4 @@ def saved_facts(
             output_saved[maker] = True
         elif saver is not None:
             extra[saver] += nbytes
-    interpreter.alive.clear()
     return SavedFacts(tuple(output_saved), tuple(math.ceil(b / samples) for b in extra))

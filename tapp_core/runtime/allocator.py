@@ -44,8 +44,10 @@ def release_freed_memory() -> None:
 def memory_limit() -> int | None:
     """The lowest memory limit of this process's control group and the groups above it, in bytes (None: none)."""
     cgroups = Cgroups.find()
-    group = cgroups.memory_group_of() if cgroups is not None else None
-    return cgroups.effective_memory_limit(group) if cgroups is not None and group is not None else None
+    if cgroups is None:
+        return None
+    group = cgroups.memory_group_of()
+    return cgroups.effective_memory_limit(group) if group is not None else None
 
 
 def bound_freed_memory(device_memory_bytes: int) -> bool:
